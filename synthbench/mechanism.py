@@ -1,0 +1,84 @@
+"""The mechanism interface.
+
+A mechanism is a ``torch.nn.Module`` built from ``(head_dim, n_heads, **params)`` whose
+``forward(q, k, v, causal)`` maps (batch, heads, length, head_dim) tensors to one of the
+same shape. Projections, positions and residuals belong to the model. Feature-map
+mechanisms only define ``feature_map`` and share the causal linear-attention core.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from synthbench.linear_attention import linear_attention
+from synthbench.registry import Registry
+
+MECHANISMS: Registry[type[nn.Module]] = Registry(
+    "mechanism",
+    entry_point_group="synthbench.mechanisms",
+    builtins="synthbench.mechanisms",
+    required=("complexity", "family", "reference"),
+    choices={"complexity": ("linear", "quadratic")},
+)
+
+
+class Mechanism(nn.Module):
+    def __init__(self, head_dim: int, n_heads: int) -> None:
+        super().__init__()
+        self.head_dim, self.n_heads = head_dim, n_heads
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = True
+    ) -> torch.Tensor:
+        raise NotImplementedError
+
+
+class FeatureMapMechanism(Mechanism):
+    """Kernelised attention phi(q) phi(k)^T, normalised, on the shared linear core.
+
+    Subclasses implement ``feature_map(x, is_query)`` returning non-negative features of
+    shape (batch, heads, length, features).
+    """
+
+    def __init__(self, head_dim: int, n_heads: int, eps: float = 1e-6, chunk_size: int = 64):
+        super().__init__(head_dim, n_heads)
+        if eps < 0 or chunk_size < 1:
+            raise ValueError(f"eps must be >= 0 and chunk_size >= 1, got {eps}, {chunk_size}")
+        self.eps, self.chunk_size = eps, chunk_size
+
+    def feature_map(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, q, k, v, causal: bool = True):
+        phi_q, phi_k = self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)
+        return linear_attention(phi_q, phi_k, v, causal, eps=self.eps, chunk_size=self.chunk_size)
+
+
+def mechanism_params(cls: type[nn.Module], overrides: dict[str, Any] | None = None) -> dict:
+    """The full parameter set of a mechanism: its constructor defaults with ``overrides``.
+
+    Raises ValueError naming the parameter for an unknown key or a missing required one.
+    """
+    overrides = dict(overrides or {})
+    signature = inspect.signature(cls.__init__)
+    params = {
+        name: p.default
+        for name, p in signature.parameters.items()
+        if name not in ("self", "head_dim", "n_heads")
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+    unknown = sorted(set(overrides) - set(params))
+    if unknown:
+        raise ValueError(
+            f"mechanism {cls.__name__} has no parameter {', '.join(unknown)} "
+            f"(parameters: {', '.join(params) or 'none'})"
+        )
+    params.update(overrides)
+    missing = [name for name, value in params.items() if value is inspect.Parameter.empty]
+    if missing:
+        raise ValueError(f"mechanism {cls.__name__} needs a value for {', '.join(missing)}")
+    return params

@@ -1,0 +1,104 @@
+"""The model that isolates the attention mechanism.
+
+``attn-only`` (default, as in the SLAY task suite): token embedding + positional embedding,
+then n_layers x (multi-head attention + residual), then a linear head; no MLP, no norm, so
+every bit of token mixing is the mechanism's. ``transformer``: pre-norm blocks with an MLP
+and a final LayerNorm. The mechanism only ever sees (batch, heads, length, head_dim).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+ARCHS = ("attn-only", "transformer")
+POSITIONS = ("learned", "sinusoidal", "none")
+
+
+def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
+    position = torch.arange(max_len, dtype=torch.float32).unsqueeze(1)
+    freq = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(1e4) / d_model))
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(position * freq)
+    table[:, 1::2] = torch.cos(position * freq)[:, : d_model // 2]
+    return table
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, mechanism: nn.Module) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+        self.mechanism = mechanism
+
+    def forward(self, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        B, L, D = x.shape
+        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = self.mechanism(q, k, v, causal=causal)  # (B, H, L, head_dim)
+        return self.out(y.transpose(1, 2).reshape(B, L, D))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, mechanism: nn.Module, arch: str) -> None:
+        super().__init__()
+        self.attn = MultiHeadAttention(d_model, n_heads, mechanism)
+        self.transformer = arch == "transformer"
+        if self.transformer:
+            self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+            self.mlp = nn.Sequential(
+                nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
+            )
+
+    def forward(self, x: torch.Tensor, causal: bool) -> torch.Tensor:
+        if not self.transformer:
+            return x + self.attn(x, causal)
+        x = x + self.attn(self.norm1(x), causal)
+        return x + self.mlp(self.norm2(x))
+
+
+class Model(nn.Module):
+    def __init__(
+        self,
+        vocab_size: int,
+        max_len: int,
+        mechanism: Callable[[], nn.Module],
+        d_model: int = 64,
+        n_heads: int = 4,
+        n_layers: int = 2,
+        arch: str = "attn-only",
+        pos: str = "learned",
+    ) -> None:
+        super().__init__()
+        if arch not in ARCHS:
+            raise ValueError(f"unknown arch {arch!r} ({', '.join(ARCHS)})")
+        if pos not in POSITIONS:
+            raise ValueError(f"unknown positional encoding {pos!r} ({', '.join(POSITIONS)})")
+        self.max_len, self.pos = max_len, pos
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        if pos == "learned":
+            self.pos_emb = nn.Embedding(max_len, d_model)
+        elif pos == "sinusoidal":
+            self.register_buffer("pos_table", sinusoidal_positions(max_len, d_model), persistent=False)
+        self.blocks = nn.ModuleList(
+            Block(d_model, n_heads, mechanism(), arch) for _ in range(n_layers)
+        )
+        self.norm = nn.LayerNorm(d_model) if arch == "transformer" else nn.Identity()
+        self.head = nn.Linear(d_model, vocab_size)
+
+    def forward(self, tokens: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        """tokens (B, L) int64 -> logits (B, L, vocab)."""
+        L = tokens.shape[1]
+        if L > self.max_len:
+            raise ValueError(f"sequence of length {L} exceeds the model's max_len {self.max_len}")
+        x = self.tok_emb(tokens)
+        if self.pos == "learned":
+            x = x + self.pos_emb(torch.arange(L, device=tokens.device))
+        elif self.pos == "sinusoidal":
+            x = x + self.pos_table[:L]
+        for block in self.blocks:
+            x = block(x, causal)
+        return self.head(self.norm(x))

@@ -1,0 +1,108 @@
+"""Protocols: named, versioned training and evaluation presets (documented in docs/PROTOCOLS.md).
+
+A protocol fixes everything about a run except the task, the mechanism and the seed. Every
+stored row carries the protocol's name, version and full resolved config. Bump ``version``
+whenever a preset's values change, so old rows are never mistaken for new ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from synthbench.model import ARCHS, POSITIONS
+from synthbench.registry import Registry
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    version: int
+    description: str
+    # model
+    arch: str = "attn-only"
+    pos: str = "learned"
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    # training: AdamW, linear warm-up then cosine decay to min_lr_frac * lr
+    steps: int = 1000
+    batch_size: int = 32
+    lrs: tuple[float, ...] = (1e-3,)
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_frac: float = 0.1
+    min_lr_frac: float = 0.1
+    grad_clip: float = 1.0
+    # evaluation: fixed sets, the same for every seed and mechanism
+    val_examples: int = 256
+    test_examples: int = 512
+    eval_batch_size: int = 256
+    select_metric: str = "token_acc"  # validation metric that picks the lr of a sweep
+    seeds: int = 3  # default number of seeds for `synthbench run`
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.arch not in ARCHS:
+            problems.append(f"arch must be one of {ARCHS}")
+        if self.pos not in POSITIONS:
+            problems.append(f"pos must be one of {POSITIONS}")
+        if self.d_model % self.n_heads:
+            problems.append("d_model must be divisible by n_heads")
+        if min(self.steps, self.batch_size, self.n_layers, self.val_examples,
+               self.test_examples, self.eval_batch_size, self.seeds) < 1:
+            problems.append("sizes and counts must be >= 1")
+        if not self.lrs or min(self.lrs) <= 0:
+            problems.append("lrs must be a non-empty list of positive learning rates")
+        if not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_frac <= 1:
+            problems.append("warmup_frac must be in [0, 1) and min_lr_frac in [0, 1]")
+        if self.select_metric not in ("token_acc", "exact_match"):
+            problems.append("select_metric must be token_acc or exact_match")
+        if problems:
+            raise ValueError(f"protocol {self.name!r}: " + "; ".join(problems))
+
+    def config(self) -> dict:
+        """Everything that determines a run's outcome (the default seed count does not)."""
+        config = asdict(self)
+        config.pop("description")
+        config.pop("seeds")
+        config["lrs"] = list(self.lrs)
+        config["betas"] = list(self.betas)
+        return config
+
+
+PROTOCOLS: Registry[Protocol] = Registry("protocol")
+
+
+def _add(protocol: Protocol) -> None:
+    PROTOCOLS.add(protocol.name, protocol)
+
+
+_add(Protocol(
+    name="smoke",
+    version=1,
+    description="seconds per run, for tests and wiring checks; numbers mean nothing",
+    d_model=32, n_heads=2, n_layers=1, steps=20, batch_size=16,
+    val_examples=32, test_examples=64, seeds=1,
+))
+_add(Protocol(
+    name="quick",
+    version=1,
+    description="the default, sized for a 2-core CPU: the suite for one mechanism and 3 "
+    "seeds in about 15 minutes, long enough that softmax solves the attention tasks",
+    steps=600, batch_size=32, lrs=(3e-3,),
+))
+_add(Protocol(
+    name="standard",
+    version=1,
+    description="sized for one GPU: a larger model trained longer, with a learning-rate "
+    "sweep selected on the validation set",
+    d_model=128, n_heads=4, n_layers=2, steps=4000, batch_size=64,
+    lrs=(3e-4, 1e-3, 3e-3), val_examples=1000, test_examples=2000, eval_batch_size=500,
+))
+_add(Protocol(
+    name="slay-paper",
+    version=1,
+    description="mirrors the setup behind the published SLAY tables: d 64, 4 heads, 2 "
+    "layers, attention-only, learned positions, 200 steps of batch 32, AdamW lr 1e-3",
+    steps=200, batch_size=32, lrs=(1e-3,), warmup_frac=0.0, min_lr_frac=1.0,
+))

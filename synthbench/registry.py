@@ -1,0 +1,224 @@
+"""One generic registry for tasks, mechanisms and protocols.
+
+Registration is by decorator (or a direct call for instances), with aliases and free-form
+metadata. Third-party plugins are found through an entry-point group and loaded lazily on
+first lookup; a local file can be loaded with :func:`load_plugin_file`. A plugin that fails
+to import is reported by name with its error and never stops the built-ins from working.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class RegistryError(Exception):
+    """A registration that cannot be accepted (duplicate name, missing metadata)."""
+
+
+class UnknownNameError(KeyError):
+    """A lookup for a name that is not registered; the message lists the close matches."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class PluginError(Exception):
+    """A plugin (entry point or local file) that could not be loaded."""
+
+
+class PluginWarning(UserWarning):
+    """An entry-point plugin failed to load; the built-ins and other plugins still work."""
+
+
+@dataclass(frozen=True)
+class Entry(Generic[T]):
+    name: str
+    obj: T
+    aliases: tuple[str, ...] = ()
+    metadata: dict[str, Any] = field(default_factory=dict)
+    source: str = "builtin"
+
+
+class Registry(Generic[T]):
+    """Maps names (and aliases) to objects with metadata.
+
+    ``builtins`` names the module whose import registers the built-in entries; it is
+    imported on first lookup, before the entry-point plugins. ``required`` names the metadata keys every entry must carry; ``choices`` restricts the
+    values some of them may take (for example a task's category).
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        entry_point_group: str | None = None,
+        builtins: str | None = None,
+        required: tuple[str, ...] = (),
+        choices: dict[str, tuple[str, ...]] | None = None,
+    ) -> None:
+        self.kind = kind
+        self.entry_point_group = entry_point_group
+        self.builtins = builtins
+        self.required = required
+        self.choices = choices or {}
+        self._entries: dict[str, Entry[T]] = {}
+        self._aliases: dict[str, str] = {}
+        self._plugins_loaded = False
+        self._source = "builtin"
+        self.plugin_errors: list[PluginError] = []
+
+    # -- registration -------------------------------------------------------------------
+
+    def register(
+        self, name: str, *, aliases: tuple[str, ...] | list[str] = (), **metadata: Any
+    ) -> Callable[[T], T]:
+        """Decorator: ``@REGISTRY.register("name", aliases=("alt",), key=value)``."""
+
+        def decorator(obj: T) -> T:
+            self.add(name, obj, aliases=aliases, **metadata)
+            return obj
+
+        return decorator
+
+    def add(
+        self, name: str, obj: T, *, aliases: tuple[str, ...] | list[str] = (), **metadata: Any
+    ) -> Entry[T]:
+        self.load_plugins()  # built-ins first, so a plugin's collision is reported as its own
+        missing = [key for key in self.required if key not in metadata]
+        if missing:
+            raise RegistryError(f"{self.kind} '{name}' is missing metadata: {', '.join(missing)}")
+        for key, allowed in self.choices.items():
+            if key in metadata and metadata[key] not in allowed:
+                raise RegistryError(
+                    f"{self.kind} '{name}': {key} must be one of {', '.join(allowed)}, "
+                    f"not {metadata[key]!r}"
+                )
+        for label in (name, *aliases):
+            taken = self._aliases.get(label)
+            if taken is not None:
+                holder = self._entries[taken]
+                raise RegistryError(
+                    f"cannot register {self.kind} '{name}' ({self._source}): the name '{label}' "
+                    f"is already taken by {self.kind} '{holder.name}' ({holder.source})"
+                )
+        entry = Entry(name, obj, tuple(aliases), dict(metadata), self._source)
+        self._entries[name] = entry
+        for label in (name, *aliases):
+            self._aliases[label] = name
+        return entry
+
+    # -- lookup -------------------------------------------------------------------------
+
+    def entry(self, name: str) -> Entry[T]:
+        self.load_plugins()
+        canonical = self._aliases.get(name)
+        if canonical is None:
+            close = difflib.get_close_matches(name, list(self._aliases), n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UnknownNameError(
+                f"unknown {self.kind} '{name}'{hint} (known: {', '.join(self.names())})"
+            )
+        return self._entries[canonical]
+
+    def get(self, name: str) -> T:
+        return self.entry(name).obj
+
+    def canonical(self, name: str) -> str:
+        return self.entry(name).name
+
+    def names(self) -> list[str]:
+        self.load_plugins()
+        return list(self._entries)
+
+    def entries(self) -> list[Entry[T]]:
+        self.load_plugins()
+        return list(self._entries.values())
+
+    def __contains__(self, name: object) -> bool:
+        self.load_plugins()
+        return name in self._aliases
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+    # -- plugins ------------------------------------------------------------------------
+
+    def load_plugins(self) -> None:
+        """Import the built-ins, then every entry point of this registry's group, once.
+
+        An entry point may point at a module (whose decorators register things) or at an
+        object, which is then registered under the entry point's name unless the import
+        already registered it. Failures are kept in ``plugin_errors`` and warned about.
+        """
+        if self._plugins_loaded:
+            return
+        self._plugins_loaded = True
+        if self.builtins:
+            importlib.import_module(self.builtins)
+        if not self.entry_point_group:
+            return
+        for ep in importlib.metadata.entry_points(group=self.entry_point_group):
+            dist = ep.dist.name if ep.dist is not None else "unknown distribution"
+            source = f"plugin {ep.name} ({dist})"
+            try:
+                with self._registering_from(source):
+                    obj = ep.load()
+                    known = {id(e.obj) for e in self._entries.values()}
+                    if not isinstance(obj, type(sys)) and id(obj) not in known:
+                        self.add(ep.name, obj, **dict(getattr(obj, "registry_metadata", {})))
+            except Exception as exc:  # a broken plugin must not take the built-ins down
+                error = PluginError(
+                    f"{self.kind} plugin '{ep.name}' from {dist} failed to load: "
+                    f"{type(exc).__name__}: {exc}"
+                )
+                self.plugin_errors.append(error)
+                warnings.warn(str(error), PluginWarning, stacklevel=2)
+
+    @contextmanager
+    def _registering_from(self, source: str) -> Iterator[None]:
+        """Label the entries registered inside the block with where they came from."""
+        previous, self._source = self._source, source
+        try:
+            yield
+        finally:
+            self._source = previous
+
+
+def load_plugin_file(path: str | Path, registries: list[Registry]) -> None:
+    """Import a local Python file whose decorators register tasks or mechanisms.
+
+    Raises :class:`PluginError` naming the file and the error if it cannot be imported.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PluginError(f"plugin file {path} does not exist")
+    module_name = f"synthbench_plugin_{path.stem}_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise PluginError(f"plugin file {path} is not an importable Python file")
+    module = importlib.util.module_from_spec(spec)
+    with ExitStack() as stack:
+        for registry in registries:
+            stack.enter_context(registry._registering_from(f"plugin file {path}"))
+        try:
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            sys.modules.pop(module_name, None)
+            raise PluginError(
+                f"plugin file {path} failed to import: {type(exc).__name__}: {exc}"
+            ) from exc

@@ -1,0 +1,194 @@
+"""The results store: one Parquet file per run in a Hive-style tree.
+
+    <root>/task=<task>/mechanism=<mechanism>/<run_id>.parquet
+
+Following the Hive convention the partition columns (task, mechanism) live in the path,
+not in the file, so ``pandas.read_parquet(root)``, pyarrow datasets, DuckDB and Polars
+read the whole tree as one table. Files are written to a hidden temporary name and
+renamed, so a killed run leaves either a complete file or none. A file that cannot be
+read or does not carry this schema is reported by path and skipped, never dropped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SCHEMA_VERSION = 1
+PARTITIONS = ("task", "mechanism")
+_TMP_PREFIX = ".tmp-"
+
+# Columns stored in each file (the partition columns are added back from the path).
+SCHEMA = pa.schema(
+    [
+        ("run_id", pa.string()),
+        ("schema_version", pa.int32()),
+        ("suite_version", pa.int32()),
+        ("category", pa.string()),
+        ("task_params", pa.string()),  # JSON
+        ("mechanism_params", pa.string()),  # JSON
+        ("protocol", pa.string()),
+        ("protocol_version", pa.int32()),
+        ("config", pa.string()),  # JSON of the whole resolved config that run_id hashes
+        ("seed", pa.int64()),
+        ("lr", pa.float64()),
+        ("selected", pa.bool_()),  # the lr the validation set picked
+        ("steps", pa.int64()),
+        ("steps_done", pa.int64()),
+        ("status", pa.string()),  # ok | diverged | error
+        ("error", pa.string()),
+        ("token_acc", pa.float64()),
+        ("exact_match", pa.float64()),
+        ("val_token_acc", pa.float64()),
+        ("val_exact_match", pa.float64()),
+        ("final_loss", pa.float64()),
+        ("n_params", pa.int64()),
+        ("wall_seconds", pa.float64()),
+        ("device", pa.string()),
+        ("torch_version", pa.string()),
+        ("synthbench_version", pa.string()),
+        ("git_commit", pa.string()),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+    ],
+    metadata={"synthbench_schema_version": str(SCHEMA_VERSION)},
+)
+COLUMNS = [*PARTITIONS, *SCHEMA.names]
+_PARTITION_DIR = re.compile(r"^(task|mechanism)=(.+)$")
+
+
+class CorruptResultWarning(UserWarning):
+    """A file in the results tree that is unreadable or not a synthbench results file."""
+
+
+@dataclass
+class LoadReport:
+    rows: pd.DataFrame
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # (path, reason)
+
+
+class ResultStore:
+    def __init__(self, root: str | Path = "results") -> None:
+        self.root = Path(root)
+
+    def path_for(self, task: str, mechanism: str, run_id: str) -> Path:
+        return self.root / f"task={task}" / f"mechanism={mechanism}" / f"{run_id}.parquet"
+
+    def write(self, rows: list[dict[str, Any]]) -> Path:
+        """Store the rows of one run (same run_id, task, mechanism) atomically."""
+        first = rows[0]
+        if any((r["run_id"], r["task"], r["mechanism"]) != (first["run_id"], first["task"],
+               first["mechanism"]) for r in rows):
+            raise ValueError("one results file holds the rows of exactly one run")
+        path = self.path_for(first["task"], first["mechanism"], first["run_id"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        table = pa.Table.from_pylist(
+            [{**{c: r.get(c) for c in SCHEMA.names}, "schema_version": SCHEMA_VERSION}
+             for r in rows],
+            schema=SCHEMA,
+        )
+        tmp = path.parent / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-{path.name}"
+        try:
+            with open(tmp, "wb") as handle:
+                pq.write_table(table, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return path
+
+    # -- reading ------------------------------------------------------------------------
+
+    def files(self) -> list[Path]:
+        if not self.root.is_dir():
+            return []
+        return sorted(
+            p for p in self.root.rglob("*")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(self.root).parts)
+        )
+
+    def _read(self, path: Path, columns: list[str] | None = None) -> pd.DataFrame:
+        """One file as a DataFrame with the partition columns; raises ValueError if foreign."""
+        if path.suffix != ".parquet":
+            raise ValueError("not a Parquet file")
+        partitions = dict(
+            m.groups() for part in path.relative_to(self.root).parent.parts
+            if (m := _PARTITION_DIR.match(part))
+        )
+        if set(partitions) != set(PARTITIONS):
+            raise ValueError("not under task=<task>/mechanism=<mechanism>/")
+        try:
+            schema = pq.read_schema(path)
+        except Exception as exc:
+            raise ValueError(f"unreadable Parquet ({type(exc).__name__}: {exc})") from exc
+        version = (schema.metadata or {}).get(b"synthbench_schema_version")
+        if version is None:
+            raise ValueError("not a synthbench results file (no schema version)")
+        if int(version) != SCHEMA_VERSION:
+            raise ValueError(f"schema version {int(version)}, this synthbench reads {SCHEMA_VERSION}")
+        missing = set(SCHEMA.names) - set(schema.names)
+        if missing:
+            raise ValueError(f"missing columns {', '.join(sorted(missing))}")
+        wanted = None if columns is None else sorted(set(columns) | {"run_id"})
+        try:
+            frame = pq.read_table(path, columns=wanted).to_pandas()
+        except Exception as exc:
+            raise ValueError(f"unreadable Parquet ({type(exc).__name__}: {exc})") from exc
+        if frame.empty or (frame["run_id"] != path.stem).any():
+            raise ValueError("its rows do not belong to the run its name gives")
+        for key in PARTITIONS:
+            frame.insert(0, key, partitions[key])
+        return frame
+
+    def load(self, columns: list[str] | None = None, warn: bool = True) -> LoadReport:
+        """All readable rows; every skipped file is reported (as a warning) with its reason."""
+        frames, skipped = [], []
+        for path in self.files():
+            try:
+                frames.append(self._read(path, columns))
+            except ValueError as exc:
+                skipped.append((path, str(exc)))
+                if warn:
+                    warnings.warn(f"skipping {path}: {exc}", CorruptResultWarning, stacklevel=2)
+        wanted = [*PARTITIONS, *(columns or SCHEMA.names)]
+        rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=wanted)
+        return LoadReport(rows[wanted], skipped)
+
+    def done_run_ids(self) -> set[str]:
+        """Runs that need not run again: stored with a result (ok or diverged).
+
+        Runs stored with status ``error`` are retried, and a corrupt file is rewritten.
+        """
+        rows = self.load(columns=["run_id", "status"], warn=False).rows
+        return set(rows.loc[rows["status"] != "error", "run_id"])
+
+    def remove_stale_temporaries(self) -> int:
+        """Delete temporary files left behind by processes that no longer exist."""
+        removed = 0
+        if not self.root.is_dir():
+            return removed
+        for tmp in self.root.rglob(f"{_TMP_PREFIX}*"):
+            pid = tmp.name[len(_TMP_PREFIX):].split("-", 1)[0]
+            if pid.isdigit() and not _process_alive(int(pid)):
+                tmp.unlink(missing_ok=True)
+                removed += 1
+        return removed
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,90 @@
+"""kv_recall: multi-query associative recall (MQAR, as in Zoology, Arora et al. 2023).
+
+Layout ``k_1 v_1 ... k_P v_P SEP q_1 a_1 ... q_m a_m``: P key-value pairs with distinct keys,
+then m distinct queried keys, each followed by its value. Keys are tokens 0..keys-1, values
+keys..keys+values-1 (disjoint halves of the vocabulary), SEP is keys+values. At a query the
+model must find that key earlier in the context and emit the token after it: an induction
+head (a previous-token head feeding a matching head).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from synthbench.task import IGNORE, TASKS, Batch, Task, teacher_forced
+
+
+@dataclass(frozen=True)
+class KVRecallParams:
+    pairs: int = 8  # key-value pairs in the context
+    queries: int = 0  # queried keys per sequence; 0 queries every key once
+    keys: int = 32  # size of the key vocabulary
+    values: int = 32  # size of the value vocabulary
+
+    def __post_init__(self):
+        if not 1 <= self.pairs <= self.keys:
+            raise ValueError(f"kv_recall needs 1 <= pairs <= keys, got {self.pairs}, {self.keys}")
+        if not 0 <= self.queries <= self.pairs:
+            raise ValueError(f"kv_recall needs 0 <= queries <= pairs, got {self.queries}")
+        if self.values < 2:
+            raise ValueError(f"kv_recall needs values >= 2, got {self.values}")
+
+
+@TASKS.register(
+    "kv_recall",
+    aliases=("mqar", "associative_recall"),
+    category="Memory",
+    description="multi-query associative recall: emit the value bound to each queried key",
+)
+class KVRecall(Task):
+    Params = KVRecallParams
+    difficulties = {
+        "easy": {"pairs": 4},
+        "hard": {"pairs": 16, "keys": 64, "values": 64},
+    }
+
+    @property
+    def n_queries(self) -> int:
+        return self.params.queries or self.params.pairs
+
+    @property
+    def sep(self) -> int:
+        return self.params.keys + self.params.values
+
+    @property
+    def vocab_size(self) -> int:
+        return self.params.keys + self.params.values + 1
+
+    @property
+    def seq_len(self) -> int:
+        return 2 * self.params.pairs + 2 * self.n_queries
+
+    def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
+        p, m, dev = self.params, self.n_queries, generator.device
+        keys = torch.rand(n, p.keys, generator=generator, device=dev).argsort(dim=1)[:, : p.pairs]
+        values = p.keys + torch.randint(p.values, (n, p.pairs), generator=generator, device=dev)
+        asked = torch.rand(n, p.pairs, generator=generator, device=dev).argsort(dim=1)[:, :m]
+        context = torch.stack([keys, values], dim=2).reshape(n, 2 * p.pairs)
+        queries = torch.stack([keys.gather(1, asked), values.gather(1, asked)], dim=2)
+        sep = torch.full((n, 1), self.sep, dtype=torch.long, device=dev)
+        sequences = torch.cat([context, sep, queries.reshape(n, 2 * m)], dim=1)
+        answer = torch.zeros_like(sequences, dtype=torch.bool)
+        answer[:, 2 * p.pairs + 2 :: 2] = True
+        return teacher_forced(sequences, answer).to(device)
+
+    def solve(self, inputs: torch.Tensor) -> torch.Tensor:
+        P = self.params.pairs
+        query_pos = torch.arange(2 * P + 1, inputs.shape[1], 2, device=inputs.device)
+        context_keys, context_values = inputs[:, 0 : 2 * P : 2], inputs[:, 1 : 2 * P : 2]
+        queried = inputs[:, query_pos]  # (n, m)
+        match = queried.unsqueeze(2) == context_keys.unsqueeze(1)  # (n, m, P), one True per row
+        answers = (match.long() * context_values.unsqueeze(1)).sum(dim=2)
+        targets = torch.full_like(inputs, IGNORE)
+        targets[:, query_pos] = answers
+        return targets
+
+    def token_name(self, token: int) -> str:
+        keys = self.params.keys
+        if token == self.sep:
+            return "SEP"
+        return f"k{token}" if token < keys else f"v{token - keys}"
