@@ -6,6 +6,12 @@ from synthbench.task import TASKS, Batch, Task, teacher_forced
 
 __version__ = "0.1.0"
 __all__ = [
-    "MECHANISMS", "TASKS", "Batch", "FeatureMapMechanism", "Mechanism", "Registry", "Task",
+    "MECHANISMS",
+    "TASKS",
+    "Batch",
+    "FeatureMapMechanism",
+    "Mechanism",
+    "Registry",
+    "Task",
     "teacher_forced",
 ]

@@ -10,6 +10,7 @@ import warnings
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 from rich.console import Console
 from rich.progress import (
@@ -79,7 +80,9 @@ def _select_tasks(task: str, category: str | None) -> list[str]:
         wanted = {c.lower(): c for c in CATEGORIES}
         if category.lower() not in wanted:
             raise UsageError(f"unknown category '{category}' (categories: {', '.join(CATEGORIES)})")
-        names = [n for n in names if TASKS.entry(n).metadata["category"] == wanted[category.lower()]]
+        names = [
+            n for n in names if TASKS.entry(n).metadata["category"] == wanted[category.lower()]
+        ]
     if not names:
         raise UsageError("no task matches the selection")
     return list(dict.fromkeys(names))
@@ -111,8 +114,12 @@ def run_command(
     task: Annotated[str, typer.Option(help="'all' or comma-separated task names.")] = "all",
     category: Annotated[str | None, typer.Option(help="Only the tasks of this category.")] = None,
     mech: Annotated[str, typer.Option(help="Comma-separated mechanism names.")] = "softmax",
-    seeds: Annotated[int | None, typer.Option(help="Seeds 0..N-1 [default: the protocol's].")] = None,
-    protocol: Annotated[str, typer.Option(help="Protocol preset (synthbench list protocols).")] = "quick",
+    seeds: Annotated[
+        int | None, typer.Option(help="Seeds 0..N-1 [default: the protocol's].")
+    ] = None,
+    protocol: Annotated[
+        str, typer.Option(help="Protocol preset (synthbench list protocols).")
+    ] = "quick",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
     results: ResultsOption = Path("results"),
     plugin: PluginOption = None,
@@ -145,8 +152,13 @@ def run_command(
     )
     statuses: dict[str, int] = {}
     progress = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=out,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        console=out,
     )
     try:
         with progress:
@@ -160,13 +172,17 @@ def run_command(
                 progress.console.print(_run_line(spec, rows, best), highlight=False)
                 progress.advance(bar)
     except KeyboardInterrupt:
-        raise _fail("interrupted; finished runs are stored, run the same command to resume",
-                    130) from None
+        raise _fail(
+            "interrupted; finished runs are stored, run the same command to resume", 130
+        ) from None
     summary = ", ".join(f"{n} {s}" for s, n in sorted(statuses.items())) or "nothing new"
     out.print(f"done: {summary}", highlight=False)
     if statuses.get("error"):
-        raise _fail(f"{statuses['error']} run(s) raised; their errors are stored "
-                    "(synthbench results --status error) and they rerun next time", 1)
+        raise _fail(
+            f"{statuses['error']} run(s) raised; their errors are stored "
+            "(synthbench results --status error) and they rerun next time",
+            1,
+        )
 
 
 def _run_line(spec: RunSpec, rows: list[dict], best: dict) -> str:
@@ -174,8 +190,10 @@ def _run_line(spec: RunSpec, rows: list[dict], best: dict) -> str:
     head = f"{spec.task:<16} {spec.mechanism:<12} seed {spec.seed}"
     if best["status"] != "ok":
         return f"[red]x[/] {head}  {best['status']}: {best.get('error')}  ({seconds:.1f}s)"
-    return (f"[green]ok[/] {head}  lr {best['lr']:g}  token_acc {best['token_acc']:.3f}  "
-            f"exact {best['exact_match']:.3f}  ({seconds:.1f}s)")
+    return (
+        f"[green]ok[/] {head}  lr {best['lr']:g}  token_acc {best['token_acc']:.3f}  "
+        f"exact {best['exact_match']:.3f}  ({seconds:.1f}s)"
+    )
 
 
 @app.command("list")
@@ -185,8 +203,15 @@ def list_command(
     plugin: PluginOption = None,
 ) -> None:
     """List the registered tasks, mechanisms or protocols."""
-    kinds = {"tasks": "tasks", "task": "tasks", "mechs": "mechs", "mechanisms": "mechs",
-             "mech": "mechs", "protocols": "protocols", "protocol": "protocols"}
+    kinds = {
+        "tasks": "tasks",
+        "task": "tasks",
+        "mechs": "mechs",
+        "mechanisms": "mechs",
+        "mech": "mechs",
+        "protocols": "protocols",
+        "protocol": "protocols",
+    }
     if what not in kinds:
         raise UsageError(f"cannot list '{what}' (tasks, mechs, protocols)")
     _load_plugins(plugin)
@@ -196,13 +221,25 @@ def list_command(
         order = {c: i for i, c in enumerate(CATEGORIES)}
         for e in sorted(TASKS.entries(), key=lambda e: (order[e.metadata["category"]], e.name)):
             defaults = ", ".join(f"{k}={v}" for k, v in e.obj().param_dict().items())
-            table.add_row(e.metadata["category"], e.name, ", ".join(e.aliases),
-                          e.metadata["description"], defaults, e.source)
+            table.add_row(
+                e.metadata["category"],
+                e.name,
+                ", ".join(e.aliases),
+                e.metadata["description"],
+                defaults,
+                e.source,
+            )
     elif kind == "mechs":
         table = Table("mechanism", "complexity", "family", "aliases", "reference", "source")
         for e in MECHANISMS.entries():
-            table.add_row(e.name, e.metadata["complexity"], e.metadata["family"],
-                          ", ".join(e.aliases), e.metadata["reference"], e.source)
+            table.add_row(
+                e.name,
+                e.metadata["complexity"],
+                e.metadata["family"],
+                ", ".join(e.aliases),
+                e.metadata["reference"],
+                e.source,
+            )
     else:
         table = Table("protocol", "model", "training", "lrs", "seeds", "description")
         for e in PROTOCOLS.entries():
@@ -211,7 +248,9 @@ def list_command(
                 f"{p.name} v{p.version}",
                 f"{p.arch}, {p.pos} pos, d {p.d_model}, {p.n_heads} heads, {p.n_layers} layers",
                 f"{p.steps} steps x batch {p.batch_size}",
-                ", ".join(f"{lr:g}" for lr in p.lrs), str(p.seeds), p.description,
+                ", ".join(f"{lr:g}" for lr in p.lrs),
+                str(p.seeds),
+                p.description,
             )
     out.print(table)
 
@@ -223,8 +262,12 @@ def results_command(
     mech: Annotated[str | None, typer.Option(help="Comma-separated mechanism names.")] = None,
     protocol: Annotated[str | None, typer.Option(help="Protocol name.")] = None,
     status: Annotated[str | None, typer.Option(help="ok, diverged or error.")] = None,
-    all_lrs: Annotated[bool, typer.Option(help="Every lr's row, not only the selected one.")] = False,
-    csv: Annotated[Path | None, typer.Option(help="Write the rows as CSV ('-' for stdout).")] = None,
+    all_lrs: Annotated[
+        bool, typer.Option(help="Every lr's row, not only the selected one.")
+    ] = False,
+    csv: Annotated[
+        Path | None, typer.Option(help="Write the rows as CSV ('-' for stdout).")
+    ] = None,
     results: ResultsOption = Path("results"),
 ) -> None:
     """Filter the stored rows; print a summary or export them as CSV."""
@@ -246,22 +289,46 @@ def results_command(
             rows.to_csv(csv, index=False)
             out.print(f"{len(rows)} rows -> {csv}", highlight=False)
         return
-    table = Table("task", "mechanism", "protocol", "seed", "lr", "status", "token_acc",
-                  "exact_match", "seconds", "run_id")
+    table = Table(
+        "task",
+        "mechanism",
+        "protocol",
+        "seed",
+        "lr",
+        "status",
+        "token_acc",
+        "exact_match",
+        "seconds",
+        "run_id",
+    )
     for r in rows.sort_values(["protocol", "task", "mechanism", "seed", "lr"]).itertuples():
-        metric = (lambda v: "--" if v != v or v is None else f"{v:.3f}")
-        table.add_row(r.task, r.mechanism, r.protocol, str(r.seed), f"{r.lr:g}", r.status,
-                      metric(r.token_acc), metric(r.exact_match), f"{r.wall_seconds:.1f}",
-                      r.run_id)
+        table.add_row(
+            r.task,
+            r.mechanism,
+            r.protocol,
+            str(r.seed),
+            f"{r.lr:g}",
+            r.status,
+            _metric(r.token_acc),
+            _metric(r.exact_match),
+            f"{r.wall_seconds:.1f}",
+            r.run_id,
+        )
     out.print(table)
     out.print(f"{len(rows)} rows", highlight=False)
+
+
+def _metric(value: float | None) -> str:
+    return "--" if value is None or pd.isna(value) else f"{value:.3f}"
 
 
 @app.command("report")
 @_guard
 def report_command(
     results: ResultsOption = Path("results"),
-    out_dir: Annotated[Path, typer.Option("--out", help="Where reports are written.")] = Path("reports"),
+    out_dir: Annotated[Path, typer.Option("--out", help="Where reports are written.")] = Path(
+        "reports"
+    ),
     metric: Annotated[str, typer.Option(help=" or ".join(METRICS))] = "token_acc",
     protocol: Annotated[str | None, typer.Option(help="Only this protocol.")] = None,
 ) -> None:
@@ -272,8 +339,10 @@ def report_command(
     if protocol:
         rows = rows[rows["protocol"] == protocol]
     if rows.empty:
-        raise UsageError(f"no results under {results}/ to report"
-                         + (f" for protocol {protocol}" if protocol else ""))
+        raise UsageError(
+            f"no results under {results}/ to report"
+            + (f" for protocol {protocol}" if protocol else "")
+        )
     for path in write_reports(rows, out_dir, metric):
         out.print(f"wrote {path}", highlight=False)
         if path.suffix == ".md":

@@ -66,16 +66,24 @@ def linear_attention(
     num = num + q @ kv_before
     den = den + (q @ z_before.unsqueeze(-1)).squeeze(-1)
 
-    out = num / (den + eps).unsqueeze(-1)
-    return out.reshape(B, H, N * C, D)[:, :, :L].to(out_dtype)
+    # drop the padding before dividing: there 0 / (0 + eps) would be NaN for eps = 0
+    num = num.reshape(B, H, N * C, D)[:, :, :L]
+    den = den.reshape(B, H, N * C)[:, :, :L]
+    return (num / (den + eps).unsqueeze(-1)).to(out_dtype)
 
 
 def linear_attention_reference(
-    phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, causal: bool = True, eps: float = 1e-6
+    phi_q: torch.Tensor,
+    phi_k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = True,
+    eps: float = 1e-6,
 ) -> torch.Tensor:
     """The same quantity through the explicit (masked) L x L kernel matrix."""
     scores = phi_q @ phi_k.transpose(-1, -2)  # (B, H, L, L)
     if causal:
         L = scores.shape[-1]
-        scores = scores.masked_fill(~torch.ones(L, L, dtype=torch.bool, device=scores.device).tril(), 0.0)
+        scores = scores.masked_fill(
+            ~torch.ones(L, L, dtype=torch.bool, device=scores.device).tril(), 0.0
+        )
     return (scores @ v) / (scores.sum(dim=-1, keepdim=True) + eps)

@@ -82,7 +82,9 @@ class Model(nn.Module):
         if pos == "learned":
             self.pos_emb = nn.Embedding(max_len, d_model)
         elif pos == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_positions(max_len, d_model), persistent=False)
+            self.register_buffer(
+                "pos_table", sinusoidal_positions(max_len, d_model), persistent=False
+            )
         self.blocks = nn.ModuleList(
             Block(d_model, n_heads, mechanism(), arch) for _ in range(n_layers)
         )

@@ -48,8 +48,18 @@ class Protocol:
             problems.append(f"pos must be one of {POSITIONS}")
         if self.d_model % self.n_heads:
             problems.append("d_model must be divisible by n_heads")
-        if min(self.steps, self.batch_size, self.n_layers, self.val_examples,
-               self.test_examples, self.eval_batch_size, self.seeds) < 1:
+        if (
+            min(
+                self.steps,
+                self.batch_size,
+                self.n_layers,
+                self.val_examples,
+                self.test_examples,
+                self.eval_batch_size,
+                self.seeds,
+            )
+            < 1
+        ):
             problems.append("sizes and counts must be >= 1")
         if not self.lrs or min(self.lrs) <= 0:
             problems.append("lrs must be a non-empty list of positive learning rates")
@@ -77,32 +87,59 @@ def _add(protocol: Protocol) -> None:
     PROTOCOLS.add(protocol.name, protocol)
 
 
-_add(Protocol(
-    name="smoke",
-    version=1,
-    description="seconds per run, for tests and wiring checks; numbers mean nothing",
-    d_model=32, n_heads=2, n_layers=1, steps=20, batch_size=16,
-    val_examples=32, test_examples=64, seeds=1,
-))
-_add(Protocol(
-    name="quick",
-    version=1,
-    description="the default, sized for a 2-core CPU: the suite for one mechanism and 3 "
-    "seeds in about 15 minutes, long enough that softmax solves the attention tasks",
-    steps=600, batch_size=32, lrs=(3e-3,),
-))
-_add(Protocol(
-    name="standard",
-    version=1,
-    description="sized for one GPU: a larger model trained longer, with a learning-rate "
-    "sweep selected on the validation set",
-    d_model=128, n_heads=4, n_layers=2, steps=4000, batch_size=64,
-    lrs=(3e-4, 1e-3, 3e-3), val_examples=1000, test_examples=2000, eval_batch_size=500,
-))
-_add(Protocol(
-    name="slay-paper",
-    version=1,
-    description="mirrors the setup behind the published SLAY tables: d 64, 4 heads, 2 "
-    "layers, attention-only, learned positions, 200 steps of batch 32, AdamW lr 1e-3",
-    steps=200, batch_size=32, lrs=(1e-3,), warmup_frac=0.0, min_lr_frac=1.0,
-))
+_add(
+    Protocol(
+        name="smoke",
+        version=1,
+        description="seconds per run, for tests and wiring checks; numbers mean nothing",
+        d_model=32,
+        n_heads=2,
+        n_layers=1,
+        steps=20,
+        batch_size=16,
+        val_examples=32,
+        test_examples=64,
+        seeds=1,
+    )
+)
+_add(
+    Protocol(
+        name="quick",
+        version=1,
+        description="the default, sized for a 2-core CPU: the suite for one mechanism and 3 "
+        "seeds in about 15 minutes, long enough that softmax solves the attention tasks",
+        steps=600,
+        batch_size=32,
+        lrs=(3e-3,),
+    )
+)
+_add(
+    Protocol(
+        name="standard",
+        version=1,
+        description="sized for one GPU: a larger model trained longer, with a learning-rate "
+        "sweep selected on the validation set",
+        d_model=128,
+        n_heads=4,
+        n_layers=2,
+        steps=4000,
+        batch_size=64,
+        lrs=(3e-4, 1e-3, 3e-3),
+        val_examples=1000,
+        test_examples=2000,
+        eval_batch_size=500,
+    )
+)
+_add(
+    Protocol(
+        name="slay-paper",
+        version=1,
+        description="mirrors the setup behind the published SLAY tables: d 64, 4 heads, 2 "
+        "layers, attention-only, learned positions, 200 steps of batch 32, AdamW lr 1e-3",
+        steps=200,
+        batch_size=32,
+        lrs=(1e-3,),
+        warmup_frac=0.0,
+        min_lr_frac=1.0,
+    )
+)

@@ -55,8 +55,9 @@ class Registry(Generic[T]):
     """Maps names (and aliases) to objects with metadata.
 
     ``builtins`` names the module whose import registers the built-in entries; it is
-    imported on first lookup, before the entry-point plugins. ``required`` names the metadata keys every entry must carry; ``choices`` restricts the
-    values some of them may take (for example a task's category).
+    imported on first use, before the entry-point plugins. ``required`` names the metadata
+    keys every entry must carry; ``choices`` restricts the values some of them may take
+    (for example a task's category).
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class Registry(Generic[T]):
         self.choices = choices or {}
         self._entries: dict[str, Entry[T]] = {}
         self._aliases: dict[str, str] = {}
+        self._builtins_loaded = False
         self._plugins_loaded = False
         self._source = "builtin"
         self.plugin_errors: list[PluginError] = []
@@ -94,7 +96,7 @@ class Registry(Generic[T]):
     def add(
         self, name: str, obj: T, *, aliases: tuple[str, ...] | list[str] = (), **metadata: Any
     ) -> Entry[T]:
-        self.load_plugins()  # built-ins first, so a plugin's collision is reported as its own
+        self._load_builtins()  # built-ins first, so a plugin's collision is reported as its own
         missing = [key for key in self.required if key not in metadata]
         if missing:
             raise RegistryError(f"{self.kind} '{name}' is missing metadata: {', '.join(missing)}")
@@ -164,11 +166,10 @@ class Registry(Generic[T]):
         object, which is then registered under the entry point's name unless the import
         already registered it. Failures are kept in ``plugin_errors`` and warned about.
         """
+        self._load_builtins()
         if self._plugins_loaded:
             return
         self._plugins_loaded = True
-        if self.builtins:
-            importlib.import_module(self.builtins)
         if not self.entry_point_group:
             return
         for ep in importlib.metadata.entry_points(group=self.entry_point_group):
@@ -187,6 +188,13 @@ class Registry(Generic[T]):
                 )
                 self.plugin_errors.append(error)
                 warnings.warn(str(error), PluginWarning, stacklevel=2)
+
+    def _load_builtins(self) -> None:
+        if self._builtins_loaded:
+            return
+        self._builtins_loaded = True
+        if self.builtins:
+            importlib.import_module(self.builtins)
 
     @contextmanager
     def _registering_from(self, source: str) -> Iterator[None]:

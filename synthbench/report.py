@@ -41,12 +41,19 @@ def aggregate(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
     per_run = rows.groupby([*keys, "run_id"])["status"].agg(
         lambda s: "ok" if (s == "ok").any() else s.iloc[-1]
     )
-    failed = per_run[per_run != "ok"].reset_index().groupby(keys)["status"].agg(
-        diverged=lambda s: int((s == "diverged").sum()),
-        error=lambda s: int((s == "error").sum()),
+    failed = (
+        per_run[per_run != "ok"]
+        .reset_index()
+        .groupby(keys)["status"]
+        .agg(
+            diverged=lambda s: int((s == "diverged").sum()),
+            error=lambda s: int((s == "error").sum()),
+        )
     )
     table = stats.join(failed, how="outer")
-    table[["count", "diverged", "error"]] = table[["count", "diverged", "error"]].fillna(0).astype(int)
+    table[["count", "diverged", "error"]] = (
+        table[["count", "diverged", "error"]].fillna(0).astype(int)
+    )
     return table.reset_index()
 
 
@@ -56,7 +63,9 @@ def seed_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[SeedTable
     tables = []
     for protocol, part in agg.groupby("protocol", sort=True):
         order = {c: i for i, c in enumerate(CATEGORIES)}
-        part = part.sort_values(["category", "task"], key=lambda s: s.map(order) if s.name == "category" else s)
+        part = part.sort_values(
+            ["category", "task"], key=lambda s: s.map(order) if s.name == "category" else s
+        )
         index = pd.MultiIndex.from_frame(part[["category", "task"]].drop_duplicates())
         mechanisms = sorted(part["mechanism"].unique())
         cells = pd.DataFrame(index=index, columns=mechanisms, dtype=object)
@@ -64,13 +73,15 @@ def seed_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[SeedTable
             cells.at[(r.category, r.task), r.mechanism] = (
                 (r.mean, r.std, r.count) if r.count > 0 else None
             )
-        tables.append(SeedTable(
-            protocol=str(protocol),
-            metric=metric,
-            cells=cells,
-            n_seeds=int(part["count"].max()),
-            failed={"diverged": int(part["diverged"].sum()), "error": int(part["error"].sum())},
-        ))
+        tables.append(
+            SeedTable(
+                protocol=str(protocol),
+                metric=metric,
+                cells=cells,
+                n_seeds=int(part["count"].max()),
+                failed={"diverged": int(part["diverged"].sum()), "error": int(part["error"].sum())},
+            )
+        )
     return tables
 
 
@@ -83,8 +94,10 @@ def _cell(value, n_seeds: int, pm: str) -> str:
 
 
 def _footnotes(table: SeedTable) -> list[str]:
-    notes = [f"{table.metric} on the test set, mean {'+-'} std over {table.n_seeds} seeds; "
-             f"protocol {table.protocol}."]
+    notes = [
+        f"{table.metric} on the test set, mean {'+-'} std over {table.n_seeds} seeds; "
+        f"protocol {table.protocol}."
+    ]
     failed = ", ".join(f"{n} {status}" for status, n in table.failed.items() if n)
     if failed:
         notes.append(f"{MISSING}: no successful run ({failed}).")
@@ -98,15 +111,28 @@ def to_markdown(table: SeedTable) -> str:
         [category, task, *(_cell(v, table.n_seeds, "±") for v in row)]
         for (category, task), row in table.cells.iterrows()
     ]
-    text = tabulate(body, headers=["category", "task", *table.cells.columns], tablefmt="pipe",
-                    disable_numparse=True)
+    text = tabulate(
+        body,
+        headers=["category", "task", *table.cells.columns],
+        tablefmt="pipe",
+        disable_numparse=True,
+    )
     return text + "\n\n" + "\n".join(_footnotes(table)) + "\n"
 
 
 def latex_escape(text: str) -> str:
-    replacements = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#",
-                    "_": r"\_", "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}",
-                    "^": r"\textasciicircum{}"}
+    replacements = {
+        "\\": r"\textbackslash{}",
+        "&": r"\&",
+        "%": r"\%",
+        "$": r"\$",
+        "#": r"\#",
+        "_": r"\_",
+        "{": r"\{",
+        "}": r"\}",
+        "~": r"\textasciitilde{}",
+        "^": r"\textasciicircum{}",
+    }
     return "".join(replacements.get(ch, ch) for ch in str(text))
 
 

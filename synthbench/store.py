@@ -85,14 +85,19 @@ class ResultStore:
     def write(self, rows: list[dict[str, Any]]) -> Path:
         """Store the rows of one run (same run_id, task, mechanism) atomically."""
         first = rows[0]
-        if any((r["run_id"], r["task"], r["mechanism"]) != (first["run_id"], first["task"],
-               first["mechanism"]) for r in rows):
+        if any(
+            (r["run_id"], r["task"], r["mechanism"])
+            != (first["run_id"], first["task"], first["mechanism"])
+            for r in rows
+        ):
             raise ValueError("one results file holds the rows of exactly one run")
         path = self.path_for(first["task"], first["mechanism"], first["run_id"])
         path.parent.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pylist(
-            [{**{c: r.get(c) for c in SCHEMA.names}, "schema_version": SCHEMA_VERSION}
-             for r in rows],
+            [
+                {**{c: r.get(c) for c in SCHEMA.names}, "schema_version": SCHEMA_VERSION}
+                for r in rows
+            ],
             schema=SCHEMA,
         )
         tmp = path.parent / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-{path.name}"
@@ -112,8 +117,10 @@ class ResultStore:
         if not self.root.is_dir():
             return []
         return sorted(
-            p for p in self.root.rglob("*")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(self.root).parts)
+            p
+            for p in self.root.rglob("*")
+            if p.is_file()
+            and not any(part.startswith(".") for part in p.relative_to(self.root).parts)
         )
 
     def _read(self, path: Path, columns: list[str] | None = None) -> pd.DataFrame:
@@ -121,7 +128,8 @@ class ResultStore:
         if path.suffix != ".parquet":
             raise ValueError("not a Parquet file")
         partitions = dict(
-            m.groups() for part in path.relative_to(self.root).parent.parts
+            m.groups()
+            for part in path.relative_to(self.root).parent.parts
             if (m := _PARTITION_DIR.match(part))
         )
         if set(partitions) != set(PARTITIONS):
@@ -134,7 +142,9 @@ class ResultStore:
         if version is None:
             raise ValueError("not a synthbench results file (no schema version)")
         if int(version) != SCHEMA_VERSION:
-            raise ValueError(f"schema version {int(version)}, this synthbench reads {SCHEMA_VERSION}")
+            raise ValueError(
+                f"schema version {int(version)}, this synthbench reads {SCHEMA_VERSION}"
+            )
         missing = set(SCHEMA.names) - set(schema.names)
         if missing:
             raise ValueError(f"missing columns {', '.join(sorted(missing))}")
@@ -177,7 +187,7 @@ class ResultStore:
         if not self.root.is_dir():
             return removed
         for tmp in self.root.rglob(f"{_TMP_PREFIX}*"):
-            pid = tmp.name[len(_TMP_PREFIX):].split("-", 1)[0]
+            pid = tmp.name[len(_TMP_PREFIX) :].split("-", 1)[0]
             if pid.isdigit() and not _process_alive(int(pid)):
                 tmp.unlink(missing_ok=True)
                 removed += 1

@@ -73,9 +73,7 @@ class Task:
     def from_difficulty(cls, difficulty: str = "default", **overrides: Any) -> Task:
         presets = {"default": {}, **cls.difficulties}
         if difficulty not in presets:
-            raise ValueError(
-                f"unknown difficulty {difficulty!r} (presets: {', '.join(presets)})"
-            )
+            raise ValueError(f"unknown difficulty {difficulty!r} (presets: {', '.join(presets)})")
         return cls(**{**presets[difficulty], **overrides})
 
     def param_dict(self) -> dict[str, Any]:

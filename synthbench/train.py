@@ -107,7 +107,9 @@ def git_commit() -> str:
             return "unknown"
         dirty = subprocess.run(
             ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
         return commit.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.SubprocessError):
@@ -128,7 +130,9 @@ def lr_schedule(protocol: Protocol):
     return factor
 
 
-def answer_metrics(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def answer_metrics(
+    logits: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per example: token accuracy over its answer positions, and exact match (all right)."""
     mask = targets != IGNORE
     correct = ((logits.argmax(dim=-1) == targets) & mask).sum(dim=1)
@@ -207,8 +211,9 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
     row["steps_done"] = p.steps
     row["final_loss"] = sum(recent) / len(recent)
 
-    val_metrics, test_metrics = evaluate(model, val, p.eval_batch_size), evaluate(
-        model, test, p.eval_batch_size
+    val_metrics, test_metrics = (
+        evaluate(model, val, p.eval_batch_size),
+        evaluate(model, test, p.eval_batch_size),
     )
     row.update(test_metrics)
     row.update({f"val_{k}": v for k, v in val_metrics.items()})
