@@ -32,7 +32,7 @@ class Protocol:
     betas: tuple[float, float] = (0.9, 0.98)
     warmup_frac: float = 0.1
     min_lr_frac: float = 0.1
-    grad_clip: float = 1.0
+    grad_clip: float = 1.0  # max gradient norm; 0 turns clipping off
     # evaluation: fixed sets, the same for every seed and mechanism
     val_examples: int = 256
     test_examples: int = 512
@@ -63,6 +63,8 @@ class Protocol:
             problems.append("sizes and counts must be >= 1")
         if not self.lrs or min(self.lrs) <= 0:
             problems.append("lrs must be a non-empty list of positive learning rates")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            problems.append("grad_clip and weight_decay must be >= 0")
         if not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_frac <= 1:
             problems.append("warmup_frac must be in [0, 1) and min_lr_frac in [0, 1]")
         if self.select_metric not in ("token_acc", "exact_match"):
@@ -139,7 +141,28 @@ _add(
         steps=200,
         batch_size=32,
         lrs=(1e-3,),
+        # torch's AdamW defaults at a constant lr, no clipping: all the paper states
         warmup_frac=0.0,
         min_lr_frac=1.0,
+        betas=(0.9, 0.999),
+        grad_clip=0.0,
     )
 )
+
+
+def markdown_table() -> str:
+    """Every protocol's values side by side (docs/PROTOCOLS.md embeds this; a test checks it)."""
+    protocols = [e.obj for e in PROTOCOLS.entries()]
+    fields = [f for f in protocols[0].config() if f != "name"]
+    lines = [
+        "| field | " + " | ".join(p.name for p in protocols) + " |",
+        "|---|" + "---|" * len(protocols),
+    ]
+    for name in fields:
+        values = []
+        for p in protocols:
+            value = p.config()[name]
+            values.append(", ".join(f"{v:g}" for v in value) if isinstance(value, list) else f"{value}")
+        lines.append(f"| {name} | " + " | ".join(values) + " |")
+    lines.append("| seeds (default) | " + " | ".join(str(p.seeds) for p in protocols) + " |")
+    return "\n".join(lines) + "\n"

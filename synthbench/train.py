@@ -202,7 +202,7 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
             raise Diverged(f"non-finite loss at step {step}")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip or math.inf)
         if not torch.isfinite(grad_norm):
             raise Diverged(f"non-finite gradient at step {step}")
         optimizer.step()
