@@ -1,0 +1,65 @@
+"""The built wheel carries tasks/ and mechanisms/ as synthbench.tasks and synthbench.mechanisms."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_wheel_installs_and_imports_the_registries(tmp_path):
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    (wheel,) = (tmp_path / "dist").glob("synthbench-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"synthbench/tasks/copy.py", "synthbench/mechanisms/softmax.py"} <= names
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    assert "synthbench = synthbench.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+
+    # install it alone into a bare target folder and import from there, not from the checkout
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--no-deps",
+            "-q",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    code = (
+        "import synthbench, synthbench.tasks, synthbench.mechanisms;"
+        "from synthbench import TASKS, MECHANISMS;"
+        "print(synthbench.tasks.__file__); print(TASKS.names(), MECHANISMS.names())"
+    )
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {code}"],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    tasks_file, names = result.stdout.splitlines()
+    assert tasks_file.startswith(str(target))
+    assert "copy" in names and "softmax" in names and "linear" in names
