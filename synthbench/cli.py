@@ -115,7 +115,7 @@ def run_command(
     category: Annotated[str | None, typer.Option(help="Only the tasks of this category.")] = None,
     mech: Annotated[str, typer.Option(help="Comma-separated mechanism names.")] = "softmax",
     seeds: Annotated[
-        int | None, typer.Option(help="Seeds 0..N-1 [default: the protocol's].")
+        int | None, typer.Option(help="Seeds 0..N-1 (default: the protocol's).")
     ] = None,
     protocol: Annotated[
         str, typer.Option(help="Protocol preset (synthbench list protocols).")

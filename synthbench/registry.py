@@ -189,12 +189,18 @@ class Registry(Generic[T]):
                 self.plugin_errors.append(error)
                 warnings.warn(str(error), PluginWarning, stacklevel=2)
 
+    def _remove(self, name: str) -> None:
+        entry = self._entries.pop(name)
+        for label in (entry.name, *entry.aliases):
+            self._aliases.pop(label, None)
+
     def _load_builtins(self) -> None:
         if self._builtins_loaded:
             return
         self._builtins_loaded = True
         if self.builtins:
-            importlib.import_module(self.builtins)
+            with self._registering_from("builtin"):
+                importlib.import_module(self.builtins)
 
     @contextmanager
     def _registering_from(self, source: str) -> Iterator[None]:
@@ -215,6 +221,11 @@ def load_plugin_file(path: str | Path, registries: list[Registry]) -> None:
     if not path.is_file():
         raise PluginError(f"plugin file {path} does not exist")
     module_name = f"synthbench_plugin_{path.stem}_{abs(hash(str(path.resolve())))}"
+    if module_name in sys.modules:  # the same file named twice
+        return
+    for registry in registries:
+        registry._load_builtins()
+    before = [set(registry._entries) for registry in registries]
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise PluginError(f"plugin file {path} is not an importable Python file")
@@ -227,6 +238,9 @@ def load_plugin_file(path: str | Path, registries: list[Registry]) -> None:
             spec.loader.exec_module(module)
         except Exception as exc:
             sys.modules.pop(module_name, None)
+            for registry, names in zip(registries, before):  # leave no half-loaded plugin
+                for name in set(registry._entries) - names:
+                    registry._remove(name)
             raise PluginError(
                 f"plugin file {path} failed to import: {type(exc).__name__}: {exc}"
             ) from exc

@@ -314,3 +314,30 @@ def test_global_registries_hold_the_builtins():
     for registry in (TASKS, MECHANISMS):
         for entry in registry.entries():
             assert set(registry.required) <= set(entry.metadata)
+
+
+def test_plugin_file_that_fails_half_way_leaves_nothing_registered(tmp_path):
+    registry = Registry("mechanism")
+    plugin = tmp_path / "half.py"
+    plugin.write_text(
+        "import sys\n"
+        f"registry = sys.modules[{__name__!r}].HALF_REGISTRY\n"
+        "registry.add('first', object())\n"
+        "raise RuntimeError('second one broke')\n"
+    )
+    globals()["HALF_REGISTRY"] = registry
+    with pytest.raises(PluginError, match="second one broke"):
+        load_plugin_file(plugin, [registry])
+    assert "first" not in registry
+
+
+def test_same_plugin_file_twice_is_loaded_once(tmp_path):
+    registry = Registry("mechanism")
+    globals()["TWICE_REGISTRY"] = registry
+    plugin = tmp_path / "twice.py"
+    plugin.write_text(
+        f"import sys\nsys.modules[{__name__!r}].TWICE_REGISTRY.add('once', object())\n"
+    )
+    load_plugin_file(plugin, [registry])
+    load_plugin_file(tmp_path / "." / "twice.py", [registry])
+    assert registry.names() == ["once"]
