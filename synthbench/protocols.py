@@ -162,7 +162,8 @@ def markdown_table() -> str:
         values = []
         for p in protocols:
             value = p.config()[name]
-            values.append(", ".join(f"{v:g}" for v in value) if isinstance(value, list) else f"{value}")
+            is_list = isinstance(value, list)
+            values.append(", ".join(f"{v:g}" for v in value) if is_list else f"{value}")
         lines.append(f"| {name} | " + " | ".join(values) + " |")
     lines.append("| seeds (default) | " + " | ".join(str(p.seeds) for p in protocols) + " |")
     return "\n".join(lines) + "\n"

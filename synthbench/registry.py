@@ -238,7 +238,7 @@ def load_plugin_file(path: str | Path, registries: list[Registry]) -> None:
             spec.loader.exec_module(module)
         except Exception as exc:
             sys.modules.pop(module_name, None)
-            for registry, names in zip(registries, before):  # leave no half-loaded plugin
+            for registry, names in zip(registries, before, strict=True):  # no half-loaded plugin
                 for name in set(registry._entries) - names:
                     registry._remove(name)
             raise PluginError(

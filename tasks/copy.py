@@ -19,7 +19,9 @@ class CopyParams:
 
     def __post_init__(self):
         if self.n < 1 or self.vocab < 2:
-            raise ValueError(f"copy needs n >= 1 and vocab >= 2, got n={self.n}, vocab={self.vocab}")
+            raise ValueError(
+                f"copy needs n >= 1 and vocab >= 2, got n={self.n}, vocab={self.vocab}"
+            )
 
 
 @TASKS.register("copy", category="Basic", description="x SEP x: reproduce the sequence")
