@@ -13,6 +13,7 @@ from typing import Annotated
 import pandas as pd
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -53,12 +54,12 @@ class UsageError(Exception):
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 
 def _warn(message: str) -> None:
-    err.print(f"[yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+    err.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
 def _load_plugins(files: list[Path] | None) -> None:
@@ -189,7 +190,8 @@ def _run_line(spec: RunSpec, rows: list[dict], best: dict) -> str:
     seconds = sum(r["wall_seconds"] for r in rows)
     head = f"{spec.task:<16} {spec.mechanism:<12} seed {spec.seed}"
     if best["status"] != "ok":
-        return f"[red]x[/] {head}  {best['status']}: {best.get('error')}  ({seconds:.1f}s)"
+        reason = escape(str(best.get("error")))
+        return f"[red]x[/] {head}  {best['status']}: {reason}  ({seconds:.1f}s)"
     return (
         f"[green]ok[/] {head}  lr {best['lr']:g}  token_acc {best['token_acc']:.3f}  "
         f"exact {best['exact_match']:.3f}  ({seconds:.1f}s)"

@@ -49,6 +49,7 @@ def aggregate(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
             diverged=lambda s: int((s == "diverged").sum()),
             error=lambda s: int((s == "error").sum()),
         )
+        .astype(int)  # an empty aggregation would otherwise come back with object columns
     )
     table = stats.join(failed, how="outer")
     table[["count", "diverged", "error"]] = (

@@ -148,7 +148,7 @@ class ResultStore:
         missing = set(SCHEMA.names) - set(schema.names)
         if missing:
             raise ValueError(f"missing columns {', '.join(sorted(missing))}")
-        wanted = None if columns is None else sorted(set(columns) | {"run_id"})
+        wanted = None if columns is None else sorted(set(columns) - set(PARTITIONS) | {"run_id"})
         try:
             frame = pq.read_table(path, columns=wanted).to_pandas()
         except Exception as exc:
@@ -169,7 +169,7 @@ class ResultStore:
                 skipped.append((path, str(exc)))
                 if warn:
                     warnings.warn(f"skipping {path}: {exc}", CorruptResultWarning, stacklevel=2)
-        wanted = [*PARTITIONS, *(columns or SCHEMA.names)]
+        wanted = [*PARTITIONS, *(c for c in (columns or SCHEMA.names) if c not in PARTITIONS)]
         rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=wanted)
         return LoadReport(rows[wanted], skipped)
 

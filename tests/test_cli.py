@@ -1,0 +1,408 @@
+"""The command line: run (resume, force, errors), list, results, report, SIGKILL resume."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from synthbench.cli import app
+from synthbench.protocols import PROTOCOLS
+from synthbench.store import COLUMNS, ResultStore
+from synthbench.train import RunSpec
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+RUN = ["run", "--task", "copy,kv_recall", "--mech", "softmax,linear", "--protocol", "smoke"]
+# a wide console, so that rich never wraps or crops a name in a table or a message
+ENV = {"COLUMNS": "250"}
+SUBPROCESS_ENV = {**os.environ, **ENV, "OMP_NUM_THREADS": "1"}
+
+
+def invoke(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args], env=ENV)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def snapshot(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file and folder under root (hidden ones too) with size and mtime."""
+    return {
+        str(p.relative_to(root)): (p.stat().st_size if p.is_file() else -1, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def parquet_files(root: Path) -> list[Path]:
+    return [p for p in ResultStore(root).files() if p.suffix == ".parquet"]
+
+
+def expected_run_ids(tasks, mechs, seeds) -> set[str]:
+    smoke = PROTOCOLS.get("smoke")
+    return {
+        RunSpec.resolve(t, m, smoke, s).run_id for t in tasks for m in mechs for s in range(seeds)
+    }
+
+
+@pytest.fixture(scope="module")
+def stored(tmp_path_factory, single_thread):
+    """The 8 runs of 2 tasks x 2 mechanisms x 2 seeds, stored once for the module."""
+    root = tmp_path_factory.mktemp("stored") / "results"
+    result = invoke(*RUN, "--seeds", 2, "--results", root)
+    return root, result
+
+
+@pytest.fixture
+def results(stored, tmp_path) -> Path:
+    """A private copy of the stored tree (mtimes kept)."""
+    root = tmp_path / "results"
+    shutil.copytree(stored[0], root)
+    return root
+
+
+# -- run ----------------------------------------------------------------------------------
+
+
+def test_run_writes_one_file_per_run(stored):
+    root, result = stored
+    assert result.exit_code == 0, result.output
+    assert "8 runs (2 tasks x 2 mechanisms x 2 seeds" in result.stdout
+    assert "0 already stored, 8 to run" in result.stdout
+    assert "done: 8 ok" in result.stdout
+    files = parquet_files(root)
+    assert len(files) == 8
+    report = ResultStore(root).load(warn=False)
+    assert report.skipped == []
+    assert len(report.rows) == 8
+    assert set(report.rows["run_id"]) == expected_run_ids(
+        ["copy", "kv_recall"], ["softmax", "linear"], 2
+    )
+    assert {p.stem for p in files} == set(report.rows["run_id"])
+    assert (report.rows["status"] == "ok").all() and report.rows["selected"].all()
+    assert result.stderr == ""
+
+
+def test_run_again_stores_nothing_new(results):
+    before = snapshot(results)
+    result = invoke(*RUN, "--seeds", 2, "--results", results)
+    assert result.exit_code == 0, result.output
+    assert "8 already stored, 0 to run" in result.stdout
+    assert "nothing new" in result.stdout
+    assert snapshot(results) == before
+
+
+def test_force_reruns_everything(results):
+    before = snapshot(results)
+    result = invoke(*RUN, "--seeds", 2, "--results", results, "--force")
+    assert result.exit_code == 0, result.output
+    assert "0 already stored, 8 to run" in result.stdout
+    after = snapshot(results)
+    assert set(after) == set(before)
+    files = [k for k in before if k.endswith(".parquet")]
+    assert len(files) == 8
+    assert all(after[f][1] != before[f][1] for f in files)
+    rows = ResultStore(results).load(warn=False).rows
+    assert len(rows) == 8 and rows["run_id"].is_unique
+
+
+def test_run_category_memory_runs_only_kv_recall(tmp_path):
+    root = tmp_path / "results"
+    result = invoke(
+        "run", "--category", "memory", "--mech", "softmax", "--seeds", 1,
+        "--protocol", "smoke", "--results", root,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "1 runs (1 tasks x 1 mechanisms x 1 seeds" in result.stdout
+    files = parquet_files(root)
+    assert [p.relative_to(root).parts[:2] for p in files] == [
+        ("task=kv_recall", "mechanism=softmax")
+    ]
+
+
+def test_run_accepts_aliases_and_deduplicates(tmp_path, stored):
+    """'mqar' and 'kv_recall' are one task; 'elu' is linear: the stored runs are found."""
+    root = tmp_path / "results"
+    shutil.copytree(stored[0], root)
+    result = invoke(
+        "run", "--task", "mqar,kv_recall", "--mech", "elu", "--seeds", 2,
+        "--protocol", "smoke", "--results", root,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "2 runs (1 tasks x 1 mechanisms x 2 seeds" in result.stdout
+    assert "2 already stored, 0 to run" in result.stdout
+
+
+BAD_RUNS = {
+    "unknown-task": (["--task", "cpy"], "did you mean copy"),
+    "unknown-task-in-list": (["--task", "copy,nope"], "'nope'"),
+    "unknown-mech": (["--mech", "sofmax"], "'sofmax'"),
+    "unknown-protocol": (["--protocol", "smoek"], "'smoek'"),
+    "unknown-category": (["--category", "Memry"], "'Memry'"),
+    "empty-selection": (["--category", "Arithmetic"], "no task matches"),
+    "zero-seeds": (["--seeds", "0"], "--seeds"),
+    "negative-seeds": (["--seeds", "-2"], "--seeds"),
+    "bad-device": (["--device", "gpu"], "'gpu'"),
+    "missing-plugin": (["--plugin", "no_such_plugin.py"], "no_such_plugin.py"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RUNS))
+def test_user_errors_exit_2_with_one_line(results, case):
+    overrides, culprit = BAD_RUNS[case]
+    args = dict(zip(RUN[1::2], RUN[2::2], strict=True)) | {"--seeds": "1"}
+    args |= dict(zip(overrides[::2], overrides[1::2], strict=True))
+    before = snapshot(results)
+    result = invoke("run", *[x for kv in args.items() for x in kv], "--results", results)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error:")
+    assert culprit in lines[0]
+    assert result.stdout == ""
+    assert snapshot(results) == before
+
+
+def test_user_error_in_a_real_process(tmp_path):
+    """Exit status and stderr as a shell sees them."""
+    root = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, "-m", "synthbench.cli", *RUN, "--task", "cpy", "--results", str(root)],
+        capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "did you mean copy" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not root.exists()
+
+
+def test_erroring_run_exits_1_and_is_stored(tmp_path):
+    """A mechanism that raises: stored as status 'error' with its message; exit status 1."""
+    plugin = tmp_path / "kaboom_plugin.py"
+    plugin.write_text(
+        "from synthbench.mechanism import MECHANISMS, Mechanism\n\n\n"
+        "@MECHANISMS.register('kaboom', complexity='linear', family='test', reference='none')\n"
+        "class Kaboom(Mechanism):\n"
+        "    def forward(self, q, k, v, causal=True):\n"
+        "        raise RuntimeError('kaboom')\n"
+    )
+    root = tmp_path / "results"
+    args = ["run", "--task", "kv_recall", "--mech", "kaboom", "--seeds", "1"]
+    args += ["--protocol", "smoke", "--results", str(root), "--plugin", str(plugin)]
+    proc = subprocess.run(
+        [sys.executable, "-m", "synthbench.cli", *args],
+        capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "raised" in proc.stderr
+    rows = ResultStore(root).load(warn=False).rows
+    assert rows["status"].tolist() == ["error"]
+    assert "RuntimeError: kaboom" in rows["error"].iloc[0]
+    assert rows["token_acc"].isna().all()
+    assert ResultStore(root).done_run_ids() == set()  # it runs again next time
+
+
+# -- a corrupt file in the tree -----------------------------------------------------------
+
+
+def truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+def test_corrupt_file_is_reported_and_rerun(results, tmp_path):
+    bad = parquet_files(results)[3]
+    truncate(bad)
+
+    report = invoke("report", "--results", results, "--out", tmp_path / "reports")
+    assert report.exit_code == 0, report.output
+    assert "warning" in report.stderr and str(bad) in report.stderr
+    assert (tmp_path / "reports" / "smoke" / "tasks_token_acc.md").exists()
+
+    listing = invoke("results", "--results", results)
+    assert listing.exit_code == 0, listing.output
+    assert "warning" in listing.stderr and str(bad) in listing.stderr
+    assert "7 rows" in listing.stdout
+
+    before = snapshot(results)
+    rerun = invoke(*RUN, "--seeds", 2, "--results", results)
+    assert rerun.exit_code == 0, rerun.output
+    assert "7 already stored, 1 to run" in rerun.stdout
+    assert str(bad) in rerun.stderr
+    after = snapshot(results)
+    changed = {k for k in after if after[k] != before.get(k) and after[k][0] >= 0}  # files
+    assert changed == {str(bad.relative_to(results))}
+    store = ResultStore(results)
+    whole = store.load(warn=False)
+    assert whole.skipped == [] and len(whole.rows) == 8
+    assert set(whole.rows["run_id"]) == expected_run_ids(
+        ["copy", "kv_recall"], ["softmax", "linear"], 2
+    )
+
+
+def test_warning_names_a_path_with_brackets(stored, tmp_path):
+    """Paths are printed as they are, not read as rich markup ('[old]' must survive)."""
+    root = tmp_path / "results[old]"
+    shutil.copytree(stored[0], root)
+    bad = parquet_files(root)[0]
+    truncate(bad)
+    listing = invoke("results", "--results", root)
+    assert listing.exit_code == 0, listing.output
+    assert str(bad) in listing.stderr, listing.stderr
+
+
+# -- list, results, report ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "what,names",
+    [
+        ("tasks", ["copy", "kv_recall", "Basic", "Memory"]),
+        ("mechs", ["softmax", "linear", "quadratic"]),
+        ("mechanisms", ["softmax", "linear"]),
+        ("protocols", ["smoke", "quick", "standard", "slay-paper"]),
+    ],
+)
+def test_list(what, names):
+    result = invoke("list", what)
+    assert result.exit_code == 0, result.output
+    for name in names:
+        assert name in result.stdout, name
+
+
+def test_list_unknown_kind():
+    result = invoke("list", "foo")
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "foo" in lines[0]
+
+
+def test_results_csv(stored, tmp_path):
+    root, _ = stored
+    out = tmp_path / "out.csv"
+    result = invoke("results", "--results", root, "--csv", out)
+    assert result.exit_code == 0, result.output
+    assert f"8 rows -> {out}" in result.stdout
+    table = pd.read_csv(out)
+    assert list(table.columns) == COLUMNS
+    assert len(table) == 8 and table["selected"].all()
+    assert sorted(table["run_id"]) == sorted(p.stem for p in parquet_files(root))
+
+
+def test_results_csv_to_stdout(stored):
+    result = invoke("results", "--results", stored[0], "--csv", "-", "--task", "copy")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.strip().splitlines()
+    assert lines[0].split(",")[:3] == COLUMNS[:3]
+    assert len(lines) == 1 + 4
+
+
+@pytest.mark.parametrize(
+    "args,n",
+    [
+        ([], 8),
+        (["--status", "ok"], 8),
+        (["--status", "error"], 0),
+        (["--task", "copy"], 4),
+        (["--mech", "linear", "--task", "kv_recall"], 2),
+        (["--protocol", "quick"], 0),
+        (["--all-lrs"], 8),
+    ],
+)
+def test_results_filters(stored, args, n):
+    result = invoke("results", "--results", stored[0], *args)
+    assert result.exit_code == 0, result.output
+    assert f"{n} rows" in result.stdout.splitlines()[-1]
+
+
+def test_results_show_the_selected_row_only(stored, tmp_path):
+    """With an lr sweep, `results` shows the selected row unless --all-lrs."""
+    root = tmp_path / "results"
+    shutil.copytree(stored[0], root)
+    path = parquet_files(root)[0]
+    table = pq.read_table(path)
+    rows = table.to_pandas()
+    rows = pd.concat([rows, rows.assign(lr=9e-3, selected=False)])
+    pq.write_table(pa.Table.from_pandas(rows, schema=table.schema, preserve_index=False), path)
+    assert invoke("results", "--results", root).stdout.splitlines()[-1] == "8 rows"
+    assert invoke("results", "--results", root, "--all-lrs").stdout.splitlines()[-1] == "9 rows"
+
+
+def test_report_writes_tables(stored, tmp_path):
+    out = tmp_path / "reports"
+    result = invoke("report", "--results", stored[0], "--out", out)
+    assert result.exit_code == 0, result.output
+    md = out / "smoke" / "tasks_token_acc.md"
+    tex = out / "smoke" / "tasks_token_acc.tex"
+    assert md.is_file() and tex.is_file()
+    text = md.read_text()
+    for word in ("copy", "kv_recall", "softmax", "linear", "±", "protocol smoke"):
+        assert word in text
+    assert r"kv\_recall" in tex.read_text() and r"\toprule" in tex.read_text()
+    assert f"wrote {md}" in result.stdout
+    assert result.stderr == ""
+
+
+def test_report_errors(stored, tmp_path):
+    empty = invoke("report", "--results", tmp_path / "none", "--out", tmp_path / "r")
+    assert empty.exit_code == 2 and "no results" in empty.stderr
+    metric = invoke("report", "--results", stored[0], "--metric", "loss", "--out", tmp_path / "r")
+    assert metric.exit_code == 2 and "loss" in metric.stderr
+    assert not (tmp_path / "r").exists()
+
+
+# -- SIGKILL in the middle of a suite -----------------------------------------------------
+
+
+def test_sigkill_then_resume(tmp_path):
+    root = tmp_path / "results"
+    command = [sys.executable, "-m", "synthbench.cli", *RUN, "--seeds", "3", "--results", root]
+    command = [str(c) for c in command]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=SUBPROCESS_ENV
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while len(parquet_files(root)) < 2:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no results appeared"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    n_before = len(parquet_files(root))
+    assert 2 <= n_before < 12
+
+    resumed = subprocess.run(
+        command, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"{n_before} already stored, {12 - n_before} to run" in resumed.stdout
+
+    files = parquet_files(root)
+    assert len(files) == 12
+    assert ResultStore(root).files() == files  # nothing else visible in the tree
+    assert not list(root.rglob(".tmp-*"))  # the killed process's temporaries are gone
+    for path in files:
+        rows = pq.read_table(path).to_pandas()
+        assert len(rows) == 1 and (rows["run_id"] == path.stem).all(), path
+    report = ResultStore(root).load(warn=False)
+    assert report.skipped == []
+    assert report.rows["run_id"].is_unique
+    assert set(report.rows["run_id"]) == expected_run_ids(
+        ["copy", "kv_recall"], ["softmax", "linear"], 3
+    )
+    assert (report.rows["status"] == "ok").all()

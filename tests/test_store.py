@@ -1,0 +1,324 @@
+"""The results store: atomic one-file-per-run writes, the Hive tree, corrupt-file handling."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import subprocess
+import sys
+import warnings
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from synthbench.protocols import PROTOCOLS
+from synthbench.store import (
+    COLUMNS,
+    PARTITIONS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    CorruptResultWarning,
+    ResultStore,
+)
+from synthbench.train import RunSpec, run
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+SWEEP = dataclasses.replace(PROTOCOLS.get("smoke"), steps=3, lrs=(1e-3, 3e-3))
+
+
+@pytest.fixture(scope="module")
+def runs(single_thread) -> dict[str, list[dict]]:
+    """Rows of three real runs (two lr rows each)."""
+    specs = {
+        "a": RunSpec.resolve("kv_recall", "linear", SWEEP, 0, {"pairs": 4}),
+        "b": RunSpec.resolve("kv_recall", "linear", SWEEP, 1, {"pairs": 4}),
+        "c": RunSpec.resolve("copy", "softmax", SWEEP, 0, {"n": 4}),
+    }
+    rows = {key: run(s, torch.device("cpu")) for key, s in specs.items()}
+    assert all(r["status"] == "ok" for rs in rows.values() for r in rs)
+    return rows
+
+
+def rows_of(runs, key, **changes) -> list[dict]:
+    return [{**r, **changes} for r in runs[key]]
+
+
+def all_files(root) -> list[str]:
+    """Every file under root, hidden ones included, relative."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
+
+
+def same(a, b) -> bool:
+    if a is None or (isinstance(a, float) and math.isnan(a)):
+        return b is None or (isinstance(b, float) and math.isnan(b))
+    if isinstance(a, pd.Timestamp):
+        a = a.to_pydatetime()
+    return a == b
+
+
+# -- writing and reading back -------------------------------------------------------------
+
+
+def test_round_trip(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    rows = runs["a"]
+    path = store.write(rows)
+    r = rows[0]
+    assert path == tmp_path / "task=kv_recall" / "mechanism=linear" / f"{r['run_id']}.parquet"
+    assert all_files(tmp_path) == [f"task=kv_recall/mechanism=linear/{r['run_id']}.parquet"]
+    # Hive convention: the partition columns live in the path, not in the file
+    file_schema = pq.read_schema(path)
+    assert file_schema.names == SCHEMA.names
+    assert not set(PARTITIONS) & set(file_schema.names)
+    assert file_schema.metadata[b"synthbench_schema_version"] == str(SCHEMA_VERSION).encode()
+
+    report = store.load()
+    assert report.skipped == []
+    loaded = report.rows
+    assert list(loaded.columns) == COLUMNS
+    assert len(loaded) == len(rows)
+    for original, (_, stored) in zip(rows, loaded.iterrows(), strict=True):
+        for column in COLUMNS:
+            expected = SCHEMA_VERSION if column == "schema_version" else original.get(column)
+            assert same(stored[column], expected), (column, stored[column], expected)
+    assert loaded["selected"].sum() == 1
+
+
+def test_partial_columns(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    store.write(runs["a"])
+    rows = store.load(columns=["status", "token_acc"]).rows
+    assert list(rows.columns) == ["task", "mechanism", "status", "token_acc"]
+    assert rows["token_acc"].tolist() == [r["token_acc"] for r in runs["a"]]
+
+
+def test_load_with_a_partition_column_among_columns(tmp_path, runs):
+    """Asking for 'task' (a column of every loaded row) must not make good files 'corrupt'."""
+    store = ResultStore(tmp_path)
+    store.write(runs["a"])
+    report = store.load(columns=["task", "token_acc"], warn=False)
+    assert [str(p) for p, _ in report.skipped] == [], report.skipped[0][1][:120]
+    assert list(report.rows.columns) == ["task", "mechanism", "token_acc"]
+    assert report.rows["task"].tolist() == ["kv_recall"] * len(runs["a"])
+
+
+def test_load_empty_or_missing_root(tmp_path):
+    for root in (tmp_path, tmp_path / "absent"):
+        report = ResultStore(root).load()
+        assert report.rows.empty and report.skipped == []
+        assert list(report.rows.columns) == COLUMNS
+
+
+def test_pandas_reads_the_tree_as_one_table(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    for key in ("a", "b", "c"):
+        store.write(runs[key])
+    table = pd.read_parquet(tmp_path)
+    assert len(table) == 6
+    assert set(COLUMNS) <= set(table.columns)
+    got = sorted(
+        zip(table["run_id"], table["task"].astype(str), table["mechanism"].astype(str), strict=True)
+    )
+    want = sorted((r["run_id"], r["task"], r["mechanism"]) for k in "abc" for r in runs[k])
+    assert got == want
+    # pyarrow's dataset reader agrees
+    assert pq.ParquetDataset(tmp_path).read().num_rows == 6
+
+
+def test_no_temporary_files_left(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    paths = [store.write(runs[k]) for k in "abc"]
+    store.write(runs["a"])  # overwrite
+    assert all_files(tmp_path) == sorted(str(p.relative_to(tmp_path)) for p in paths)
+
+
+def test_rewrite_replaces_the_run(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    store.write(runs["a"])
+    store.write(rows_of(runs, "a", wall_seconds=123.0))
+    rows = store.load().rows
+    assert len(rows) == 2 and (rows["wall_seconds"] == 123.0).all()
+
+
+def test_rows_of_two_runs_in_one_write_raise(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    for mixed in (runs["a"] + runs["b"], runs["a"] + runs["c"]):
+        with pytest.raises(ValueError, match="one run"):
+            store.write(mixed)
+    # same run_id claimed under another task: also refused
+    with pytest.raises(ValueError):
+        store.write([runs["a"][0], {**runs["a"][1], "task": "copy"}])
+    assert all_files(tmp_path) == []
+
+
+def test_failed_rows_round_trip_as_missing_metrics(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    failed = []
+    for r in runs["a"]:
+        row = {k: v for k, v in r.items() if not k.startswith(("token", "exact", "val_"))}
+        failed.append({**row, "status": "diverged", "error": "non-finite loss", "selected": False})
+    store.write(failed)
+    rows = store.load().rows
+    assert rows["status"].tolist() == ["diverged", "diverged"]
+    assert rows["token_acc"].isna().all() and rows["val_exact_match"].isna().all()
+
+
+# -- corrupt and foreign files ------------------------------------------------------------
+
+
+def _truncated(store, runs):
+    path = store.write(runs["b"])
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    return path
+
+
+def _not_parquet(store, runs):
+    path = store.path_for("copy", "softmax", "0123456789abcdef")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("this is not parquet\n")
+    return path
+
+
+def _stray_file(store, runs):
+    path = store.root / "task=kv_recall" / "notes.txt"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("hello\n")
+    return path
+
+
+def _without_metadata(store, runs):
+    path = store.write(runs["b"])
+    table = pq.read_table(path).replace_schema_metadata(None)
+    pq.write_table(table, path)
+    return path
+
+
+def _other_run_id(store, runs):
+    good = store.path_for("kv_recall", "linear", runs["a"][0]["run_id"])
+    path = good.with_name("fedcba9876543210.parquet")
+    shutil.copyfile(good, path)
+    return path
+
+
+def _other_schema_version(store, runs):
+    path = store.write(runs["b"])
+    table = pq.read_table(path)
+    metadata = {**table.schema.metadata, b"synthbench_schema_version": b"999"}
+    pq.write_table(table.replace_schema_metadata(metadata), path)
+    return path
+
+
+def _missing_column(store, runs):
+    path = store.write(runs["b"])
+    table = pq.read_table(path)
+    pq.write_table(table.drop_columns(["token_acc"]), path)
+    return path
+
+
+def _empty(store, runs):
+    path = store.write(runs["b"])
+    table = pq.read_table(path).slice(0, 0)
+    pq.write_table(table, path)
+    return path
+
+
+def _outside_partitions(store, runs):
+    path = store.root / f"{runs['b'][0]['run_id']}.parquet"
+    shutil.copyfile(store.write(runs["b"]), path)
+    store.path_for("kv_recall", "linear", runs["b"][0]["run_id"]).unlink()
+    return path
+
+
+CORRUPTIONS = {
+    "truncated": (_truncated, "unreadable"),
+    "not-parquet": (_not_parquet, "unreadable"),
+    "stray-file": (_stray_file, "not a Parquet file"),
+    "no-schema-version": (_without_metadata, "no schema version"),
+    "other-run-id": (_other_run_id, "do not belong"),
+    "other-schema-version": (_other_schema_version, "schema version 999"),
+    "missing-column": (_missing_column, "token_acc"),
+    "no-rows": (_empty, "do not belong"),
+    "outside-partitions": (_outside_partitions, "task=<task>"),
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_corrupt_file_is_skipped_and_reported(tmp_path, runs, case):
+    make, reason = CORRUPTIONS[case]
+    store = ResultStore(tmp_path)
+    store.write(runs["a"])
+    bad = make(store, runs)
+    good_ids = {runs["a"][0]["run_id"]}
+
+    with pytest.warns(CorruptResultWarning) as caught:
+        report = store.load()
+    assert len(report.skipped) == 1
+    path, why = report.skipped[0]
+    assert path == bad
+    assert reason in why
+    messages = [str(w.message) for w in caught if issubclass(w.category, CorruptResultWarning)]
+    assert len(messages) == 1 and str(bad) in messages[0] and reason in messages[0]
+    assert set(report.rows["run_id"]) == good_ids
+    assert len(report.rows) == len(runs["a"])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", CorruptResultWarning)
+        quiet = store.load(warn=False)
+        assert quiet.skipped == report.skipped
+        assert store.done_run_ids() == good_ids
+    assert bad.exists()  # reported, never deleted
+
+
+def test_done_run_ids(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    store.write(runs["a"])  # ok
+    store.write(rows_of(runs, "b", status="error", error="RuntimeError: x"))
+    store.write(rows_of(runs, "c", status="diverged", error="non-finite loss"))
+    assert store.done_run_ids() == {runs["a"][0]["run_id"], runs["c"][0]["run_id"]}
+    _truncated(store, {"b": runs["a"]})  # a's file cut in half: no longer done
+    assert store.done_run_ids() == {runs["c"][0]["run_id"]}
+
+
+def test_done_run_ids_of_empty_store(tmp_path):
+    assert ResultStore(tmp_path / "absent").done_run_ids() == set()
+
+
+# -- temporaries --------------------------------------------------------------------------
+
+
+def dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_remove_stale_temporaries(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    good = store.write(runs["a"])
+    folder = good.parent
+    stale = folder / f".tmp-{dead_pid()}-deadbeef-{good.name}"
+    mine = folder / f".tmp-{os.getpid()}-0badf00d-{good.name}"
+    stale.write_bytes(b"partial")
+    mine.write_bytes(b"in progress")
+    assert store.files() == [good]  # temporaries are never read as results
+    assert store.remove_stale_temporaries() == 1
+    assert not stale.exists()
+    assert mine.exists() and good.exists()
+    assert store.remove_stale_temporaries() == 0
+
+
+def test_remove_stale_temporaries_without_root(tmp_path):
+    assert ResultStore(tmp_path / "absent").remove_stale_temporaries() == 0
+
+
+def test_schema_and_columns_agree():
+    assert COLUMNS[:2] == list(PARTITIONS)
+    assert len(set(COLUMNS)) == len(COLUMNS)
+    assert isinstance(SCHEMA, pa.Schema)

@@ -1,0 +1,417 @@
+"""Training and evaluation of one run: RunSpec, metrics, lr schedule, run(), failures."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+
+import pytest
+import torch
+
+from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.protocols import PROTOCOLS
+from synthbench.task import IGNORE, TASKS
+from synthbench.train import (
+    MAX_SEED,
+    TEST_SEED,
+    VAL_SEED,
+    RunSpec,
+    answer_metrics,
+    build_model,
+    evaluate,
+    lr_schedule,
+    run,
+)
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+SMOKE = PROTOCOLS.get("smoke")
+CPU = torch.device("cpu")
+# kv_recall at its smallest sensible size keeps every run well under a second
+SMALL_KV = {"pairs": 4}
+
+
+def spec(task="kv_recall", mech="linear", protocol=SMOKE, seed=0, task_params=None):
+    overrides = SMALL_KV if task_params is None and task == "kv_recall" else task_params
+    return RunSpec.resolve(task, mech, protocol, seed, overrides)
+
+
+# -- RunSpec ------------------------------------------------------------------------------
+
+
+def test_resolve_canonicalises_aliases_and_fills_defaults():
+    s = RunSpec.resolve("mqar", "elu", SMOKE, 0)
+    assert (s.task, s.mechanism) == ("kv_recall", "linear")
+    assert s.task_params == {"pairs": 8, "queries": 0, "keys": 32, "values": 32}
+    assert s.mechanism_params == {"eps": 1e-6, "chunk_size": 64}
+    assert s.run_id == RunSpec.resolve("kv_recall", "linear", SMOKE, 0).run_id
+    # an override equal to the default is the same run
+    same = RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"pairs": 8}, {"eps": 1e-6})
+    assert same.run_id == s.run_id
+
+
+def test_run_id_is_stable():
+    a = RunSpec.resolve("copy", "softmax", SMOKE, 3)
+    b = RunSpec.resolve("copy", "softmax", SMOKE, 3)
+    assert a.run_id == a.run_id == b.run_id
+    assert len(a.run_id) == 16 and int(a.run_id, 16) >= 0
+
+
+def _protocol_variants():
+    """Each config-relevant protocol field changed to another valid value."""
+    changed = {
+        "name": "smoke-2",
+        "version": 2,
+        "arch": "transformer",
+        "pos": "sinusoidal",
+        "d_model": 64,
+        "n_heads": 4,
+        "n_layers": 2,
+        "steps": 21,
+        "batch_size": 8,
+        "lrs": (3e-3,),
+        "weight_decay": 0.0,
+        "betas": (0.9, 0.999),
+        "warmup_frac": 0.2,
+        "min_lr_frac": 0.5,
+        "grad_clip": 0.5,
+        "val_examples": 16,
+        "test_examples": 32,
+        "eval_batch_size": 16,
+        "select_metric": "exact_match",
+    }
+    fields = {f.name for f in dataclasses.fields(SMOKE)} - {"description", "seeds"}
+    assert fields == set(changed), "a new protocol field needs a variant here"
+    return sorted(changed.items())
+
+
+@pytest.mark.parametrize("field,value", _protocol_variants())
+def test_run_id_changes_with_every_protocol_field(field, value):
+    base = RunSpec.resolve("copy", "softmax", SMOKE, 0)
+    other = RunSpec.resolve("copy", "softmax", dataclasses.replace(SMOKE, **{field: value}), 0)
+    assert other.run_id != base.run_id
+
+
+def test_run_id_ignores_description_and_default_seed_count():
+    base = RunSpec.resolve("copy", "softmax", SMOKE, 0)
+    p = dataclasses.replace(SMOKE, description="other words", seeds=5)
+    assert RunSpec.resolve("copy", "softmax", p, 0).run_id == base.run_id
+
+
+def test_run_id_changes_with_seed_task_and_mechanism_params():
+    base = RunSpec.resolve("kv_recall", "linear", SMOKE, 0)
+    variants = [
+        RunSpec.resolve("kv_recall", "linear", SMOKE, 1),
+        RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"pairs": 4}),
+        RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"queries": 2}),
+        RunSpec.resolve("kv_recall", "linear", SMOKE, 0, None, {"eps": 1e-5}),
+        RunSpec.resolve("kv_recall", "linear", SMOKE, 0, None, {"chunk_size": 16}),
+        RunSpec.resolve("kv_recall", "softmax", SMOKE, 0),
+        RunSpec.resolve("copy", "linear", SMOKE, 0),
+    ]
+    ids = [base.run_id, *(v.run_id for v in variants)]
+    assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("seed", [-1, MAX_SEED, MAX_SEED + 1, VAL_SEED, TEST_SEED])
+def test_seed_out_of_range_raises(seed):
+    with pytest.raises(ValueError, match="seed"):
+        RunSpec.resolve("copy", "softmax", SMOKE, seed)
+
+
+def test_largest_seed_is_accepted():
+    assert RunSpec.resolve("copy", "softmax", SMOKE, MAX_SEED - 1).seed == MAX_SEED - 1
+
+
+def test_resolve_rejects_unknown_parameters():
+    with pytest.raises(ValueError, match="nope"):
+        RunSpec.resolve("copy", "softmax", SMOKE, 0, {"nope": 1})
+    with pytest.raises(ValueError, match="nope"):
+        RunSpec.resolve("copy", "linear", SMOKE, 0, None, {"nope": 1})
+
+
+# -- metrics ------------------------------------------------------------------------------
+
+
+def one_hot_logits(predictions: list[list[int]], vocab: int = 5) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.tensor(predictions), vocab).float()
+
+
+def test_answer_metrics_per_example_then_averaged():
+    I = IGNORE  # noqa: E741
+    targets = torch.tensor(
+        [
+            [I, 1, 2, 3, I],  # 3 answers, 1 right
+            [4, I, I, I, I],  # 1 answer, right
+            [I, 0, 0, I, I],  # 2 answers, both right
+        ]
+    )
+    predictions = [
+        [1, 1, 0, 0, 4],  # answers at 1..3: 1 ok, 0 != 2, 0 != 3 (ignored positions wrong)
+        [4, 0, 0, 0, 0],
+        [3, 0, 0, 3, 3],
+    ]
+    acc, exact = answer_metrics(one_hot_logits(predictions), targets)
+    torch.testing.assert_close(acc, torch.tensor([1 / 3, 1.0, 1.0]))
+    torch.testing.assert_close(exact, torch.tensor([0.0, 1.0, 1.0]))
+    # averaged per example (7/9), not pooled over tokens (4/6)
+    assert acc.mean().item() == pytest.approx(7 / 9)
+
+
+def test_answer_metrics_ignore_positions_do_not_count():
+    targets = torch.tensor([[IGNORE, 2, IGNORE]])
+    right = answer_metrics(one_hot_logits([[0, 2, 0]]), targets)
+    also_right = answer_metrics(one_hot_logits([[4, 2, 1]]), targets)
+    wrong = answer_metrics(one_hot_logits([[2, 3, 2]]), targets)
+    assert [t.item() for t in right] == [t.item() for t in also_right] == [1.0, 1.0]
+    assert [t.item() for t in wrong] == [0.0, 0.0]
+
+
+def test_evaluate_does_not_depend_on_eval_batch_size():
+    s = spec()
+    task = TASKS.get(s.task)(**s.task_params)
+    torch.manual_seed(0)
+    model = build_model(s, task)
+    data = task.generate(50, torch.Generator().manual_seed(1), "cpu")
+    whole = evaluate(model, data, 64)
+    for batch_size in (1, 7, 50):
+        parts = evaluate(model, data, batch_size)
+        assert parts == pytest.approx(whole, abs=1e-6)
+    logits = model(data.inputs)
+    acc, exact = answer_metrics(logits, data.targets)
+    assert whole["token_acc"] == pytest.approx(acc.mean().item())
+    assert whole["exact_match"] == pytest.approx(exact.mean().item())
+    assert model.training  # evaluate hands the model back in training mode
+
+
+# -- lr schedule --------------------------------------------------------------------------
+
+
+def test_lr_schedule_warmup_peak_and_end():
+    p = dataclasses.replace(SMOKE, steps=100, warmup_frac=0.1, min_lr_frac=0.1)
+    f = lr_schedule(p)
+    warm = [f(s) for s in range(10)]
+    assert warm == pytest.approx([(s + 1) / 10 for s in range(10)])  # linear ramp
+    diffs = [b - a for a, b in itertools.pairwise(warm)]
+    assert diffs == pytest.approx([0.1] * 9)
+    assert f(9) == pytest.approx(1.0) and f(10) == pytest.approx(1.0)  # peak 1
+    assert max(f(s) for s in range(101)) == pytest.approx(1.0)
+    decay = [f(s) for s in range(10, 101)]
+    assert all(b <= a + 1e-12 for a, b in itertools.pairwise(decay))  # monotone decay
+    assert f(100) == pytest.approx(0.1)  # ends at min_lr_frac
+    assert f(55) == pytest.approx(0.1 + 0.9 * 0.5)  # cosine midpoint
+    assert f(99) == pytest.approx(0.1, abs=1e-3)
+
+
+def test_lr_schedule_constant():
+    p = dataclasses.replace(SMOKE, steps=50, warmup_frac=0.0, min_lr_frac=1.0)
+    f = lr_schedule(p)
+    assert [f(s) for s in range(51)] == pytest.approx([1.0] * 51)
+
+
+def test_lr_schedule_no_warmup_starts_at_peak():
+    f = lr_schedule(dataclasses.replace(SMOKE, steps=40, warmup_frac=0.0, min_lr_frac=0.0))
+    assert f(0) == pytest.approx(1.0)
+    assert f(40) == pytest.approx(0.0)
+
+
+# -- run() --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smoke_rows(single_thread):
+    return run(spec(), CPU)
+
+
+def test_run_smoke(smoke_rows):
+    s = spec()
+    assert len(smoke_rows) == 1
+    row = smoke_rows[0]
+    assert row["status"] == "ok", row.get("error")
+    assert row.get("error") is None
+    assert row["run_id"] == s.run_id
+    assert (row["task"], row["mechanism"], row["category"]) == ("kv_recall", "linear", "Memory")
+    assert row["protocol"] == "smoke" and row["seed"] == 0 and row["lr"] == SMOKE.lrs[0]
+    for key in ("token_acc", "exact_match", "val_token_acc", "val_exact_match"):
+        assert 0.0 <= row[key] <= 1.0, key
+    assert row["steps_done"] == row["steps"] == SMOKE.steps
+    assert row["n_params"] > 0
+    assert math.isfinite(row["final_loss"]) and row["final_loss"] > 0
+    assert row["wall_seconds"] > 0
+    assert row["selected"] is True
+    assert sum(r["selected"] for r in smoke_rows) == 1
+
+
+def test_run_n_params_counts_the_model(smoke_rows):
+    s = spec()
+    model = build_model(s, TASKS.get(s.task)(**s.task_params))
+    assert smoke_rows[0]["n_params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_lr_sweep_selects_best_validation_row():
+    p = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3))
+    rows = run(spec(protocol=p), CPU)
+    assert [r["lr"] for r in rows] == [1e-3, 3e-3]
+    assert all(r["status"] == "ok" for r in rows)
+    assert len({r["run_id"] for r in rows}) == 1
+    selected = [r for r in rows if r["selected"]]
+    assert len(selected) == 1
+    assert selected[0]["val_token_acc"] == max(r["val_token_acc"] for r in rows)
+
+
+def test_lr_sweep_selects_on_the_protocols_metric(monkeypatch):
+    """Pick by val_exact_match when the protocol says so, even when val token_acc disagrees."""
+    fake = {
+        1e-3: {"val_token_acc": 0.9, "val_exact_match": 0.1},
+        3e-3: {"val_token_acc": 0.5, "val_exact_match": 0.4},
+    }
+
+    def fake_train_eval(spec, lr, device):
+        return {"status": "ok", "lr": lr, **fake[lr]}
+
+    monkeypatch.setattr("synthbench.train.train_eval", fake_train_eval)
+    for metric, best in (("token_acc", 1e-3), ("exact_match", 3e-3)):
+        p = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3), select_metric=metric)
+        rows = run(spec(protocol=p), CPU)
+        assert [r["lr"] for r in rows if r["selected"]] == [best]
+
+
+def test_run_is_deterministic(smoke_rows):
+    again = run(spec(), CPU)[0]
+    first = smoke_rows[0]
+    for key in ("token_acc", "exact_match", "val_token_acc", "final_loss", "n_params"):
+        assert again[key] == first[key], key
+
+
+def test_seed_changes_the_run(smoke_rows):
+    other = run(spec(seed=1), CPU)[0]
+    assert other["final_loss"] != smoke_rows[0]["final_loss"]
+
+
+def test_run_does_not_depend_on_global_rng(smoke_rows):
+    torch.manual_seed(12345)
+    torch.rand(100)
+    again = run(spec(), CPU)[0]
+    assert again["final_loss"] == smoke_rows[0]["final_loss"]
+
+
+def test_train_batches_are_fresh_and_eval_sets_fixed(monkeypatch):
+    """Every step draws a new batch from the run's generator; validation and test sets come
+    from VAL_SEED and TEST_SEED, so they are identical for every seed."""
+    task_cls = TASKS.get("kv_recall")
+    original = task_cls.generate
+    calls: list[tuple[int, int, torch.Tensor]] = []
+
+    def recording_generate(self, n, generator, device="cpu"):
+        seed = generator.initial_seed()
+        batch = original(self, n, generator, device)
+        calls.append((seed, n, batch.inputs.clone()))
+        return batch
+
+    monkeypatch.setattr(task_cls, "generate", recording_generate)
+    p = dataclasses.replace(SMOKE, steps=5)
+    by_seed = {}
+    for seed in (0, 1):
+        calls.clear()
+        run(spec(protocol=p, seed=seed), CPU)
+        by_seed[seed] = list(calls)
+
+    for seed, seed_calls in by_seed.items():
+        train = [c for c in seed_calls if c[0] == seed]
+        assert len(train) == p.steps
+        assert all(n == p.batch_size for _, n, _ in train)
+        inputs = [x for _, _, x in train]
+        assert all(not torch.equal(a, b) for a, b in itertools.combinations(inputs, 2))
+        assert {c[0] for c in seed_calls} == {seed, VAL_SEED, TEST_SEED}
+
+    def eval_set(seed, which):
+        (x,) = [x for s, _, x in by_seed[seed] if s == which]
+        return x
+
+    for which, n in ((VAL_SEED, p.val_examples), (TEST_SEED, p.test_examples)):
+        assert eval_set(0, which).shape[0] == n
+        assert torch.equal(eval_set(0, which), eval_set(1, which))
+    assert not torch.equal(eval_set(0, VAL_SEED)[:16], eval_set(0, TEST_SEED)[:16])
+    # different seeds train on different data
+    assert not torch.equal(by_seed[0][2][2], by_seed[1][2][2])
+
+
+# -- failures -----------------------------------------------------------------------------
+
+
+class NaNAttention(Mechanism):
+    def forward(self, q, k, v, causal=True):
+        return v * float("nan")
+
+
+class InfAttention(Mechanism):
+    def forward(self, q, k, v, causal=True):
+        return v + float("inf")
+
+
+class NaNAtEvalAttention(Mechanism):
+    """Trains fine, blows up only in eval mode: caught at evaluation."""
+
+    def forward(self, q, k, v, causal=True):
+        return v if self.training else v * float("nan")
+
+
+class KaboomAttention(Mechanism):
+    def forward(self, q, k, v, causal=True):
+        raise RuntimeError("kaboom")
+
+
+@pytest.fixture
+def register_mechanism():
+    """Register test mechanisms under unique names; removed again afterwards."""
+    added: list[str] = []
+
+    def add(cls: type) -> str:
+        name = f"test-{cls.__name__.lower()}-{len(added)}"
+        MECHANISMS.add(name, cls, complexity="quadratic", family="test", reference="none")
+        added.append(name)
+        return name
+
+    yield add
+    for name in added:
+        MECHANISMS._entries.pop(name, None)
+        for alias in [a for a, target in MECHANISMS._aliases.items() if target == name]:
+            del MECHANISMS._aliases[alias]
+    assert not any(n.startswith("test-") for n in MECHANISMS.names())
+
+
+@pytest.mark.parametrize(
+    "cls,where",
+    [(NaNAttention, "loss"), (InfAttention, "loss"), (NaNAtEvalAttention, "evaluation")],
+)
+def test_diverged_run_is_stored_as_diverged_never_zero(register_mechanism, cls, where):
+    name = register_mechanism(cls)
+    p = dataclasses.replace(SMOKE, steps=3)
+    rows = run(spec(mech=name, protocol=p), CPU)
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["status"] == "diverged"
+    assert "non-finite" in row["error"] and where in row["error"]
+    for key in ("token_acc", "exact_match", "val_token_acc", "val_exact_match"):
+        assert row.get(key) is None, key
+    assert row["selected"] is False
+    assert row["n_params"] > 0
+
+
+def test_erroring_run_is_stored_as_error(register_mechanism):
+    name = register_mechanism(KaboomAttention)
+    p = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3))
+    rows = run(spec(mech=name, protocol=p), CPU)
+    assert len(rows) == 2
+    for row in rows:
+        assert row["status"] == "error"
+        assert "RuntimeError: kaboom" in row["error"]
+        assert row.get("token_acc") is None and row.get("exact_match") is None
+        assert row["selected"] is False
+        assert row["steps_done"] == 0
+
+
+def test_registered_test_mechanisms_do_not_leak():
+    assert not any(n.startswith("test-") for n in MECHANISMS.names())
+    assert not any(a.startswith("test-") for a in MECHANISMS._aliases)
