@@ -4,7 +4,9 @@ Every failure the user can cause (an unknown name, a bad parameter, a broken plu
 corrupt results file) ends in one line naming the culprit; nothing stored is touched.
 """
 
+import dataclasses
 import functools
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -28,7 +30,7 @@ from synthbench.mechanism import MECHANISMS
 from synthbench.protocols import PROTOCOLS, Protocol
 from synthbench.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
 from synthbench.report import METRICS, write_reports
-from synthbench.store import ResultStore
+from synthbench.store import LoadReport, ResultStore
 from synthbench.task import CATEGORIES, TASKS
 from synthbench.train import RunSpec, resolve_device, run
 
@@ -89,11 +91,12 @@ def _select_tasks(task: str, category: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def _load_rows(results: Path, columns: list[str] | None = None):
+def _load(results: Path, columns: list[str] | None = None) -> LoadReport:
+    """The stored rows, with one warning line per file that had to be skipped."""
     report = ResultStore(results).load(columns=columns, warn=False)
     for path, reason in report.skipped:
         _warn(f"skipping {path}: {reason}")
-    return report.rows
+    return report
 
 
 def _guard(command):
@@ -104,6 +107,8 @@ def _guard(command):
         try:
             return command(*args, **kwargs)
         except (UnknownNameError, PluginError, UsageError, ValueError) as exc:
+            if os.environ.get("SYNTHBENCH_DEBUG"):  # the full traceback, for developers
+                raise
             raise _fail(str(exc)) from None
 
     return wrapper
@@ -141,9 +146,7 @@ def run_command(
 
     store = ResultStore(results)
     store.remove_stale_temporaries()
-    for path, reason in store.load(columns=["run_id", "status"], warn=False).skipped:
-        _warn(f"skipping {path}: {reason}")
-    done = set() if force else store.done_run_ids()
+    done = set() if force else store.done_run_ids(_load(results, ["run_id", "status"]))
     todo = [s for s in specs if s.run_id not in done]
     out.print(
         f"{len(specs)} runs ({len(tasks)} tasks x {len(mechs)} mechanisms x {n_seeds} seeds, "
@@ -222,7 +225,7 @@ def list_command(
         table = Table("category", "task", "aliases", "description", "defaults", "source")
         order = {c: i for i, c in enumerate(CATEGORIES)}
         for e in sorted(TASKS.entries(), key=lambda e: (order[e.metadata["category"]], e.name)):
-            defaults = ", ".join(f"{k}={v}" for k, v in e.obj().param_dict().items())
+            defaults = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(e.obj.Params))
             table.add_row(
                 e.metadata["category"],
                 e.name,
@@ -273,7 +276,7 @@ def results_command(
     results: ResultsOption = Path("results"),
 ) -> None:
     """Filter the stored rows; print a summary or export them as CSV."""
-    rows = _load_rows(results)
+    rows = _load(results).rows
     if task:
         rows = rows[rows["task"].isin(_split(task))]
     if mech:
@@ -337,7 +340,7 @@ def report_command(
     """Per-task mean +- std tables over seeds, as Markdown and LaTeX, one per protocol."""
     if metric not in METRICS:
         raise UsageError(f"unknown metric '{metric}' ({', '.join(METRICS)})")
-    rows = _load_rows(results)
+    rows = _load(results).rows
     if protocol:
         rows = rows[rows["protocol"] == protocol]
     if rows.empty:

@@ -12,6 +12,7 @@ import difflib
 import importlib
 import importlib.metadata
 import importlib.util
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 
 class RegistryError(Exception):
@@ -97,6 +99,12 @@ class Registry(Generic[T]):
         self, name: str, obj: T, *, aliases: tuple[str, ...] | list[str] = (), **metadata: Any
     ) -> Entry[T]:
         self._load_builtins()  # built-ins first, so a plugin's collision is reported as its own
+        for label in (name, *aliases):
+            if not isinstance(label, str) or not _NAME.fullmatch(label):
+                raise RegistryError(
+                    f"invalid {self.kind} name {label!r}: use letters, digits and _ . + - "
+                    "(names become folder names and command-line values)"
+                )
         missing = [key for key in self.required if key not in metadata]
         if missing:
             raise RegistryError(f"{self.kind} '{name}' is missing metadata: {', '.join(missing)}")

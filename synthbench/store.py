@@ -173,12 +173,13 @@ class ResultStore:
         rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=wanted)
         return LoadReport(rows[wanted], skipped)
 
-    def done_run_ids(self) -> set[str]:
+    def done_run_ids(self, loaded: LoadReport | None = None) -> set[str]:
         """Runs that need not run again: stored with a result (ok or diverged).
 
         Runs stored with status ``error`` are retried, and a corrupt file is rewritten.
+        ``loaded`` reuses a ``load`` that read at least run_id and status.
         """
-        rows = self.load(columns=["run_id", "status"], warn=False).rows
+        rows = (loaded or self.load(columns=["run_id", "status"], warn=False)).rows
         return set(rows.loc[rows["status"] != "error", "run_id"])
 
     def remove_stale_temporaries(self) -> int:

@@ -341,3 +341,9 @@ def test_same_plugin_file_twice_is_loaded_once(tmp_path):
     load_plugin_file(plugin, [registry])
     load_plugin_file(tmp_path / "." / "twice.py", [registry])
     assert registry.names() == ["once"]
+
+
+@pytest.mark.parametrize("bad", ["", "has space", "a/b", "task=x", "-lead", "ünï"])
+def test_names_that_cannot_be_folder_names_or_cli_values_are_refused(bad):
+    with pytest.raises(RegistryError, match="invalid mechanism name"):
+        Registry("mechanism").add(bad, object())
