@@ -27,6 +27,7 @@ from rich.progress import (
 from rich.table import Table
 
 from synthbench.mechanism import MECHANISMS
+from synthbench.params import parse_assignments
 from synthbench.protocols import PROTOCOLS, Protocol
 from synthbench.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
 from synthbench.report import METRICS, write_reports
@@ -127,6 +128,14 @@ def run_command(
         str, typer.Option(help="Protocol preset (synthbench list protocols).")
     ] = "quick",
     device: Annotated[str, typer.Option(help="auto, cpu or cuda.")] = "auto",
+    task_param: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE for every selected task, e.g. n=64 (repeatable)."),
+    ] = None,
+    mech_param: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE for every selected mechanism, e.g. eps=1e-4 (repeatable)."),
+    ] = None,
     results: ResultsOption = Path("results"),
     plugin: PluginOption = None,
     force: Annotated[bool, typer.Option(help="Run again even if already stored.")] = False,
@@ -142,7 +151,13 @@ def run_command(
     if n_seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {n_seeds}")
     dev = resolve_device(device)
-    specs = [RunSpec.resolve(t, m, proto, s) for t in tasks for m in mechs for s in range(n_seeds)]
+    task_overrides, mech_overrides = parse_assignments(task_param), parse_assignments(mech_param)
+    specs = [
+        RunSpec.resolve(t, m, proto, s, task_overrides, mech_overrides)
+        for t in tasks
+        for m in mechs
+        for s in range(n_seeds)
+    ]
 
     store = ResultStore(results)
     store.remove_stale_temporaries()

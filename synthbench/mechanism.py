@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from synthbench.linear_attention import linear_attention
+from synthbench.params import REQUIRED, resolve_params
 from synthbench.registry import Registry
 
 MECHANISMS: Registry[type[nn.Module]] = Registry(
@@ -61,24 +62,12 @@ class FeatureMapMechanism(Mechanism):
 def mechanism_params(cls: type[nn.Module], overrides: dict[str, Any] | None = None) -> dict:
     """The full parameter set of a mechanism: its constructor defaults with ``overrides``.
 
-    Raises ValueError naming the parameter for an unknown key or a missing required one.
+    Raises ValueError naming an unknown parameter, a wrong type or a missing value.
     """
-    overrides = dict(overrides or {})
-    signature = inspect.signature(cls.__init__)
-    params = {
-        name: p.default
-        for name, p in signature.parameters.items()
+    defaults = {
+        name: REQUIRED if p.default is inspect.Parameter.empty else p.default
+        for name, p in inspect.signature(cls.__init__).parameters.items()
         if name not in ("self", "head_dim", "n_heads")
         and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     }
-    unknown = sorted(set(overrides) - set(params))
-    if unknown:
-        raise ValueError(
-            f"mechanism {cls.__name__} has no parameter {', '.join(unknown)} "
-            f"(parameters: {', '.join(params) or 'none'})"
-        )
-    params.update(overrides)
-    missing = [name for name, value in params.items() if value is inspect.Parameter.empty]
-    if missing:
-        raise ValueError(f"mechanism {cls.__name__} needs a value for {', '.join(missing)}")
-    return params
+    return resolve_params(f"mechanism {cls.__name__}", defaults, dict(overrides or {}))

@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from synthbench.params import REQUIRED, resolve_params
 from synthbench.registry import Registry
 
 CATEGORIES = ("Basic", "Arithmetic", "Long-Range", "Memory", "Patterns", "Reasoning", "Robustness")
@@ -60,14 +61,12 @@ class Task:
     difficulties: ClassVar[dict[str, dict[str, Any]]] = {}
 
     def __init__(self, **overrides: Any) -> None:
-        fields = [f.name for f in dataclasses.fields(self.Params)]
-        unknown = sorted(set(overrides) - set(fields))
-        if unknown:
-            raise ValueError(
-                f"task {type(self).__name__} has no parameter {', '.join(unknown)} "
-                f"(parameters: {', '.join(fields)})"
-            )
-        self.params = self.Params(**overrides)
+        defaults = {
+            f.name: REQUIRED if f.default is dataclasses.MISSING else f.default
+            for f in dataclasses.fields(self.Params)
+        }
+        params = resolve_params(f"task {type(self).__name__}", defaults, overrides)
+        self.params = self.Params(**params)
 
     @classmethod
     def from_difficulty(cls, difficulty: str = "default", **overrides: Any) -> Task:

@@ -59,6 +59,11 @@ class RunSpec:
         task_entry, mech_entry = TASKS.entry(task), MECHANISMS.entry(mechanism)
         task_params = task_entry.obj(**(task_overrides or {})).param_dict()
         mech_params = mechanism_params(mech_entry.obj, mechanism_overrides)
+        # build the mechanism once so that an invalid parameter fails here, before any run
+        try:
+            mech_entry.obj(protocol.d_model // protocol.n_heads, protocol.n_heads, **mech_params)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"mechanism {mech_entry.name}: {exc}") from exc
         return cls(task_entry.name, mech_entry.name, protocol, seed, task_params, mech_params)
 
     def config(self) -> dict[str, Any]:

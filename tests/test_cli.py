@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -406,3 +407,33 @@ def test_sigkill_then_resume(tmp_path):
         ["copy", "kv_recall"], ["softmax", "linear"], 3
     )
     assert (report.rows["status"] == "ok").all()
+
+
+def test_run_with_task_and_mechanism_parameters_records_them(tmp_path):
+    root = tmp_path / "results"
+    result = invoke(
+        "run", "--task", "copy", "--task-param", "n=8", "--mech", "linear",
+        "--mech-param", "eps=1e-4", "--seeds", 1, "--protocol", "smoke", "--results", root,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = ResultStore(root).load(warn=False).rows
+    assert json.loads(rows.loc[0, "task_params"])["n"] == 8
+    assert json.loads(rows.loc[0, "mechanism_params"])["eps"] == 1e-4
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("--task-param", "n=abc", "parameter n must be int"),
+        ("--task-param", "size=3", "has no parameter size"),
+        ("--mech-param", "eps=-1", "mechanism linear: eps must be >= 0"),
+    ],
+)
+def test_run_with_invalid_parameters_exits_2(tmp_path, option, value, message):
+    result = invoke(
+        "run", "--task", "copy", "--mech", "linear", option, value, "--protocol", "smoke",
+        "--results", tmp_path / "results",
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert message in result.stderr
+    assert not (tmp_path / "results").exists()

@@ -1,0 +1,61 @@
+"""Parameters of tasks and mechanisms: parsing ``key=value`` from the command line and
+checking overrides against the defaults (unknown names, wrong types), in one place."""
+
+from __future__ import annotations
+
+import ast
+from typing import Any
+
+REQUIRED = object()  # marks a parameter without a default
+
+
+def parse_assignments(items: list[str] | None) -> dict[str, Any]:
+    """``["n=64", "eps=1e-4", "name=abc"]`` -> ``{"n": 64, "eps": 1e-4, "name": "abc"}``."""
+    parsed: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"parameter {item!r} is not of the form key=value")
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            lowered = text.strip().lower()
+            value = {"true": True, "false": False}.get(lowered, text.strip())
+        parsed[key.strip()] = value
+    return parsed
+
+
+def resolve_params(owner: str, defaults: dict[str, Any], overrides: dict[str, Any]) -> dict:
+    """Defaults updated with overrides; a ValueError names an unknown parameter, a value of
+    the wrong type, or a required parameter left without a value."""
+    unknown = sorted(set(overrides) - set(defaults))
+    if unknown:
+        raise ValueError(
+            f"{owner} has no parameter {', '.join(unknown)} "
+            f"(parameters: {', '.join(defaults) or 'none'})"
+        )
+    params = dict(defaults)
+    for name, value in overrides.items():
+        params[name] = _coerce(owner, name, defaults[name], value)
+    missing = [name for name, value in params.items() if value is REQUIRED]
+    if missing:
+        raise ValueError(f"{owner} needs a value for {', '.join(missing)}")
+    return params
+
+
+def _coerce(owner: str, name: str, default: Any, value: Any) -> Any:
+    """Match the default's type where it is a plain number or flag (an int for a float is
+    fine); anything else is passed through for the owner to validate."""
+    kind = type(default)
+    if kind is bool:
+        ok = isinstance(value, bool)
+    elif kind is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    else:
+        return value
+    if not ok:
+        raise ValueError(f"{owner} parameter {name} must be {kind.__name__}, got {value!r}")
+    return value
