@@ -2,7 +2,7 @@
 
 out_i = sum_{j<=i} (phi_q_i . phi_k_j) v_j / (sum_{j<=i} phi_q_i . phi_k_j + eps)
 
-The causal form is computed in chunks of ``chunk_size`` positions: inside a chunk the
+The causal form is computed in equal chunks of at most ``chunk_size`` positions: inside a chunk the
 masked (C x C) scores, across chunks a running (features x head_dim) state per chunk. It
 never builds an L x L matrix nor an (L, features, head_dim) cumulative tensor; the largest
 intermediates are (L/C, features, head_dim) and (L/C, C, C). Sums run in at least float32.
@@ -43,28 +43,27 @@ def linear_attention(
 
     B, H, L, Fdim = q.shape
     D = v.shape[-1]
-    C = max(1, min(chunk_size, L))
-    pad = (-L) % C
+    N = max(1, -(-L // max(1, chunk_size)))  # as few chunks as chunk_size allows,
+    C = max(1, -(-L // N))  # of equal size, so that at most N - 1 positions are padding
+    pad = N * C - L
     if pad:  # zero features at padded positions contribute nothing to any sum
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-    N = (L + pad) // C
     q = q.reshape(B, H, N, C, Fdim)
     k = k.reshape(B, H, N, C, Fdim)
     v = v.reshape(B, H, N, C, D)
 
     # inside each chunk: masked quadratic scores
-    mask = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
-    scores = (q @ k.transpose(-1, -2)).masked_fill(~mask, 0.0)  # (B, H, N, C, C)
+    scores = (q @ k.transpose(-1, -2)).tril()  # (B, H, N, C, C)
     num = scores @ v
     den = scores.sum(dim=-1)
 
-    # across chunks: the state accumulated by all earlier chunks (exclusive prefix sum)
-    kv = k.transpose(-1, -2) @ v  # (B, H, N, F, D)
-    z = k.sum(dim=-2)  # (B, H, N, F)
-    kv_before = torch.cat([torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1].cumsum(dim=2)], dim=2)
-    z_before = torch.cat([torch.zeros_like(z[:, :, :1]), z[:, :, :-1].cumsum(dim=2)], dim=2)
-    num = num + q @ kv_before
-    den = den + (q @ z_before.unsqueeze(-1)).squeeze(-1)
+    if N > 1:  # across chunks: the state of all earlier chunks (exclusive prefix sum)
+        kv = k.transpose(-1, -2) @ v  # (B, H, N, F, D)
+        z = k.sum(dim=-2)  # (B, H, N, F)
+        kv_before = torch.cat([torch.zeros_like(kv[:, :, :1]), kv[:, :, :-1].cumsum(2)], dim=2)
+        z_before = torch.cat([torch.zeros_like(z[:, :, :1]), z[:, :, :-1].cumsum(2)], dim=2)
+        num = num + q @ kv_before
+        den = den + (q @ z_before.unsqueeze(-1)).squeeze(-1)
 
     # drop the padding before dividing: there 0 / (0 + eps) would be NaN for eps = 0
     num = num.reshape(B, H, N * C, D)[:, :, :L]
