@@ -2,9 +2,9 @@
 
 out_i = sum_{j<=i} (phi_q_i . phi_k_j) v_j / (sum_{j<=i} phi_q_i . phi_k_j + eps)
 
-The causal form is computed in equal chunks of at most ``chunk_size`` positions: inside a chunk the
-masked (C x C) scores, across chunks a running (features x head_dim) state per chunk. It
-never builds an L x L matrix nor an (L, features, head_dim) cumulative tensor; the largest
+The causal form is computed in equal chunks of at most ``chunk_size`` positions: inside a
+chunk the masked (C x C) scores, across chunks a running (features x head_dim) state per
+chunk. It never builds an L x L matrix nor an (L, features, head_dim) cumulative tensor; the largest
 intermediates are (L/C, features, head_dim) and (L/C, C, C). Sums run in at least float32.
 ``linear_attention_reference`` is the readable quadratic form the tests compare against.
 """
