@@ -30,7 +30,7 @@ from synthbench.mechanism import MECHANISMS
 from synthbench.params import parse_assignments
 from synthbench.protocols import PROTOCOLS, Protocol
 from synthbench.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
-from synthbench.report import METRICS, write_reports
+from synthbench.report import METRICS, latest_versions, write_reports
 from synthbench.store import LoadReport, ResultStore
 from synthbench.task import CATEGORIES, TASKS
 from synthbench.train import RunSpec, resolve_device, run
@@ -363,6 +363,10 @@ def report_command(
             f"no results under {results}/ to report"
             + (f" for protocol {protocol}" if protocol else "")
         )
+    rows, left_out = latest_versions(rows)
+    for name, versions in left_out.items():
+        old = ", ".join(f"v{v}" for v in versions)
+        _warn(f"protocol {name}: rows of older versions ({old}) left out; reporting the newest")
     for path in write_reports(rows, out_dir, metric):
         out.print(f"wrote {path}", highlight=False)
         if path.suffix == ".md":

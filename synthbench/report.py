@@ -22,6 +22,7 @@ MISSING = "--"
 @dataclass
 class SeedTable:
     protocol: str
+    protocol_version: int
     metric: str
     cells: pd.DataFrame  # index (category, task), columns mechanisms: (mean, std, n) or None
     n_seeds: int
@@ -58,8 +59,27 @@ def aggregate(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
     return table.reset_index()
 
 
+def latest_versions(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, list[int]]]:
+    """Keep, for each protocol, the rows of its newest version; also return the older
+    versions left out, so that a table never mixes two versions of a protocol."""
+    newest = rows.groupby("protocol")["protocol_version"].transform("max")
+    older = rows[rows["protocol_version"] != newest]
+    left_out = {
+        str(name): sorted(int(v) for v in part["protocol_version"].unique())
+        for name, part in older.groupby("protocol")
+    }
+    return rows[rows["protocol_version"] == newest], left_out
+
+
 def seed_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[SeedTable]:
-    """One table per protocol: tasks (grouped by category) as rows, mechanisms as columns."""
+    """One table per protocol: tasks (grouped by category) as rows, mechanisms as columns.
+
+    ``rows`` must hold one version per protocol (see ``latest_versions``)."""
+    versions = rows.groupby("protocol")["protocol_version"].nunique()
+    if (versions > 1).any():
+        mixed = ", ".join(versions[versions > 1].index)
+        raise ValueError(f"rows mix several versions of protocol {mixed}; keep one")
+    version = rows.groupby("protocol")["protocol_version"].first()
     agg = aggregate(rows, metric)
     tables = []
     for protocol, part in agg.groupby("protocol", sort=True):
@@ -77,6 +97,7 @@ def seed_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[SeedTable
         tables.append(
             SeedTable(
                 protocol=str(protocol),
+                protocol_version=int(version[protocol]),
                 metric=metric,
                 cells=cells,
                 n_seeds=int(part["count"].max()),
@@ -97,7 +118,7 @@ def _cell(value, n_seeds: int, pm: str) -> str:
 def _footnotes(table: SeedTable) -> list[str]:
     notes = [
         f"{table.metric} on the test set, mean {'+-'} std over {table.n_seeds} seeds; "
-        f"protocol {table.protocol}."
+        f"protocol {table.protocol} v{table.protocol_version}."
     ]
     failed = ", ".join(f"{n} {status}" for status, n in table.failed.items() if n)
     if failed:

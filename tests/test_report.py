@@ -11,6 +11,7 @@ import pytest
 from synthbench.report import (
     MISSING,
     aggregate,
+    latest_versions,
     latex_escape,
     seed_tables,
     to_latex,
@@ -28,6 +29,7 @@ def row(
     acc,
     *,
     protocol="smoke",
+    version=1,
     category=None,
     lr=1e-3,
     selected=True,
@@ -38,10 +40,11 @@ def row(
     ok = status == "ok"
     return {
         "protocol": protocol,
+        "protocol_version": version,
         "category": category,
         "task": task,
         "mechanism": mech,
-        "run_id": f"{protocol}-{task}-{mech}-{seed}",
+        "run_id": f"{protocol}{version}-{task}-{mech}-{seed}",
         "seed": seed,
         "lr": lr,
         "selected": selected and ok,
@@ -163,7 +166,7 @@ def test_markdown(rows):
     assert cells == ["Memory", "kv_recall", MISSING, "0.600 ± 0.100"]
     assert "0.000" not in kv_line
     assert "3 diverged" in md and "1 error" in md
-    assert "protocol smoke" in md and "3 seeds" in md
+    assert "protocol smoke v1" in md and "3 seeds" in md
     header = md.splitlines()[0]
     assert header.index("linear") < header.index("softmax")
 
@@ -239,3 +242,15 @@ def test_aggregate_without_failures_warns_nothing():
         warnings.simplefilter("error")
         agg = aggregate(frame(row("copy", "softmax", 0, 0.8), row("copy", "softmax", 1, 0.6)))
     assert agg[["count", "diverged", "error"]].values.tolist() == [[2, 0, 0]]
+
+
+def test_a_table_never_mixes_two_versions_of_a_protocol(rows):
+    newer = frame(*(row("copy", "softmax", s, 0.2, version=2) for s in range(3)))
+    both = pd.concat([rows, newer], ignore_index=True)
+    with pytest.raises(ValueError, match="several versions of protocol smoke"):
+        seed_tables(both)
+    kept, left_out = latest_versions(both)
+    assert left_out == {"smoke": [1]}
+    (table,) = seed_tables(kept)
+    assert table.protocol_version == 2
+    assert table.cells.at[("Basic", "copy"), "softmax"] == pytest.approx((0.2, 0.0, 3))
