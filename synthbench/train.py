@@ -216,11 +216,8 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
     row["steps_done"] = p.steps
     row["final_loss"] = sum(recent) / len(recent)
 
-    val_metrics, test_metrics = (
-        evaluate(model, val, p.eval_batch_size),
-        evaluate(model, test, p.eval_batch_size),
-    )
-    row.update(test_metrics)
+    val_metrics = evaluate(model, val, p.eval_batch_size)
+    row.update(evaluate(model, test, p.eval_batch_size))
     row.update({f"val_{k}": v for k, v in val_metrics.items()})
     row["status"] = "ok"
 
