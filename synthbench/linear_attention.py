@@ -4,8 +4,9 @@ out_i = sum_{j<=i} (phi_q_i . phi_k_j) v_j / (sum_{j<=i} phi_q_i . phi_k_j + eps
 
 The causal form is computed in equal chunks of at most ``chunk_size`` positions: inside a
 chunk the masked (C x C) scores, across chunks a running (features x head_dim) state per
-chunk. It never builds an L x L matrix nor an (L, features, head_dim) cumulative tensor; the largest
-intermediates are (L/C, features, head_dim) and (L/C, C, C). Sums run in at least float32.
+chunk. It never builds an L x L matrix nor an (L, features, head_dim) cumulative tensor;
+the largest intermediates are (L/C, features, head_dim) and (L/C, C, C). Sums run in at
+least float32.
 ``linear_attention_reference`` is the readable quadratic form the tests compare against.
 """
 
@@ -81,8 +82,5 @@ def linear_attention_reference(
     """The same quantity through the explicit (masked) L x L kernel matrix."""
     scores = phi_q @ phi_k.transpose(-1, -2)  # (B, H, L, L)
     if causal:
-        L = scores.shape[-1]
-        scores = scores.masked_fill(
-            ~torch.ones(L, L, dtype=torch.bool, device=scores.device).tril(), 0.0
-        )
+        scores = scores.tril()  # zero every score of a key after its query
     return (scores @ v) / (scores.sum(dim=-1, keepdim=True) + eps)

@@ -153,17 +153,16 @@ _add(
 def markdown_table() -> str:
     """Every protocol's values side by side (docs/PROTOCOLS.md embeds this; a test checks it)."""
     protocols = [e.obj for e in PROTOCOLS.entries()]
-    fields = [f for f in protocols[0].config() if f != "name"]
+    configs = [p.config() for p in protocols]
     lines = [
         "| field | " + " | ".join(p.name for p in protocols) + " |",
         "|---|" + "---|" * len(protocols),
     ]
-    for name in fields:
-        values = []
-        for p in protocols:
-            value = p.config()[name]
-            is_list = isinstance(value, list)
-            values.append(", ".join(f"{v:g}" for v in value) if is_list else f"{value}")
+    for name in (f for f in configs[0] if f != "name"):
+        values = [
+            ", ".join(f"{v:g}" for v in c[name]) if isinstance(c[name], list) else f"{c[name]}"
+            for c in configs
+        ]
         lines.append(f"| {name} | " + " | ".join(values) + " |")
     lines.append("| seeds (default) | " + " | ".join(str(p.seeds) for p in protocols) + " |")
     return "\n".join(lines) + "\n"

@@ -75,15 +75,14 @@ def seed_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[SeedTable
     """One table per protocol: tasks (grouped by category) as rows, mechanisms as columns.
 
     ``rows`` must hold one version per protocol (see ``latest_versions``)."""
-    versions = rows.groupby("protocol")["protocol_version"].nunique()
-    if (versions > 1).any():
-        mixed = ", ".join(versions[versions > 1].index)
-        raise ValueError(f"rows mix several versions of protocol {mixed}; keep one")
-    version = rows.groupby("protocol")["protocol_version"].first()
+    versions = rows.groupby("protocol")["protocol_version"].unique()
+    mixed = [name for name, found in versions.items() if len(found) > 1]
+    if mixed:
+        raise ValueError(f"rows mix several versions of protocol {', '.join(mixed)}; keep one")
+    order = {c: i for i, c in enumerate(CATEGORIES)}
     agg = aggregate(rows, metric)
     tables = []
     for protocol, part in agg.groupby("protocol", sort=True):
-        order = {c: i for i, c in enumerate(CATEGORIES)}
         part = part.sort_values(
             ["category", "task"], key=lambda s: s.map(order) if s.name == "category" else s
         )
@@ -97,7 +96,7 @@ def seed_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[SeedTable
         tables.append(
             SeedTable(
                 protocol=str(protocol),
-                protocol_version=int(version[protocol]),
+                protocol_version=int(versions[protocol][0]),
                 metric=metric,
                 cells=cells,
                 n_seeds=int(part["count"].max()),
