@@ -1,3 +1,3 @@
 """Built-in attention mechanisms; importing this package registers them in MECHANISMS."""
 
-from . import linear, softmax  # noqa: F401
+from . import linear, none, softmax  # noqa: F401

@@ -15,3 +15,7 @@ from synthbench.mechanism import MECHANISMS, FeatureMapMechanism
 class ELULinearAttention(FeatureMapMechanism):
     def feature_map(self, x, is_query):
         return F.elu(x) + 1.0
+
+    @property
+    def feature_dim(self) -> int:
+        return self.head_dim

@@ -1,4 +1,4 @@
-"""The ``synthbench`` command line: run, list, results, report.
+"""The ``synthbench`` command line: run, list, show-task, results, report.
 
 Every failure the user can cause (an unknown name, a bad parameter, a broken plugin, a
 corrupt results file) ends in one line naming the culprit; nothing stored is touched.
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated
 
 import pandas as pd
+import torch
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -32,7 +33,7 @@ from synthbench.protocols import PROTOCOLS, Protocol
 from synthbench.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
 from synthbench.report import METRICS, latest_versions, write_reports
 from synthbench.store import LoadReport, ResultStore
-from synthbench.task import CATEGORIES, TASKS
+from synthbench.task import CATEGORIES, IGNORE, TASKS
 from synthbench.train import RunSpec, resolve_device, run
 
 app = typer.Typer(
@@ -139,6 +140,13 @@ def run_command(
     results: ResultsOption = Path("results"),
     plugin: PluginOption = None,
     force: Annotated[bool, typer.Option(help="Run again even if already stored.")] = False,
+    eval_length_mult: Annotated[
+        float | None,
+        typer.Option(
+            help="Also test at this multiple of the trained length (tasks with a length "
+            "knob; stored as long_token_acc, long_exact_match)."
+        ),
+    ] = None,
 ) -> None:
     """Train and evaluate every (task, mechanism, seed); one Parquet file per run."""
     _load_plugins(plugin)
@@ -153,7 +161,7 @@ def run_command(
     dev = resolve_device(device)
     task_overrides, mech_overrides = parse_assignments(task_param), parse_assignments(mech_param)
     specs = [
-        RunSpec.resolve(t, m, proto, s, task_overrides, mech_overrides)
+        RunSpec.resolve(t, m, proto, s, task_overrides, mech_overrides, eval_length_mult)
         for t in tasks
         for m in mechs
         for s in range(n_seeds)
@@ -210,9 +218,12 @@ def _run_line(spec: RunSpec, rows: list[dict], best: dict) -> str:
     if best["status"] != "ok":
         reason = escape(str(best.get("error")))
         return f"[red]x[/] {head}  {best['status']}: {reason}  ({seconds:.1f}s)"
+    long = ""
+    if best.get("long_token_acc") is not None:
+        long = f"  at {spec.eval_length_mult:g}x length {best['long_token_acc']:.3f}"
     return (
         f"[green]ok[/] {head}  lr {best['lr']:g}  token_acc {best['token_acc']:.3f}  "
-        f"exact {best['exact_match']:.3f}  ({seconds:.1f}s)"
+        f"exact {best['exact_match']:.3f}{long}  ({seconds:.1f}s)"
     )
 
 
@@ -237,7 +248,9 @@ def list_command(
     _load_plugins(plugin)
     kind = kinds[what]
     if kind == "tasks":
-        table = Table("category", "task", "aliases", "description", "defaults", "source")
+        table = Table(
+            "category", "task", "aliases", "description", "defaults", "length knob", "source"
+        )
         order = {c: i for i, c in enumerate(CATEGORIES)}
         for e in sorted(TASKS.entries(), key=lambda e: (order[e.metadata["category"]], e.name)):
             defaults = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(e.obj.Params))
@@ -247,15 +260,27 @@ def list_command(
                 ", ".join(e.aliases),
                 e.metadata["description"],
                 defaults,
+                e.obj.length_param or "",
                 e.source,
             )
+        categories = {e.metadata["category"] for e in TASKS.entries()}
+        table.caption = f"{len(TASKS.names())} tasks in {len(categories)} categories"
     elif kind == "mechs":
-        table = Table("mechanism", "complexity", "family", "aliases", "reference", "source")
+        table = Table(
+            "mechanism",
+            "complexity",
+            "family",
+            f"state/head (L {STATE_LENGTH}, d {STATE_HEAD_DIM})",
+            "aliases",
+            "reference",
+            "source",
+        )
         for e in MECHANISMS.entries():
             table.add_row(
                 e.name,
                 e.metadata["complexity"],
                 e.metadata["family"],
+                _state_size(e.obj),
                 ", ".join(e.aliases),
                 e.metadata["reference"],
                 e.source,
@@ -273,6 +298,52 @@ def list_command(
                 p.description,
             )
     out.print(table)
+
+
+STATE_LENGTH, STATE_HEAD_DIM = 1024, 16
+
+
+def _state_size(cls) -> str:
+    """The recurrent state one head carries at the default parameters, or '?' if unknown."""
+    try:
+        return f"{cls(STATE_HEAD_DIM, 4).state_size(STATE_LENGTH):,}"
+    except Exception:  # a plugin that cannot say: shown, not fatal for the listing
+        return "?"
+
+
+@app.command("show-task")
+@_guard
+def show_task_command(
+    name: Annotated[str, typer.Argument(help="Task name (synthbench list tasks).")],
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="KEY=VALUE task parameter (repeatable).")
+    ] = None,
+    difficulty: Annotated[str, typer.Option(help="easy, default or hard.")] = "default",
+    seed: Annotated[int, typer.Option(help="Generator seed of the example.")] = 0,
+    plugin: PluginOption = None,
+) -> None:
+    """Print one generated example, decoded, with the answer tokens marked [like this]."""
+    _load_plugins(plugin)
+    entry = TASKS.entry(name)
+    task = entry.obj.from_difficulty(difficulty, **parse_assignments(param))
+    batch = task.generate(1, torch.Generator().manual_seed(seed))
+    inputs, targets = batch.inputs[0].tolist(), batch.targets[0].tolist()
+    # the full sequence is the inputs plus the last target (the final answer token)
+    sequence = inputs + ([targets[-1]] if targets[-1] != IGNORE else [])
+    answer = [False] + [t != IGNORE for t in targets]
+    words = [
+        f"[{task.token_name(t)}]" if is_answer else task.token_name(t)
+        for t, is_answer in zip(sequence, answer, strict=False)
+    ]
+    params = " ".join(f"{k}={v}" for k, v in task.param_dict().items())
+    out.print(
+        f"{entry.name} ({entry.metadata['category']}): {entry.metadata['description']}\n"
+        f"params: {params}; difficulty {difficulty}; vocab_size {task.vocab_size}; "
+        f"input length {task.seq_len}; {sum(answer)} answer tokens, marked [..]\n"
+        + " ".join(words),
+        highlight=False,
+        markup=False,
+    )
 
 
 @app.command("results")

@@ -8,6 +8,11 @@ chunk. It never builds an L x L matrix nor an (L, features, head_dim) cumulative
 the largest intermediates are (L/C, features, head_dim) and (L/C, C, C). Sums run in at
 least float32.
 ``linear_attention_reference`` is the readable quadratic form the tests compare against.
+
+Features that can be negative (``signed=True``: random Fourier features, the signed
+polynomial sketches of SLAY) can drive the denominator to 0 or below. There the
+denominator keeps its sign and is pushed away from 0 to magnitude at least ``eps``,
+instead of adding ``eps``, which would not stop a division by a near-zero negative sum.
 """
 
 from __future__ import annotations
@@ -23,6 +28,15 @@ def _compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
     return dtype
 
 
+def normalise(num: torch.Tensor, den: torch.Tensor, eps: float, signed: bool) -> torch.Tensor:
+    """num (..., L, D) / den (..., L), guarded as the module docstring says."""
+    if signed:
+        den = torch.where(den < 0, den.clamp(max=-eps), den.clamp(min=eps))
+    else:
+        den = den + eps
+    return num / den.unsqueeze(-1)
+
+
 def linear_attention(
     phi_q: torch.Tensor,
     phi_k: torch.Tensor,
@@ -30,6 +44,7 @@ def linear_attention(
     causal: bool = True,
     eps: float = 1e-6,
     chunk_size: int = 64,
+    signed: bool = False,
 ) -> torch.Tensor:
     """phi_q, phi_k: (B, H, L, F); v: (B, H, L, D) -> (B, H, L, D) in v's dtype."""
     out_dtype = v.dtype
@@ -40,7 +55,7 @@ def linear_attention(
         z = k.sum(dim=-2)  # (B, H, F)
         num = q @ kv
         den = (q @ z.unsqueeze(-1)).squeeze(-1)
-        return (num / (den + eps).unsqueeze(-1)).to(out_dtype)
+        return normalise(num, den, eps, signed).to(out_dtype)
 
     B, H, L, Fdim = q.shape
     D = v.shape[-1]
@@ -69,7 +84,7 @@ def linear_attention(
     # drop the padding before dividing: there 0 / (0 + eps) would be NaN for eps = 0
     num = num.reshape(B, H, N * C, D)[:, :, :L]
     den = den.reshape(B, H, N * C)[:, :, :L]
-    return (num / (den + eps).unsqueeze(-1)).to(out_dtype)
+    return normalise(num, den, eps, signed).to(out_dtype)
 
 
 def linear_attention_reference(
@@ -78,9 +93,10 @@ def linear_attention_reference(
     v: torch.Tensor,
     causal: bool = True,
     eps: float = 1e-6,
+    signed: bool = False,
 ) -> torch.Tensor:
     """The same quantity through the explicit (masked) L x L kernel matrix."""
     scores = phi_q @ phi_k.transpose(-1, -2)  # (B, H, L, L)
     if causal:
         scores = scores.tril()  # zero every score of a key after its query
-    return (scores @ v) / (scores.sum(dim=-1, keepdim=True) + eps)
+    return normalise(scores @ v, scores.sum(dim=-1), eps, signed)

@@ -9,7 +9,7 @@ mechanisms only define ``feature_map`` and share the causal linear-attention cor
 from __future__ import annotations
 
 import inspect
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -37,13 +37,21 @@ class Mechanism(nn.Module):
     ) -> torch.Tensor:
         raise NotImplementedError
 
+    def state_size(self, seq_len: int) -> int:
+        """Numbers a head carries from one token to the next when generating causally.
+        A quadratic mechanism keeps its keys and values (2 x L x d, as Zoology counts it)."""
+        return 2 * seq_len * self.head_dim
+
 
 class FeatureMapMechanism(Mechanism):
     """Kernelised attention phi(q) phi(k)^T, normalised, on the shared linear core.
 
-    Subclasses implement ``feature_map(x, is_query)`` returning non-negative features of
-    shape (batch, heads, length, features).
+    Subclasses implement ``feature_map(x, is_query)`` returning features of shape
+    (batch, heads, length, features) and ``feature_dim``. Features are non-negative unless
+    the class sets ``signed = True``, which switches the core to its guarded denominator.
     """
+
+    signed: ClassVar[bool] = False
 
     def __init__(self, head_dim: int, n_heads: int, eps: float = 1e-6, chunk_size: int = 64):
         super().__init__(head_dim, n_heads)
@@ -54,9 +62,20 @@ class FeatureMapMechanism(Mechanism):
     def feature_map(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
         raise NotImplementedError
 
+    @property
+    def feature_dim(self) -> int:
+        """Number of features per position."""
+        raise NotImplementedError
+
+    def state_size(self, seq_len: int) -> int:
+        """The running (features x d) state and the (features) normaliser, whatever L."""
+        return self.feature_dim * (self.head_dim + 1)
+
     def forward(self, q, k, v, causal: bool = True):
         phi_q, phi_k = self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)
-        return linear_attention(phi_q, phi_k, v, causal, eps=self.eps, chunk_size=self.chunk_size)
+        return linear_attention(
+            phi_q, phi_k, v, causal, eps=self.eps, chunk_size=self.chunk_size, signed=self.signed
+        )
 
 
 def mechanism_params(cls: type[nn.Module], overrides: dict[str, Any] | None = None) -> dict:

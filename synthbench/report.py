@@ -15,7 +15,8 @@ from tabulate import tabulate
 
 from synthbench.task import CATEGORIES
 
-METRICS = ("token_acc", "exact_match")
+# long_*: the test set at --eval-length-mult times the trained length (length generalisation)
+METRICS = ("token_acc", "exact_match", "long_token_acc", "long_exact_match")
 MISSING = "--"
 
 
@@ -34,6 +35,14 @@ def aggregate(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
     of successful seeds, and the number of runs that diverged or raised."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r} ({', '.join(METRICS)})")
+    if metric.startswith("long_"):  # only the runs evaluated at a longer length count
+        rows = rows[rows["eval_length_mult"].notna()]
+        mults = sorted(rows["eval_length_mult"].unique())
+        if len(mults) > 1:
+            raise ValueError(
+                f"rows hold several eval length multipliers ({', '.join(f'{m:g}' for m in mults)})"
+                "; a table shows one"
+            )
     keys = ["protocol", "category", "task", "mechanism"]
     ok = rows[(rows["status"] == "ok") & rows["selected"].astype(bool)]
     stats = ok.groupby(keys)[metric].agg(["mean", "std", "count"])

@@ -23,7 +23,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Columns each schema version added; a file of an older version is read with them null.
+ADDED_IN = {2: ("eval_length_mult", "long_token_acc", "long_exact_match")}
 PARTITIONS = ("task", "mechanism")
 _TMP_PREFIX = ".tmp-"
 
@@ -50,6 +52,10 @@ SCHEMA = pa.schema(
         ("exact_match", pa.float64()),
         ("val_token_acc", pa.float64()),
         ("val_exact_match", pa.float64()),
+        # length generalisation: the test set of the task with its length knob scaled
+        ("eval_length_mult", pa.float64()),
+        ("long_token_acc", pa.float64()),
+        ("long_exact_match", pa.float64()),
         ("final_loss", pa.float64()),
         ("n_params", pa.int64()),
         ("wall_seconds", pa.float64()),
@@ -141,18 +147,22 @@ class ResultStore:
         version = (schema.metadata or {}).get(b"synthbench_schema_version")
         if version is None:
             raise ValueError("not a synthbench results file (no schema version)")
-        if int(version) != SCHEMA_VERSION:
-            raise ValueError(
-                f"schema version {int(version)}, this synthbench reads {SCHEMA_VERSION}"
-            )
-        missing = set(SCHEMA.names) - set(schema.names)
+        version = int(version)
+        if not 1 <= version <= SCHEMA_VERSION:
+            raise ValueError(f"schema version {version}, this synthbench reads 1..{SCHEMA_VERSION}")
+        added_later = {c for v, cols in ADDED_IN.items() if v > version for c in cols}
+        missing = set(SCHEMA.names) - set(schema.names) - added_later
         if missing:
             raise ValueError(f"missing columns {', '.join(sorted(missing))}")
-        wanted = None if columns is None else sorted(set(columns) - set(PARTITIONS) | {"run_id"})
+        wanted = sorted(set(columns or SCHEMA.names) - set(PARTITIONS) | {"run_id"})
         try:
-            frame = pq.read_table(path, columns=wanted).to_pandas()
+            frame = pq.read_table(path, columns=[c for c in wanted if c in schema.names])
+            frame = frame.to_pandas()
         except Exception as exc:
             raise ValueError(f"unreadable Parquet ({type(exc).__name__}: {exc})") from exc
+        for column in wanted:
+            if column not in frame:
+                frame[column] = None
         if frame.empty or (frame["run_id"] != path.stem).any():
             raise ValueError("its rows do not belong to the run its name gives")
         for key in PARTITIONS:

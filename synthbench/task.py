@@ -59,6 +59,11 @@ class Task:
 
     Params: ClassVar[type]
     difficulties: ClassVar[dict[str, dict[str, Any]]] = {}
+    # The integer parameter that sets the sequence length; ``--eval-length-mult`` scales it
+    # to test length generalisation. None when the task has no length knob. Token ids whose
+    # count depends on it (number tokens) come last, so a longer task keeps every id of the
+    # shorter one with the same meaning.
+    length_param: ClassVar[str | None] = None
 
     def __init__(self, **overrides: Any) -> None:
         defaults = {
@@ -74,6 +79,13 @@ class Task:
         if difficulty not in presets:
             raise ValueError(f"unknown difficulty {difficulty!r} (presets: {', '.join(presets)})")
         return cls(**{**presets[difficulty], **overrides})
+
+    def at_length(self, mult: float) -> Task:
+        """The same task with its length knob scaled by ``mult`` (rounded to an integer)."""
+        if self.length_param is None:
+            raise ValueError(f"task {type(self).__name__} has no length parameter")
+        length = getattr(self.params, self.length_param)
+        return type(self)(**{**self.param_dict(), self.length_param: round(length * mult)})
 
     def param_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self.params)

@@ -42,6 +42,8 @@ class RunSpec:
     seed: int
     task_params: dict[str, Any] = field(default_factory=dict)
     mechanism_params: dict[str, Any] = field(default_factory=dict)
+    # also evaluate on the task with its length knob scaled by this (length generalisation)
+    eval_length_mult: float | None = None
 
     @classmethod
     def resolve(
@@ -52,22 +54,47 @@ class RunSpec:
         seed: int,
         task_overrides: dict[str, Any] | None = None,
         mechanism_overrides: dict[str, Any] | None = None,
+        eval_length_mult: float | None = None,
     ) -> RunSpec:
-        """Canonical names and complete parameter sets (defaults filled in, validated)."""
+        """Canonical names and complete parameter sets (defaults filled in, validated).
+
+        ``eval_length_mult`` is dropped for a task without a length knob.
+        """
         if not 0 <= seed < MAX_SEED:
             raise ValueError(f"seed must be in [0, {MAX_SEED}), got {seed}")
         task_entry, mech_entry = TASKS.entry(task), MECHANISMS.entry(mechanism)
-        task_params = task_entry.obj(**(task_overrides or {})).param_dict()
+        task_obj = task_entry.obj(**(task_overrides or {}))
+        task_params = task_obj.param_dict()
+        if eval_length_mult is not None:
+            if not eval_length_mult > 0:
+                raise ValueError(f"the eval length multiplier must be > 0, got {eval_length_mult}")
+            if task_obj.length_param is None:
+                eval_length_mult = None
+            else:
+                try:
+                    task_obj.at_length(eval_length_mult)
+                except ValueError as exc:
+                    raise ValueError(
+                        f"task {task_entry.name} at {eval_length_mult:g}x length: {exc}"
+                    ) from exc
         mech_params = mechanism_params(mech_entry.obj, mechanism_overrides)
         # build the mechanism once so that an invalid parameter fails here, before any run
         try:
             mech_entry.obj(protocol.d_model // protocol.n_heads, protocol.n_heads, **mech_params)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"mechanism {mech_entry.name}: {exc}") from exc
-        return cls(task_entry.name, mech_entry.name, protocol, seed, task_params, mech_params)
+        return cls(
+            task_entry.name,
+            mech_entry.name,
+            protocol,
+            seed,
+            task_params,
+            mech_params,
+            float(eval_length_mult) if eval_length_mult is not None else None,
+        )
 
     def config(self) -> dict[str, Any]:
-        return {
+        config = {
             "suite_version": SUITE_VERSION,
             "task": self.task,
             "task_params": self.task_params,
@@ -76,6 +103,9 @@ class RunSpec:
             "protocol": self.protocol.config(),
             "seed": self.seed,
         }
+        if self.eval_length_mult is not None:  # absent otherwise: earlier run ids still hold
+            config["eval_length_mult"] = self.eval_length_mult
+        return config
 
     @functools.cached_property
     def run_id(self) -> str:
@@ -167,13 +197,14 @@ def evaluate(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
     }
 
 
-def build_model(spec: RunSpec, task: Task) -> Model:
+def build_model(spec: RunSpec, *tasks: Task) -> Model:
+    """The run's model, with vocabulary and positions for every one of ``tasks``."""
     p = spec.protocol
     mech_cls = MECHANISMS.get(spec.mechanism)
     head_dim = p.d_model // p.n_heads
     return Model(
-        task.vocab_size,
-        task.seq_len,
+        max(t.vocab_size for t in tasks),
+        max(t.seq_len for t in tasks),
         lambda: mech_cls(head_dim, p.n_heads, **spec.mechanism_params),
         d_model=p.d_model,
         n_heads=p.n_heads,
@@ -186,8 +217,9 @@ def build_model(spec: RunSpec, task: Task) -> Model:
 def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dict) -> None:
     p = spec.protocol
     task = TASKS.get(spec.task)(**spec.task_params)
+    long_task = task.at_length(spec.eval_length_mult) if spec.eval_length_mult else None
     torch.manual_seed(spec.seed)  # model init and any random features of the mechanism
-    model = build_model(spec, task).to(device)
+    model = build_model(spec, task, *([long_task] if long_task else [])).to(device)
     row["n_params"] = sum(t.numel() for t in model.parameters())
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=lr, betas=p.betas, weight_decay=p.weight_decay
@@ -219,6 +251,11 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
     val_metrics = evaluate(model, val, p.eval_batch_size)
     row.update(evaluate(model, test, p.eval_batch_size))
     row.update({f"val_{k}": v for k, v in val_metrics.items()})
+    if long_task is not None:
+        gen = torch.Generator().manual_seed(TEST_SEED)
+        long_test = long_task.generate(p.test_examples, gen, device)
+        long_metrics = evaluate(model, long_test, p.eval_batch_size)
+        row.update({f"long_{k}": v for k, v in long_metrics.items()})
     row["status"] = "ok"
 
 
@@ -238,6 +275,7 @@ def train_eval(spec: RunSpec, lr: float, device: torch.device) -> dict[str, Any]
         "seed": spec.seed,
         "lr": lr,
         "steps": spec.protocol.steps,
+        "eval_length_mult": spec.eval_length_mult,
         "steps_done": 0,
         "status": "error",
         "device": device_name(device),

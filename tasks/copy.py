@@ -28,6 +28,7 @@ class CopyParams:
 class Copy(Task):
     Params = CopyParams
     difficulties = {"easy": {"n": 16}, "hard": {"n": 64}}
+    length_param = "n"
 
     @property
     def sep(self) -> int:

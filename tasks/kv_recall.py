@@ -42,6 +42,7 @@ class KVRecall(Task):
         "easy": {"pairs": 4},
         "hard": {"pairs": 16, "keys": 64, "values": 64},
     }
+    length_param = "pairs"
 
     @property
     def n_queries(self) -> int:

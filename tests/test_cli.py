@@ -15,11 +15,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from synthbench.cli import app
 from synthbench.protocols import PROTOCOLS
 from synthbench.store import COLUMNS, ResultStore
+from synthbench.task import TASKS
 from synthbench.train import RunSpec
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -117,11 +119,18 @@ def test_force_reruns_everything(results):
     assert len(rows) == 8 and rows["run_id"].is_unique
 
 
-def test_run_category_memory_runs_only_kv_recall(tmp_path):
+def test_run_category_runs_only_that_category(tmp_path):
     root = tmp_path / "results"
     result = invoke(
-        "run", "--category", "memory", "--mech", "softmax", "--seeds", 1,
-        "--protocol", "smoke", "--results", root,
+        "run", "--task", "copy,sort,kv_recall,first_token", "--category", "memory",
+        "--mech", "softmax", "--seeds", 1, "--protocol", "smoke", "--results", root,
+        "--task-param", "n=8",
+    )  # fmt: skip
+    assert result.exit_code == 2  # kv_recall has no parameter n: refused before any run
+    assert "no parameter n" in result.stderr and not root.exists()
+    result = invoke(
+        "run", "--task", "copy,sort,kv_recall", "--category", "memory",
+        "--mech", "softmax", "--seeds", 1, "--protocol", "smoke", "--results", root,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     assert "1 runs (1 tasks x 1 mechanisms x 1 seeds" in result.stdout
@@ -129,6 +138,62 @@ def test_run_category_memory_runs_only_kv_recall(tmp_path):
     assert [p.relative_to(root).parts[:2] for p in files] == [
         ("task=kv_recall", "mechanism=softmax")
     ]
+
+
+def test_run_with_eval_length_mult_prints_and_stores_the_long_metrics(tmp_path):
+    root = tmp_path / "results"
+    result = invoke(
+        "run", "--task", "copy", "--mech", "none", "--seeds", 1, "--protocol", "smoke",
+        "--task-param", "n=4", "--eval-length-mult", 2, "--results", root,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "at 2x length" in result.stdout
+    rows = ResultStore(root).load().rows
+    assert rows["eval_length_mult"].tolist() == [2.0] and rows["long_token_acc"].notna().all()
+
+
+def test_show_task_marks_the_answers():
+    result = invoke("show-task", "copy", "--param", "n=5", "--seed", 1)
+    assert result.exit_code == 0, result.output
+    *_, sequence = result.stdout.strip().splitlines()
+    words = sequence.split()
+    assert len(words) == 11 and words[5] == "SEP"
+    assert [w.strip("[]") for w in words[6:]] == words[:5]
+    assert all(w.startswith("[") and w.endswith("]") for w in words[6:])
+    assert not any(w.startswith("[") for w in words[:6])
+
+
+@pytest.mark.parametrize("name", ["kv_recall", "stack", "addition", "histogram"])
+def test_show_task_every_answer_is_marked_once(name):
+    task = TASKS.get(name)()
+    result = invoke("show-task", name)
+    assert result.exit_code == 0, result.output
+    sequence = result.stdout.strip().splitlines()[-1].split()
+    assert len(sequence) == task.seq_len + 1
+    batch = task.generate(1, torch.Generator().manual_seed(0))
+    assert sum(w.startswith("[") for w in sequence) == int(batch.answer_mask.sum())
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["show-task", "cpy"], "did you mean copy"),
+        (["show-task", "copy", "--param", "n=0"], "copy needs n >= 1"),
+        (["show-task", "copy", "--param", "m=3"], "no parameter m"),
+        (["show-task", "copy", "--difficulty", "brutal"], "unknown difficulty 'brutal'"),
+    ],
+)
+def test_show_task_errors(args, message):
+    result = invoke(*args)
+    assert result.exit_code == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0]
+
+
+def test_list_tasks_shows_22_tasks_in_7_categories():
+    result = invoke("list", "tasks")
+    assert result.exit_code == 0, result.output
+    assert "22 tasks in 7 categories" in result.stdout
 
 
 def test_run_accepts_aliases_and_deduplicates(tmp_path, stored):
@@ -270,7 +335,7 @@ def test_warning_names_a_path_with_brackets(stored, tmp_path):
     "what,names",
     [
         ("tasks", ["copy", "kv_recall", "Basic", "Memory"]),
-        ("mechs", ["softmax", "linear", "quadratic"]),
+        ("mechs", ["softmax", "linear", "none", "quadratic", "state/head", "32,768"]),
         ("mechanisms", ["softmax", "linear"]),
         ("protocols", ["smoke", "quick", "standard", "slay-paper"]),
     ],
