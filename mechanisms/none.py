@@ -18,6 +18,8 @@ from synthbench.mechanism import MECHANISMS, Mechanism
     reference="control: no token mixing",
 )
 class NoMixing(Mechanism):
+    has_scores = False  # nothing attends to anything
+
     def forward(self, q, k, v, causal: bool = True):
         return torch.zeros_like(v)
 

@@ -27,7 +27,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from synthbench.mechanism import MECHANISMS
+from synthbench.mechanism import MECHANISMS, STATE_HEAD_DIM, STATE_LENGTH, state_size_at_defaults
 from synthbench.params import parse_assignments
 from synthbench.protocols import PROTOCOLS, Protocol
 from synthbench.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
@@ -121,7 +121,9 @@ def _guard(command):
 def run_command(
     task: Annotated[str, typer.Option(help="'all' or comma-separated task names.")] = "all",
     category: Annotated[str | None, typer.Option(help="Only the tasks of this category.")] = None,
-    mech: Annotated[str, typer.Option(help="Comma-separated mechanism names.")] = "softmax",
+    mech: Annotated[
+        str, typer.Option(help="'all' or comma-separated mechanism names.")
+    ] = "softmax",
     seeds: Annotated[
         int | None, typer.Option(help="Seeds 0..N-1 (default: the protocol's).")
     ] = None,
@@ -152,7 +154,8 @@ def run_command(
     _load_plugins(plugin)
     proto: Protocol = PROTOCOLS.get(protocol)
     tasks = _select_tasks(task, category)
-    mechs = list(dict.fromkeys(MECHANISMS.canonical(m) for m in _split(mech)))
+    names = MECHANISMS.names() if mech == "all" else _split(mech)
+    mechs = list(dict.fromkeys(MECHANISMS.canonical(m) for m in names))
     if not mechs:
         raise UsageError("--mech names no mechanism")
     n_seeds = proto.seeds if seeds is None else seeds
@@ -300,13 +303,10 @@ def list_command(
     out.print(table)
 
 
-STATE_LENGTH, STATE_HEAD_DIM = 1024, 16
-
-
 def _state_size(cls) -> str:
     """The recurrent state one head carries at the default parameters, or '?' if unknown."""
     try:
-        return f"{cls(STATE_HEAD_DIM, 4).state_size(STATE_LENGTH):,}"
+        return f"{state_size_at_defaults(cls):,}"
     except Exception:  # a plugin that cannot say: shown, not fatal for the listing
         return "?"
 

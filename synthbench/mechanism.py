@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from synthbench.linear_attention import linear_attention
-from synthbench.params import REQUIRED, resolve_params
+from synthbench.params import REQUIRED, check_int, resolve_params
 from synthbench.registry import Registry
 
 MECHANISMS: Registry[type[nn.Module]] = Registry(
@@ -78,6 +78,15 @@ class FeatureMapMechanism(Mechanism):
         )
 
 
+def random_generator(seed: int | None) -> torch.Generator | None:
+    """Where a mechanism draws its random features: seed None, torch's global RNG (the engine
+    seeds it with the run's seed right before building the model, so a run is reproducible
+    and each layer gets its own draw); an int, a private CPU generator seeded with it."""
+    if seed is not None:
+        check_int("seed", seed, 0)
+    return None if seed is None else torch.Generator().manual_seed(seed)
+
+
 def mechanism_params(cls: type[nn.Module], overrides: dict[str, Any] | None = None) -> dict:
     """The full parameter set of a mechanism: its constructor defaults with ``overrides``.
 
@@ -90,3 +99,35 @@ def mechanism_params(cls: type[nn.Module], overrides: dict[str, Any] | None = No
         and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
     }
     return resolve_params(f"mechanism {cls.__name__}", defaults, dict(overrides or {}))
+
+
+STATE_LENGTH, STATE_HEAD_DIM = 1024, 16  # where `list mechs` and the docs quote state sizes
+
+
+def state_size_at_defaults(cls: type[nn.Module]) -> int:
+    """The per-head state of a mechanism at its default parameters, L 1024 and d 16."""
+    return cls(STATE_HEAD_DIM, 4).state_size(STATE_LENGTH)
+
+
+def markdown_table() -> str:
+    """The built-in mechanisms (docs/MECHANISMS.md embeds this; a test checks it)."""
+    lines = [
+        f"| name | aliases | complexity | family | state per head (L {STATE_LENGTH}, "
+        f"d {STATE_HEAD_DIM}) | scores >= 0 guaranteed | reference |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in sorted(MECHANISMS.entries(), key=lambda e: e.name):
+        if e.source != "builtin":
+            continue
+        if not getattr(e.obj, "has_scores", True):
+            non_negative = "-"
+        elif getattr(e.obj, "signed", False):
+            non_negative = "no (signed features)"
+        else:
+            non_negative = "yes"
+        lines.append(
+            f"| `{e.name}` | {', '.join(e.aliases)} | {e.metadata['complexity']} | "
+            f"{e.metadata['family']} | {state_size_at_defaults(e.obj):,} | {non_negative} | "
+            f"{e.metadata['reference']} |"
+        )
+    return "\n".join(lines) + "\n"

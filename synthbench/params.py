@@ -59,3 +59,18 @@ def _coerce(owner: str, name: str, default: Any, value: Any) -> Any:
     if not ok:
         raise ValueError(f"{owner} parameter {name} must be {kind.__name__}, got {value!r}")
     return value
+
+
+def check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
+    """Raise ValueError unless ``value`` is an int (not a bool) in [low, high]."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if high is not None and value > high:
+        raise ValueError(f"{name} must be an integer <= {high}, got {value!r}")
+
+
+def check_positive(**values: Any) -> None:
+    """Raise ValueError naming the first of ``values`` that is not a number > 0."""
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+            raise ValueError(f"{name} must be a number > 0, got {value!r}")

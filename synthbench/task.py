@@ -10,6 +10,7 @@ elsewhere (teacher forcing, loss on answer positions only).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -49,12 +50,62 @@ def teacher_forced(sequences: torch.Tensor, answer_mask: torch.Tensor) -> Batch:
     return Batch(sequences[:, :-1].contiguous(), targets.contiguous())
 
 
+def batch_from_parts(
+    prompt: Sequence[torch.Tensor | int],
+    answer: Sequence[torch.Tensor | int],
+    device: torch.device | str,
+    answer_mask: torch.Tensor | None = None,
+) -> Batch:
+    """The teacher-forced Batch of the sequences ``prompt answer``, moved to ``device``.
+
+    Each part is an (n, k) tensor of tokens, or an int: a column of that token (SEP, say).
+    The parts are joined in order; the tokens of the answer parts are the answers, or only
+    those where ``answer_mask`` (broadcast over the answer parts) holds.
+    """
+    parts = [*prompt, *answer]
+    tensor = next(part for part in parts if isinstance(part, torch.Tensor))  # rows, device
+    columns = [
+        torch.full((len(tensor), 1), part, dtype=torch.long, device=tensor.device)
+        if isinstance(part, int)
+        else part
+        for part in parts
+    ]
+    sequences = torch.cat(columns, dim=1)
+    prompt_len = sum(column.shape[1] for column in columns[: len(prompt)])
+    mask = torch.zeros_like(sequences, dtype=torch.bool)
+    mask[:, prompt_len:] = True if answer_mask is None else answer_mask
+    return teacher_forced(sequences, mask).to(device)
+
+
+def targets_at(
+    inputs: torch.Tensor, columns: int | slice | torch.Tensor, answers: torch.Tensor
+) -> torch.Tensor:
+    """An oracle's targets for ``inputs``: ``answers`` at ``columns`` (an index, a slice or a
+    tensor of indices, the same in every row), IGNORE elsewhere."""
+    targets = torch.full_like(inputs, IGNORE)
+    targets[:, columns] = answers
+    return targets
+
+
+def require_at_least(task: str, params: Any, **minimum: int) -> None:
+    """Raise a one-line ``ValueError`` naming ``task`` unless every knob of ``params`` is at
+    least its minimum: ``require_at_least("copy", self, n=1, vocab=2)`` raises "copy needs
+    n >= 1 and vocab >= 2, got n=0, vocab=32" for n = 0."""
+    if all(getattr(params, knob) >= low for knob, low in minimum.items()):
+        return
+    needs = [f"{knob} >= {low}" for knob, low in minimum.items()]
+    needs_text = f"{', '.join(needs[:-1])} and {needs[-1]}" if len(needs) > 1 else needs[0]
+    got = ", ".join(f"{knob}={getattr(params, knob)}" for knob in minimum)
+    raise ValueError(f"{task} needs {needs_text}, got {got}")
+
+
 class Task:
     """Base class of a task generator.
 
     Subclasses set ``Params`` (a frozen dataclass with defaults; ``__post_init__`` raises
-    ``ValueError`` on invalid values), optionally ``difficulties`` (preset name -> parameter
-    overrides), and implement ``vocab_size``, ``seq_len``, ``generate`` and ``solve``.
+    ``ValueError`` on invalid values, ``require_at_least`` covers the plain lower bounds),
+    optionally ``difficulties`` (preset name -> parameter overrides) and ``special_tokens``,
+    and implement ``vocab_size``, ``seq_len``, ``generate`` and ``solve``.
     """
 
     Params: ClassVar[type]
@@ -91,6 +142,19 @@ class Task:
         return dataclasses.asdict(self.params)
 
     @property
+    def special_tokens(self) -> dict[str, int]:
+        """The special tokens, name -> id (``{"SEP": vocab}``, say); ``token_name`` shows
+        them by name and ``sep`` is the one named SEP."""
+        return {}
+
+    @property
+    def sep(self) -> int:
+        """The id of the separator, the special token named SEP."""
+        if "SEP" not in self.special_tokens:
+            raise AttributeError(f"task {type(self).__name__} has no SEP token")
+        return self.special_tokens["SEP"]
+
+    @property
     def vocab_size(self) -> int:
         """Exact number of token ids the task uses (data tokens and special tokens)."""
         raise NotImplementedError
@@ -111,5 +175,36 @@ class Task:
         raise NotImplementedError
 
     def token_name(self, token: int) -> str:
-        """How a token is shown to a person (special tokens override this)."""
+        """How a token is shown to a person: a special token by its name, any other by its
+        id (a task with more named tokens, number tokens say, extends this)."""
+        for name, special in self.special_tokens.items():
+            if token == special:
+                return name
         return str(token)
+
+
+def markdown_table() -> str:
+    """The built-in tasks at their defaults, by category (docs/TASKS.md embeds this; a test
+    checks it)."""
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    entries = sorted(TASKS.entries(), key=lambda e: (order[e.metadata["category"]], e.name))
+    lines = [
+        "| category | task | what the answer is | defaults | input length | vocab | "
+        "length knob | presets |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        if e.source != "builtin":
+            continue
+        task = e.obj()
+        defaults = ", ".join(f"{k} {v}" for k, v in task.param_dict().items())
+        presets = "; ".join(
+            f"{name}: " + ", ".join(f"{k} {v}" for k, v in overrides.items())
+            for name, overrides in e.obj.difficulties.items()
+        )
+        lines.append(
+            f"| {e.metadata['category']} | {e.name} | {e.metadata['description']} | "
+            f"{defaults} | {task.seq_len} | {task.vocab_size} | {e.obj.length_param or '-'} | "
+            f"{presets} |"
+        )
+    return "\n".join(lines) + "\n"

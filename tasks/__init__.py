@@ -1,3 +1,26 @@
 """Built-in task generators; importing this package registers them in TASKS."""
 
-from . import copy, kv_recall  # noqa: F401
+from . import (  # noqa: F401
+    addition,
+    bigram,
+    compression,
+    copy,
+    counting,
+    distant_match,
+    first_token,
+    histogram,
+    induction,
+    kv_recall,
+    long_copy,
+    majority,
+    modular,
+    multihop,
+    noisy_copy,
+    parity,
+    pattern,
+    retrieval,
+    reverse,
+    selective_copy,
+    sort,
+    stack,
+)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import IGNORE, TASKS, Batch, Task, teacher_forced
+from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
 
 
 @dataclass(frozen=True)
@@ -18,10 +18,7 @@ class CopyParams:
     vocab: int = 32  # number of data tokens
 
     def __post_init__(self):
-        if self.n < 1 or self.vocab < 2:
-            raise ValueError(
-                f"copy needs n >= 1 and vocab >= 2, got n={self.n}, vocab={self.vocab}"
-            )
+        require_at_least("copy", self, n=1, vocab=2)
 
 
 @TASKS.register("copy", category="Basic", description="x SEP x: reproduce the sequence")
@@ -31,8 +28,8 @@ class Copy(Task):
     length_param = "n"
 
     @property
-    def sep(self) -> int:
-        return self.params.vocab
+    def special_tokens(self) -> dict[str, int]:
+        return {"SEP": self.params.vocab}
 
     @property
     def vocab_size(self) -> int:
@@ -45,17 +42,9 @@ class Copy(Task):
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p = self.params
         x = torch.randint(p.vocab, (n, p.n), generator=generator, device=generator.device)
-        sep = torch.full((n, 1), self.sep, dtype=torch.long, device=x.device)
-        sequences = torch.cat([x, sep, x], dim=1)
-        answer = torch.zeros_like(sequences, dtype=torch.bool)
-        answer[:, p.n + 1 :] = True
-        return teacher_forced(sequences, answer).to(device)
+        return batch_from_parts([x, self.sep], [x], device)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
         n = self.params.n
-        targets = torch.full_like(inputs, IGNORE)
-        targets[:, n:] = inputs[:, : inputs.shape[1] - n]  # position i answers x_{i-n}
-        return targets
-
-    def token_name(self, token: int) -> str:
-        return "SEP" if token == self.sep else str(token)
+        # position i answers x_{i-n}
+        return targets_at(inputs, slice(n, None), inputs[:, : inputs.shape[1] - n])

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import IGNORE, TASKS, Batch, Task, teacher_forced
+from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
 
 
 @dataclass(frozen=True)
@@ -26,8 +26,7 @@ class KVRecallParams:
             raise ValueError(f"kv_recall needs 1 <= pairs <= keys, got {self.pairs}, {self.keys}")
         if not 0 <= self.queries <= self.pairs:
             raise ValueError(f"kv_recall needs 0 <= queries <= pairs, got {self.queries}")
-        if self.values < 2:
-            raise ValueError(f"kv_recall needs values >= 2, got {self.values}")
+        require_at_least("kv_recall", self, values=2)
 
 
 @TASKS.register(
@@ -49,8 +48,8 @@ class KVRecall(Task):
         return self.params.queries or self.params.pairs
 
     @property
-    def sep(self) -> int:
-        return self.params.keys + self.params.values
+    def special_tokens(self) -> dict[str, int]:
+        return {"SEP": self.params.keys + self.params.values}
 
     @property
     def vocab_size(self) -> int:
@@ -67,11 +66,10 @@ class KVRecall(Task):
         asked = torch.rand(n, p.pairs, generator=generator, device=dev).argsort(dim=1)[:, :m]
         context = torch.stack([keys, values], dim=2).reshape(n, 2 * p.pairs)
         queries = torch.stack([keys.gather(1, asked), values.gather(1, asked)], dim=2)
-        sep = torch.full((n, 1), self.sep, dtype=torch.long, device=dev)
-        sequences = torch.cat([context, sep, queries.reshape(n, 2 * m)], dim=1)
-        answer = torch.zeros_like(sequences, dtype=torch.bool)
-        answer[:, 2 * p.pairs + 2 :: 2] = True
-        return teacher_forced(sequences, answer).to(device)
+        is_value = torch.arange(2 * m, device=dev) % 2 == 1  # the a_j answer, the q_j are given
+        return batch_from_parts(
+            [context, self.sep], [queries.reshape(n, 2 * m)], device, answer_mask=is_value
+        )
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
         P = self.params.pairs
@@ -80,12 +78,10 @@ class KVRecall(Task):
         queried = inputs[:, query_pos]  # (n, m)
         match = queried.unsqueeze(2) == context_keys.unsqueeze(1)  # (n, m, P), one True per row
         answers = (match.long() * context_values.unsqueeze(1)).sum(dim=2)
-        targets = torch.full_like(inputs, IGNORE)
-        targets[:, query_pos] = answers
-        return targets
+        return targets_at(inputs, query_pos, answers)
 
     def token_name(self, token: int) -> str:
         keys = self.params.keys
-        if token == self.sep:
-            return "SEP"
-        return f"k{token}" if token < keys else f"v{token - keys}"
+        if token < keys:
+            return f"k{token}"
+        return f"v{token - keys}" if token < self.sep else super().token_name(token)

@@ -1,16 +1,18 @@
-"""The chunked causal linear-attention core against its quadratic reference."""
+"""The chunked causal linear-attention core (both strategies) against its quadratic
+reference, the signed denominator guard, and the scan's partial gradients."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from synthbench.linear_attention import linear_attention, linear_attention_reference
+from synthbench.linear_attention import linear_attention, linear_attention_reference, normalise
 
 B, H, F, D = 2, 3, 4, 5  # features != head_dim, to catch a transposed contraction
 LENGTHS = [1, 5, 64, 100, 130]
 CHUNKS = [1, 7, 16, 64, 256]
 TIGHT = {"atol": 1e-10, "rtol": 1e-10}
+STRATEGIES = ["scan", "prefix"]
 
 
 def make_inputs(length: int, seed: int = 0, dtype=torch.float64, requires_grad=False):
@@ -29,15 +31,18 @@ def output_and_grads(fn, inputs, weight):
     return out, grads
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("chunk_size", CHUNKS)
 @pytest.mark.parametrize("length", LENGTHS)
-def test_chunked_matches_reference_forward_and_backward(length, chunk_size, causal):
+def test_chunked_matches_reference_forward_and_backward(length, chunk_size, causal, strategy):
     inputs = make_inputs(length, seed=length * 1000 + chunk_size, requires_grad=True)
     weight = torch.randn(B, H, length, D, dtype=torch.float64)
 
     out, grads = output_and_grads(
-        lambda q, k, v: linear_attention(q, k, v, causal=causal, chunk_size=chunk_size),
+        lambda q, k, v: linear_attention(
+            q, k, v, causal=causal, chunk_size=chunk_size, strategy=strategy
+        ),
         inputs,
         weight,
     )
@@ -51,15 +56,20 @@ def test_chunked_matches_reference_forward_and_backward(length, chunk_size, caus
         torch.testing.assert_close(grad, ref_grad, **TIGHT, msg=f"gradient w.r.t. {name}")
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("chunk_size", [7, 64])
 @pytest.mark.parametrize("length", [5, 100])
-def test_eps_zero_gives_finite_matching_gradients(length, chunk_size):
+def test_eps_zero_gives_finite_matching_gradients(length, chunk_size, strategy):
     """eps = 0 is a valid setting (FeatureMapMechanism accepts eps >= 0); with positive
     features every real position has a positive denominator, so the result is well defined."""
     inputs = make_inputs(length, seed=3, requires_grad=True)
     weight = torch.randn(B, H, length, D, dtype=torch.float64)
     out, grads = output_and_grads(
-        lambda q, k, v: linear_attention(q, k, v, eps=0.0, chunk_size=chunk_size), inputs, weight
+        lambda q, k, v: linear_attention(
+            q, k, v, eps=0.0, chunk_size=chunk_size, strategy=strategy
+        ),
+        inputs,
+        weight,
     )
     ref, ref_grads = output_and_grads(
         lambda q, k, v: linear_attention_reference(q, k, v, eps=0.0), inputs, weight
@@ -71,13 +81,14 @@ def test_eps_zero_gives_finite_matching_gradients(length, chunk_size):
         torch.testing.assert_close(grad, ref_grad, **TIGHT, msg=f"gradient w.r.t. {name}")
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize(
     ("dtype", "tol"), [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)], ids=["float32", "bfloat16"]
 )
-def test_low_precision_keeps_dtype_and_stays_close(dtype, tol, causal):
+def test_low_precision_keeps_dtype_and_stays_close(dtype, tol, causal, strategy):
     inputs = [t.to(dtype) for t in make_inputs(100, seed=1)]
-    out = linear_attention(*inputs, causal=causal, chunk_size=16)
+    out = linear_attention(*inputs, causal=causal, chunk_size=16, strategy=strategy)
     assert out.dtype == dtype
     # the same (rounded) inputs in float64
     expected = linear_attention_reference(*(t.double() for t in inputs), causal=causal)
@@ -89,16 +100,118 @@ def test_output_takes_the_dtype_of_v():
     assert linear_attention(phi_q, phi_k, v.to(torch.bfloat16)).dtype == torch.bfloat16
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("chunk_size", [1, 7, 16, 256])
 @pytest.mark.parametrize("t", [0, 6, 7, 15, 50, 98])
-def test_causal_output_ignores_the_future(t, chunk_size):
+def test_causal_output_ignores_the_future(t, chunk_size, strategy):
     length = 100
     inputs = make_inputs(length, seed=2)
     perturbed = [x.clone() for x in inputs]
     g = torch.Generator().manual_seed(t)
     for x in perturbed:
         x[:, :, t + 1 :] = torch.rand(x[:, :, t + 1 :].shape, generator=g, dtype=x.dtype) * 5
-    out = linear_attention(*inputs, chunk_size=chunk_size)
-    out_perturbed = linear_attention(*perturbed, chunk_size=chunk_size)
+    out = linear_attention(*inputs, chunk_size=chunk_size, strategy=strategy)
+    out_perturbed = linear_attention(*perturbed, chunk_size=chunk_size, strategy=strategy)
     torch.testing.assert_close(out_perturbed[:, :, : t + 1], out[:, :, : t + 1], **TIGHT)
     assert not torch.allclose(out_perturbed[:, :, t + 1 :], out[:, :, t + 1 :])
+
+
+# -- signed features: the guarded denominator ---------------------------------------------
+
+
+def test_signed_guard_keeps_the_sign_and_a_magnitude_of_at_least_eps():
+    num = torch.ones(5, 1, dtype=torch.float64)
+    den = torch.tensor([-2.0, -1e-9, 0.0, 1e-9, 3.0], dtype=torch.float64)
+    out = normalise(num, den, eps=1e-6, signed=True).squeeze(-1)
+    expected = 1 / torch.tensor([-2.0, -1e-6, 1e-6, 1e-6, 3.0], dtype=torch.float64)
+    torch.testing.assert_close(out, expected, **TIGHT)
+    # unsigned: eps is added, as for non-negative features
+    torch.testing.assert_close(
+        normalise(num, den, 1e-6, signed=False).squeeze(-1), 1 / (den + 1e-6)
+    )
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("length", [5, 100])
+def test_signed_features_match_reference_forward_and_backward(length, causal, strategy):
+    """Features of either sign (scores and denominators of either sign) on the guarded core."""
+    g = torch.Generator().manual_seed(length)
+    inputs = [
+        torch.randn(B, H, length, n, generator=g, dtype=torch.float64).requires_grad_()
+        for n in (F, F, D)
+    ]
+    weight = torch.randn(B, H, length, D, generator=g, dtype=torch.float64)
+    out, grads = output_and_grads(
+        lambda q, k, v: linear_attention(
+            q, k, v, causal=causal, chunk_size=16, signed=True, strategy=strategy
+        ),
+        inputs,
+        weight,
+    )
+    ref, ref_grads = output_and_grads(
+        lambda q, k, v: linear_attention_reference(q, k, v, causal=causal, signed=True),
+        inputs,
+        weight,
+    )
+    den = (inputs[0] @ inputs[1].transpose(-1, -2)).tril().sum(-1)
+    assert bool((den < 0).any()), "the inputs should exercise negative denominators"
+    torch.testing.assert_close(out, ref, **TIGHT)
+    for name, grad, ref_grad in zip(("phi_q", "phi_k", "v"), grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, ref_grad, **TIGHT, msg=f"gradient w.r.t. {name}")
+
+
+# -- the scan's hand-written backward ------------------------------------------------------
+
+
+@pytest.mark.parametrize("wanted", ["q", "k", "v", "kv"])
+def test_scan_gradients_for_a_subset_of_inputs(wanted):
+    """Only the inputs that require a gradient get one, and it is the reference's."""
+    inputs = make_inputs(50, seed=4)
+    for name, t in zip("qkv", inputs, strict=True):
+        t.requires_grad_(name in wanted)
+    chosen = [t for name, t in zip("qkv", inputs, strict=True) if name in wanted]
+    weight = torch.randn(B, H, 50, D, dtype=torch.float64)
+    out = linear_attention(*inputs, chunk_size=16, strategy="scan")
+    ref = linear_attention_reference(*inputs)
+    grads = torch.autograd.grad((out * weight).sum(), chosen)
+    ref_grads = torch.autograd.grad((ref * weight).sum(), chosen)
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, ref_grad, **TIGHT)
+
+
+def test_scan_without_autograd_matches_with_it():
+    """Under no_grad (or with no input requiring a gradient) the scan keeps one running state
+    and saves nothing; the result is the same."""
+    inputs = make_inputs(100, seed=7, requires_grad=True)
+    with_grad = linear_attention(*inputs, chunk_size=16, strategy="scan")
+    with torch.no_grad():
+        without = linear_attention(*inputs, chunk_size=16, strategy="scan")
+    assert with_grad.requires_grad and not without.requires_grad
+    torch.testing.assert_close(without, with_grad.detach(), **TIGHT)
+    torch.testing.assert_close(without, linear_attention_reference(*inputs).detach(), **TIGHT)
+
+
+def test_non_contiguous_inputs():
+    """(B, L, H, F) tensors viewed as (B, H, L, F), as a model's heads are."""
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in make_inputs(40, seed=5))
+    assert not q.is_contiguous()
+    for strategy in STRATEGIES:
+        out = linear_attention(q, k, v, chunk_size=16, strategy=strategy)
+        torch.testing.assert_close(out, linear_attention_reference(q, k, v), **TIGHT)
+
+
+def test_unknown_strategy_is_refused():
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        linear_attention(*make_inputs(4), strategy="fast")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("strategy", ["auto", *STRATEGIES])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+def test_cuda_matches_reference(causal, strategy):
+    inputs = make_inputs(130, seed=6)
+    out = linear_attention(*(t.float().cuda() for t in inputs), causal=causal, strategy=strategy)
+    assert out.device.type == "cuda" and out.dtype == torch.float32
+    ref = linear_attention_reference(*inputs, causal=causal)
+    torch.testing.assert_close(out.cpu().double(), ref, atol=1e-4, rtol=1e-4)

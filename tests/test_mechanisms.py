@@ -1,19 +1,51 @@
-"""Every registered mechanism: shape, causality, finiteness; softmax and linear against
-explicit references; mechanism_params."""
+"""Every registered mechanism, picked up from the registry: shape, dtype, finiteness,
+exact causality, the feature-map mechanisms against the quadratic reference on their own
+features, non-negativity of the features that claim it, bfloat16 against float32, CUDA,
+state size, seeds; softmax and linear against explicit references; mechanism_params.
+Tests of particular feature maps live in test_feature_maps.py."""
 
 from __future__ import annotations
 
+import inspect
 import math
+import sys
 
+import hypothesis.extra.numpy as hnp
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from synthbench.linear_attention import linear_attention_reference
 from synthbench.mechanism import MECHANISMS, FeatureMapMechanism, Mechanism, mechanism_params
 
 B, H, L, D = 2, 3, 70, 8  # L crosses the default 64-position chunk of the linear core
 TIGHT = {"atol": 1e-10, "rtol": 1e-10}
 ALL_MECHANISMS = MECHANISMS.names()
+FEATURE_MAP_MECHANISMS = [
+    name for name in ALL_MECHANISMS if issubclass(MECHANISMS.get(name), FeatureMapMechanism)
+]
+SIGNED_MECHANISMS = [name for name in FEATURE_MAP_MECHANISMS if MECHANISMS.get(name).signed]
+# Mechanisms whose scores must never be negative. Names registered by modules still being
+# written are skipped (with a reason) until they exist; every registered feature-map
+# mechanism that does not declare signed = True is checked as well.
+MUST_BE_NON_NEGATIVE = [
+    "cosformer",
+    "linear",
+    "performer",
+    "slay",
+    "slay-exact-poly",
+    "slay-hadamard",
+    "slay-laplace",
+]
+NON_NEGATIVE = sorted(
+    set(MUST_BE_NON_NEGATIVE) | (set(FEATURE_MAP_MECHANISMS) - set(SIGNED_MECHANISMS))
+)
+# Non-negative scores from features of either sign: the product of the features is.
+FEATURES_OF_EITHER_SIGN = {
+    "slay-exact-poly": "vec(u u^T) has entries of either sign; its scores (u.v)^2 PRF are not",
+}
 
 
 def qkv(length: int = L, seed: int = 0, dtype=torch.float64, requires_grad: bool = False):
@@ -25,6 +57,9 @@ def qkv(length: int = L, seed: int = 0, dtype=torch.float64, requires_grad: bool
 
 
 def build(name: str) -> torch.nn.Module:
+    """The mechanism with its defaults; random draws from a fixed global seed, so that a test
+    does not depend on the order the tests run in."""
+    torch.manual_seed(0)
     return MECHANISMS.get(name)(D, H)
 
 
@@ -159,3 +194,219 @@ def test_mechanism_params_missing_required_value_is_named():
 def test_feature_map_mechanism_rejects_invalid_params(params):
     with pytest.raises(ValueError):
         MECHANISMS.get("linear")(D, H, **params)
+
+
+# -- feature-map mechanisms on the shared core ---------------------------------------------
+
+
+def features_and_reference(mechanism, q, k, v, causal):
+    """The quadratic reference computed on the mechanism's own features."""
+    phi_q = mechanism.feature_map(q, is_query=True)
+    phi_k = mechanism.feature_map(k, is_query=False)
+    return linear_attention_reference(
+        phi_q, phi_k, v, causal=causal, eps=mechanism.eps, signed=mechanism.signed
+    )
+
+
+@pytest.mark.parametrize(
+    ("length", "chunk_size"),
+    [(1, 64), (64, 64), (70, 64), (48, 16), (37, 16)],
+    ids=["L1", "L64-C64", "L70-C64", "L48-C16", "L37-C16"],
+)
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("name", FEATURE_MAP_MECHANISMS)
+def test_feature_map_mechanism_matches_reference_on_its_features(name, causal, length, chunk_size):
+    """Forward and the gradients w.r.t. q, k and v, float64, for lengths that do and do not
+    divide the chunk size."""
+    mechanism = build(name)
+    mechanism.chunk_size = chunk_size
+    inputs = qkv(length, seed=3, requires_grad=True)
+    weight = torch.randn(B, H, length, D, dtype=torch.float64)
+    results = []
+    for fn in (
+        mechanism,
+        lambda q, k, v, causal: features_and_reference(mechanism, q, k, v, causal),
+    ):
+        out = fn(*inputs, causal=causal)
+        results.append((out, torch.autograd.grad((out * weight).sum(), inputs)))
+    (out, grads), (expected, expected_grads) = results
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, expected, **TIGHT)
+    for which, grad, expected_grad in zip("qkv", grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, **TIGHT, msg=f"gradient w.r.t. {which}")
+
+
+@pytest.mark.parametrize("name", FEATURE_MAP_MECHANISMS)
+def test_feature_dim_matches_the_features(name):
+    mechanism = build(name)
+    q, k, _ = qkv(length=5)
+    for x, is_query in ((q, True), (k, False)):
+        assert mechanism.feature_map(x, is_query).shape == (B, H, 5, mechanism.feature_dim)
+
+
+# -- signs of the scores -------------------------------------------------------------------
+
+
+def _magnitude_scaled(draw_shape):
+    """Arrays of q or k with entries from 1e-3 up to 1e4 in magnitude (and exact zeros)."""
+    elements = st.floats(-1.0, 1.0, allow_nan=False, allow_infinity=False)
+    return st.tuples(
+        hnp.arrays("float64", draw_shape, elements=elements),
+        st.sampled_from([1e-3, 1.0, 3.0, 30.0, 1e3, 1e4]),
+    )
+
+
+@pytest.mark.parametrize("name", NON_NEGATIVE)
+def test_scores_and_denominators_are_non_negative(name):
+    """Every feature (but see FEATURES_OF_EITHER_SIGN), every score phi(q_i) . phi(k_j) and
+    every denominator (causal and full) is >= 0 and finite for any input, in float64 and
+    float32, large magnitudes included, and the output is finite."""
+    if name not in ALL_MECHANISMS:
+        pytest.skip(f"{name} is not registered (yet)")
+    cls = MECHANISMS.get(name)
+    assert issubclass(cls, FeatureMapMechanism) and not cls.signed, (
+        f"{name} must be a feature-map mechanism with non-negative features"
+    )
+    mechanism = build(name)
+
+    @settings(
+        max_examples=40,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(data=st.data())
+    def check(data):
+        length = data.draw(st.integers(1, 6), label="length")
+        (q, q_scale), (k, k_scale), (v, _) = (
+            data.draw(_magnitude_scaled((1, H, length, D)), label=label) for label in "qkv"
+        )
+        q = torch.from_numpy(q) * q_scale
+        k = torch.from_numpy(k) * k_scale
+        v = torch.from_numpy(v)
+        for dtype in (torch.float64, torch.float32):
+            phi_q = mechanism.feature_map(q.to(dtype), is_query=True)
+            phi_k = mechanism.feature_map(k.to(dtype), is_query=False)
+            for what, t in (("query features", phi_q), ("key features", phi_k)):
+                assert bool(t.isfinite().all()), f"{what} not finite ({dtype})"
+                if name not in FEATURES_OF_EITHER_SIGN:
+                    assert bool((t >= 0).all()), f"negative {what} ({dtype})"
+            scores = phi_q @ phi_k.transpose(-1, -2)
+            assert bool((scores >= 0).all()), f"negative score ({dtype})"
+            assert bool((scores.tril().sum(-1) >= 0).all()), (
+                f"negative causal denominator ({dtype})"
+            )
+            assert bool((scores.sum(-1) >= 0).all()), f"negative full denominator ({dtype})"
+            for causal in (True, False):
+                out = mechanism(q.to(dtype), k.to(dtype), v.to(dtype), causal=causal)
+                assert bool(out.isfinite().all()), f"output not finite ({dtype}, {causal=})"
+
+    check()
+
+
+@pytest.mark.parametrize("name", SIGNED_MECHANISMS or ["(none registered)"])
+def test_signed_mechanisms_can_produce_negative_scores(name):
+    """A mechanism declaring signed = True says (in its documentation) that its scores can
+    be negative, and they can: some input gives a negative score phi(q_i) . phi(k_j)."""
+    if name not in ALL_MECHANISMS:
+        pytest.skip("no mechanism declares signed = True")
+    cls = MECHANISMS.get(name)
+    documentation = (inspect.getdoc(cls) or "") + (sys.modules[cls.__module__].__doc__ or "")
+    assert "negative" in documentation.lower(), f"{name}'s documentation should say so"
+    mechanism = build(name)
+    g = torch.Generator().manual_seed(0)
+    for scale in (0.3, 1.0, 3.0, 10.0):
+        q, k = (scale * torch.randn(1, H, 32, D, generator=g, dtype=torch.float64) for _ in "qk")
+        scores = mechanism.feature_map(q, True) @ mechanism.feature_map(k, False).transpose(-1, -2)
+        if bool((scores < 0).any()):
+            return
+    pytest.fail(f"{name} declares signed = True but no score came out negative")
+
+
+# -- precision and devices ------------------------------------------------------------------
+
+# bfloat16 keeps 8 significant bits: rounding an O(1) output costs up to 2^-9 = 0.002; the
+# mechanisms here stay below 0.004 (softmax computes in bfloat16 throughout).
+BF16_TOLERANCE = {"atol": 1e-2, "rtol": 1e-2}
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("name", ALL_MECHANISMS)
+def test_bfloat16_forward_is_close_to_float32(name, causal):
+    """The same (bfloat16-representable) inputs in bfloat16 and float32 give outputs within
+    atol = rtol = 1e-2 (BF16_TOLERANCE), and the bfloat16 output comes back in bfloat16."""
+    mechanism = build(name)
+    q, k, v = (t.to(torch.bfloat16) for t in qkv(dtype=torch.float32))
+    out = mechanism(q, k, v, causal=causal)
+    assert out.dtype == torch.bfloat16
+    expected = mechanism(q.float(), k.float(), v.float(), causal=causal)
+    torch.testing.assert_close(out.float(), expected, **BF16_TOLERANCE)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("name", ALL_MECHANISMS)
+def test_cuda_forward_matches_cpu(name, causal, dtype):
+    mechanism = build(name)
+    q, k, v = (t.to(dtype) for t in qkv(dtype=torch.float32))
+    expected = mechanism(q, k, v, causal=causal).float()
+    out = mechanism.cuda()(q.cuda(), k.cuda(), v.cuda(), causal=causal)
+    assert out.device.type == "cuda" and out.dtype == dtype
+    tolerance = {"atol": 1e-3, "rtol": 1e-3} if dtype == torch.float32 else BF16_TOLERANCE
+    torch.testing.assert_close(out.float().cpu(), expected, **tolerance)
+
+
+# -- state size and random draws ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL_MECHANISMS)
+def test_state_size(name):
+    """Linear mechanisms carry a state independent of L (a feature-map mechanism: features x
+    (head_dim + 1)); quadratic ones keep keys and values, 2 L d."""
+    mechanism = build(name)
+    sizes = [mechanism.state_size(length) for length in (1, 64, 1000)]
+    if MECHANISMS.entry(name).metadata["complexity"] == "linear":
+        assert len(set(sizes)) == 1 and sizes[0] >= 0
+        if isinstance(mechanism, FeatureMapMechanism):
+            assert sizes[0] == mechanism.feature_dim * (D + 1)
+    else:
+        assert sizes == [2 * length * D for length in (1, 64, 1000)]
+
+
+SEEDED_MECHANISMS = [
+    name
+    for name in ALL_MECHANISMS
+    if "seed" in inspect.signature(MECHANISMS.get(name).__init__).parameters
+]
+
+
+@pytest.mark.parametrize("name", SEEDED_MECHANISMS or ["(none registered)"])
+def test_seed_fixes_the_random_draws(name):
+    """seed=int: the same seed gives the same buffers, another seed other ones; seed=None
+    draws from torch's global RNG, so torch.manual_seed makes it reproducible."""
+    if name not in ALL_MECHANISMS:
+        pytest.skip("no mechanism has a seed parameter")
+    cls = MECHANISMS.get(name)
+
+    def buffers(module):
+        return {key: t.clone() for key, t in module.named_buffers()}
+
+    first, again, other = (buffers(cls(D, H, seed=seed)) for seed in (1, 1, 2))
+    assert first, f"{name} has a seed parameter but no buffers"
+    assert all(torch.equal(first[key], again[key]) for key in first)
+    assert any(not torch.equal(first[key], other[key]) for key in first)
+    torch.manual_seed(5)
+    global_a = buffers(cls(D, H))
+    torch.manual_seed(5)
+    global_b = buffers(cls(D, H))
+    assert all(torch.equal(global_a[key], global_b[key]) for key in global_a)
+
+
+def test_docs_table_matches_the_code():
+    from pathlib import Path
+
+    from synthbench.mechanism import markdown_table
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "MECHANISMS.md"
+    assert markdown_table() in doc.read_text(), "regenerate docs/MECHANISMS.md's table"

@@ -50,5 +50,5 @@ def test_invalid_values_are_refused(change):
 def test_config_leaves_out_what_does_not_change_results():
     config = PROTOCOLS.get("quick").config()
     assert "description" not in config and "seeds" not in config
-    assert config["name"] == "quick" and config["version"] == 1
+    assert config["name"] == "quick" and config["version"] == PROTOCOLS.get("quick").version
     assert isinstance(Protocol.__dataclass_fields__["lrs"].default, tuple)

@@ -3,12 +3,14 @@ vocabulary; parameter validation; property tests over the knobs of copy and kv_r
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from synthbench.task import CATEGORIES, IGNORE, TASKS, Batch, Task
+from synthbench.task import CATEGORIES, IGNORE, TASKS, Batch, Task, markdown_table
 
 N = 64
 CASES = [
@@ -90,6 +92,33 @@ def test_registered_with_metadata_and_presets(name):
         cls.from_difficulty("impossible")
     with pytest.raises(ValueError, match="no parameter wobble"):
         cls(wobble=1)
+
+
+def test_docs_table_matches_the_code():
+    doc = Path(__file__).resolve().parent.parent / "docs" / "TASKS.md"
+    assert markdown_table() in doc.read_text(), "regenerate docs/TASKS.md's table"
+
+
+def test_every_builtin_task_is_documented():
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "TASKS.md").read_text()
+    for name in TASKS.names():
+        category = TASKS.entry(name).metadata["category"]
+        assert f"### {name} ({category}" in doc, name
+
+
+def test_the_22_tasks_of_the_suite_in_7_categories():
+    by_category = {}
+    for name in TASKS.names():
+        by_category.setdefault(TASKS.entry(name).metadata["category"], []).append(name)
+    assert {c: sorted(n) for c, n in by_category.items()} == {
+        "Basic": ["copy", "reverse", "sort"],
+        "Arithmetic": ["addition", "counting", "modular", "parity"],
+        "Long-Range": ["distant_match", "long_copy", "multihop"],
+        "Memory": ["first_token", "kv_recall", "retrieval", "selective_copy"],
+        "Patterns": ["bigram", "histogram", "majority"],
+        "Reasoning": ["induction", "pattern", "stack"],
+        "Robustness": ["compression", "noisy_copy"],
+    }
 
 
 def test_registry_aliases():

@@ -60,3 +60,8 @@ class ReLULinearAttention(FeatureMapMechanism):
     def feature_map(self, x: torch.Tensor, is_query: bool) -> torch.Tensor:
         # (batch, heads, length, head_dim) -> non-negative features of the same shape.
         return F.relu(x) + self.offset
+
+    @property
+    def feature_dim(self) -> int:
+        # features per position; it sizes the recurrent state (synthbench list mechs)
+        return self.head_dim

@@ -1,0 +1,50 @@
+"""first_token: ``x_1 .. x_n SEP x_1``. One answer: the first token of the sequence.
+
+Data tokens are 0..vocab-1 and SEP is ``vocab``. The only answer is predicted at SEP
+(input position n), which must recall x_1 from position 0, n positions back. One attention
+head whose SEP query selects the key of position 0 (absolute positions, or position 0 as
+the one key with no predecessor) copies it. Without attention the model at SEP sees only
+SEP and its position, which say nothing about x_1.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+
+
+@dataclass(frozen=True)
+class FirstTokenParams:
+    n: int = 64  # length of x
+    vocab: int = 32  # number of data tokens
+
+    def __post_init__(self):
+        require_at_least("first_token", self, n=1, vocab=2)
+
+
+@TASKS.register("first_token", category="Memory", description="x SEP x_1: recall the first token")
+class FirstToken(Task):
+    Params = FirstTokenParams
+    difficulties = {"easy": {"n": 16}, "hard": {"n": 256}}
+    length_param = "n"
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {"SEP": self.params.vocab}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.params.vocab + 1
+
+    @property
+    def seq_len(self) -> int:
+        return self.params.n + 1
+
+    def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
+        p = self.params
+        x = torch.randint(p.vocab, (n, p.n), generator=generator, device=generator.device)
+        return batch_from_parts([x, self.sep], [x[:, :1]], device)
+
+    def solve(self, inputs: torch.Tensor) -> torch.Tensor:
+        return targets_at(inputs, self.params.n, inputs[:, 0])  # SEP answers the first token

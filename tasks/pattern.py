@@ -1,0 +1,89 @@
+"""pattern: a periodic prompt ``m_0 .. m_{p-1} m_0 ..`` (n tokens) ``SEP`` and its next k.
+
+Each example draws a period p uniformly from [min_period, max_period] and a motif of p
+distinct data tokens, repeats the motif to fill n prompt tokens (position i holds
+m_{i mod p}), then after SEP continues the cycle for k answer tokens, m_{(n+j) mod p} for
+j = 0..k-1. Data tokens are 0..vocab-1 and SEP is ``vocab``. Since n >= 2 max_period,
+every motif is seen at least twice, and since its tokens are distinct the smallest period
+of the prompt is p; the oracle infers it from the prompt alone. Distinct motif tokens
+also make every token's successor unique, so an induction head solves it without
+computing p: at an answer position the model copies the token that followed the current
+token in the prompt; at SEP it queries with the previous token (x_n, brought in by a
+previous-token head) instead, matching keys that also carry their previous token (two
+layers). Without attention the model sees only the current token and its position, which
+do not determine the continuation (the motif, its period and the phase are random).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from synthbench.task import TASKS, Batch, Task, batch_from_parts, targets_at
+
+
+@dataclass(frozen=True)
+class PatternParams:
+    n: int = 32  # prompt length
+    min_period: int = 2  # shortest motif
+    max_period: int = 8  # longest motif
+    k: int = 8  # continuation tokens to emit after SEP
+    vocab: int = 16  # number of data tokens
+
+    def __post_init__(self):
+        if not 2 <= self.min_period <= self.max_period <= self.vocab:
+            raise ValueError(
+                "pattern needs 2 <= min_period <= max_period <= vocab, got "
+                f"min_period={self.min_period}, max_period={self.max_period}, vocab={self.vocab}"
+            )
+        if self.n < 2 * self.max_period or self.k < 1:
+            raise ValueError(
+                "pattern needs n >= 2 * max_period (every motif seen twice) and k >= 1, got "
+                f"n={self.n}, max_period={self.max_period}, k={self.k}"
+            )
+
+
+@TASKS.register(
+    "pattern",
+    category="Reasoning",
+    description="periodic prompt SEP continuation: infer the motif and extend it",
+)
+class Pattern(Task):
+    Params = PatternParams
+    difficulties = {"easy": {"max_period": 4}, "hard": {"max_period": 16, "vocab": 32, "n": 64}}
+    length_param = "n"
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {"SEP": self.params.vocab}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.params.vocab + 1
+
+    @property
+    def seq_len(self) -> int:
+        return self.params.n + self.params.k
+
+    def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
+        p, dev = self.params, generator.device
+        period = torch.randint(
+            p.min_period, p.max_period + 1, (n, 1), generator=generator, device=dev
+        )
+        # the first max_period columns of a random permutation; a motif uses the first p
+        motif = torch.rand(n, p.vocab, generator=generator, device=dev).argsort(dim=1)
+        motif = motif[:, : p.max_period]
+        cycle = motif.gather(1, torch.arange(p.n + p.k, device=dev) % period)
+        return batch_from_parts([cycle[:, : p.n], self.sep], [cycle[:, p.n :]], device)
+
+    def solve(self, inputs: torch.Tensor) -> torch.Tensor:
+        n, k = self.params.n, self.params.k
+        prompt = inputs[:, :n]
+        # the smallest q <= n // 2 for which the prompt is q-periodic; n (no period seen)
+        # if there is none, which only garbage prompts reach
+        period = torch.full((len(inputs), 1), n, dtype=torch.long, device=inputs.device)
+        for q in range(n // 2, 0, -1):
+            periodic = (prompt[:, q:] == prompt[:, :-q]).all(dim=1, keepdim=True)
+            period = torch.where(periodic, q, period)
+        steps = torch.arange(n, n + k, device=inputs.device)
+        # position n + j: m_{(n+j) mod p}
+        return targets_at(inputs, slice(n, None), prompt.gather(1, steps % period))

@@ -1,0 +1,53 @@
+"""reverse: ``x_1 .. x_n SEP x_n .. x_1``. The answer is x backwards.
+
+Data tokens are 0..vocab-1 (with repetition) and SEP is ``vocab``. The model at input
+position n + j (SEP for j = 0, then the answers) emits x_{n-j}, which sits at position
+n - 1 - j: the offset back grows by two per step, so a fixed-offset (copy) head does not
+do; one attention head whose query at position i selects the key of position 2n - 1 - i
+(absolute positions, or the distance from SEP mirrored) solves it. Without attention the
+model sees only the current token and its position, which do not determine x_{n-j}.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+
+
+@dataclass(frozen=True)
+class ReverseParams:
+    n: int = 32  # length of x
+    vocab: int = 32  # number of data tokens
+
+    def __post_init__(self):
+        require_at_least("reverse", self, n=1, vocab=2)
+
+
+@TASKS.register("reverse", category="Basic", description="x SEP reversed(x): emit x backwards")
+class Reverse(Task):
+    Params = ReverseParams
+    difficulties = {"easy": {"n": 16}, "hard": {"n": 64}}
+    length_param = "n"
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {"SEP": self.params.vocab}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.params.vocab + 1
+
+    @property
+    def seq_len(self) -> int:
+        return 2 * self.params.n
+
+    def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
+        p = self.params
+        x = torch.randint(p.vocab, (n, p.n), generator=generator, device=generator.device)
+        return batch_from_parts([x, self.sep], [x.flip(1)], device)
+
+    def solve(self, inputs: torch.Tensor) -> torch.Tensor:
+        n = self.params.n
+        # position n + j answers x at position n - 1 - j
+        return targets_at(inputs, slice(n, None), inputs[:, :n].flip(1))

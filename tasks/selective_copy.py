@@ -1,0 +1,86 @@
+"""selective_copy: copy the data tokens scattered among blanks, in order.
+
+Layout ``p_1 .. p_length SEP x_1 .. x_k``: a prompt of ``length`` positions of which k, chosen
+at random, hold the data tokens x_1..x_k and the rest BLANK; then SEP and x_1..x_k (the
+answers). Data tokens are 0..vocab-1, BLANK is ``vocab``, SEP is ``vocab + 1``.
+
+Known solution: x_j sits at a position that varies per example, so no fixed offset works. A
+first head at each data token finds the previous non-blank token (skipping blanks) and writes
+it there; at the answer position holding x_{j-1} (SEP for j = 1) an induction head then
+attends to the data token whose previous non-blank token is x_{j-1} and copies it. Repeated
+data tokens make that match ambiguous; a counting head (rank of a data token among the data
+tokens, against the number of answers emitted so far) resolves it.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from synthbench.task import TASKS, Batch, Task, batch_from_parts, targets_at
+
+
+@dataclass(frozen=True)
+class SelectiveCopyParams:
+    length: int = 64  # prompt length, blanks included
+    k: int = 8  # data tokens in the prompt
+    vocab: int = 16  # number of data tokens
+
+    def __post_init__(self):
+        if not 1 <= self.k <= self.length or self.vocab < 2:
+            raise ValueError(
+                f"selective_copy needs 1 <= k <= length and vocab >= 2, got "
+                f"k={self.k}, length={self.length}, vocab={self.vocab}"
+            )
+
+
+def nth_marked(tokens: torch.Tensor, marked: torch.Tensor, k: int, fill: int) -> torch.Tensor:
+    """(n, k): the first k tokens where ``marked`` holds, in order; ``fill`` where a row has
+    fewer."""
+    rank = marked.long().cumsum(dim=1) - 1
+    slot = torch.where(marked, rank.clamp(max=k), k)  # unmarked and surplus go to column k
+    out = torch.full((tokens.shape[0], k + 1), fill, dtype=tokens.dtype, device=tokens.device)
+    return out.scatter(1, slot, tokens)[:, :k]
+
+
+@TASKS.register(
+    "selective_copy",
+    category="Memory",
+    description="copy the data tokens scattered among blanks, in order",
+)
+class SelectiveCopy(Task):
+    Params = SelectiveCopyParams
+    difficulties = {"easy": {"length": 32, "k": 4}, "hard": {"length": 256, "k": 16}}
+    length_param = "length"
+
+    @property
+    def blank(self) -> int:
+        return self.params.vocab
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {"BLANK": self.blank, "SEP": self.params.vocab + 1}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.params.vocab + 2
+
+    @property
+    def seq_len(self) -> int:
+        return self.params.length + self.params.k
+
+    def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
+        p, dev = self.params, generator.device
+        data = torch.randint(p.vocab, (n, p.k), generator=generator, device=dev)
+        slots = torch.rand(n, p.length, generator=generator, device=dev).argsort(dim=1)
+        filled = torch.zeros(n, p.length, dtype=torch.bool, device=dev)
+        filled.scatter_(1, slots[:, : p.k], True)
+        rank = (filled.long().cumsum(dim=1) - 1).clamp(min=0)  # the j-th filled slot gets x_j
+        prompt = torch.where(filled, data.gather(1, rank), self.blank)
+        return batch_from_parts([prompt, self.sep], [data], device)
+
+    def solve(self, inputs: torch.Tensor) -> torch.Tensor:
+        p = self.params
+        prompt = inputs[:, : p.length]
+        # data tokens are the ids below vocab; on garbage input a missing answer is 0
+        answers = nth_marked(prompt, prompt < p.vocab, p.k, 0)
+        return targets_at(inputs, slice(p.length, p.length + p.k), answers)

@@ -1,0 +1,250 @@
+"""counting, parity, addition, modular, bigram, majority and histogram: layouts checked
+against plain-Python references, vocabularies and token names, parameter validation, and
+property tests over the knobs."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_tasks import check_batch
+
+from synthbench.task import IGNORE, TASKS
+
+N = 64
+seeds = st.integers(0, 2**31 - 1)
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rows(task, n=N, seed=0):
+    batch = task.generate(n, generator(seed))
+    return list(zip(batch.inputs.tolist(), batch.targets.tolist(), strict=True))
+
+
+def answered(target: list[int]) -> dict[int, int]:
+    return {i: t for i, t in enumerate(target) if t != IGNORE}
+
+
+# -- layouts against plain-Python references ----------------------------------------------
+
+
+def test_counting_layout():
+    task = TASKS.get("counting")(n=10, vocab=4)
+    assert task.vocab_size == 4 + 1 + 11 and task.seq_len == 12
+    counts = []
+    for row, target in rows(task, 200):
+        x, q, sep = row[:10], row[10], row[11]
+        assert all(0 <= t < 4 for t in x) and 0 <= q < 4 and sep == task.sep == 4
+        c = sum(t == q for t in x)
+        assert answered(target) == {11: 5 + c}
+        counts.append(c)
+    assert set(counts) == set(range(11))  # every count, 0 and n included
+
+
+def test_counting_tokens():
+    task = TASKS.get("counting")(n=5, vocab=3)
+    names = [task.token_name(t) for t in range(task.vocab_size)]
+    assert names == ["0", "1", "2", "SEP", "#0", "#1", "#2", "#3", "#4", "#5"]
+    # scaled to a longer length, every id keeps its meaning; new counts come last
+    longer = task.at_length(2)
+    assert [longer.token_name(t) for t in range(task.vocab_size)] == names
+    assert longer.vocab_size == task.vocab_size + 5
+
+
+def test_parity_layout():
+    task = TASKS.get("parity")(n=7)
+    assert task.vocab_size == 3 and task.seq_len == 8
+    for row, target in rows(task):
+        assert set(row[:7]) <= {0, 1} and row[7] == task.sep == 2
+        assert answered(target) == {7: sum(row[:7]) % 2}
+    assert [task.token_name(t) for t in range(3)] == ["0", "1", "SEP"]
+
+
+def test_addition_layout():
+    task = TASKS.get("addition")(digits=4)
+    assert task.vocab_size == 12 and task.seq_len == 14
+    for row, target in rows(task):
+        a, b = row[0:4], row[5:9]
+        assert row[4] == task.plus == 10 and row[9] == task.eq == 11
+        assert all(0 <= t <= 9 for t in a + b)
+        value = int("".join(map(str, reversed(a)))) + int("".join(map(str, reversed(b))))
+        s = [int(ch) for ch in reversed(f"{value:05d}")]  # 5 digits, least significant first
+        assert answered(target) == {9 + j: s[j] for j in range(5)}
+        assert row[10:14] == s[:4]
+    assert [task.token_name(t) for t in (0, 9, 10, 11)] == ["0", "9", "+", "="]
+
+
+def test_addition_carries_through_a_chain_of_nines():
+    task = TASKS.get("addition")(digits=5)
+    inputs = torch.tensor([[1, 9, 9, 9, 9, 10, 9, 0, 0, 0, 0, 11, 0, 0, 0, 0, 0]])
+    # 99991 + 9 = 100000, least significant first 0 0 0 0 0 1
+    assert task.solve(inputs)[0, 11:].tolist() == [0, 0, 0, 0, 0, 1]
+
+
+def test_modular_layout():
+    task = TASKS.get("modular")(n=9, p=5)
+    assert task.vocab_size == 6 and task.seq_len == 10
+    for row, target in rows(task):
+        assert all(0 <= t < 5 for t in row[:9]) and row[9] == task.sep == 5
+        assert answered(target) == {9: sum(row[:9]) % 5}
+    assert [task.token_name(t) for t in range(6)] == ["0", "1", "2", "3", "4", "SEP"]
+
+
+def test_bigram_layout_and_table():
+    task = TASKS.get("bigram")(n=6, vocab=5)
+    assert task.vocab_size == 5 and task.seq_len == 11
+    table = task.table.tolist()
+    for row, target in rows(task):
+        full = row + [target[-1]]
+        xs, successors = full[0::2], full[1::2]
+        assert all(0 <= t < 5 for t in xs) and successors == [table[t] for t in xs]
+        assert answered(target) == {2 * i: table[t] for i, t in enumerate(xs)}
+    assert [task.token_name(t) for t in range(5)] == ["0", "1", "2", "3", "4"]
+
+
+def test_bigram_table_depends_on_table_seed_only():
+    bigram = TASKS.get("bigram")
+    task = bigram(vocab=64)
+    assert torch.equal(task.table, bigram(vocab=64, n=3).table)  # shared across data sets
+    assert torch.equal(task.table, task.at_length(2).table)
+    assert not torch.equal(task.table, bigram(vocab=64, table_seed=1).table)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    bigram(vocab=64)
+    assert torch.equal(torch.get_rng_state(), before), "the table touched the global RNG"
+
+
+def test_majority_layout():
+    task = TASKS.get("majority")(n=6, vocab=3)
+    assert task.vocab_size == 4 and task.seq_len == 7
+    modes = []
+    for row, target in rows(task, 300):
+        x = row[:6]
+        assert all(0 <= t < 3 for t in x) and row[6] == task.sep == 3
+        ranked = Counter(x).most_common()
+        assert len(ranked) == 1 or ranked[0][1] > ranked[1][1], f"mode not unique in {x}"
+        assert answered(target) == {6: ranked[0][0]}
+        modes.append(ranked[0][0])
+    assert set(modes) == {0, 1, 2}
+    assert [task.token_name(t) for t in range(4)] == ["0", "1", "2", "SEP"]
+
+
+def test_histogram_layout():
+    task = TASKS.get("histogram")(n=5, vocab=3)
+    assert task.vocab_size == 3 + 1 + 5 and task.seq_len == 15
+    counts = set()
+    for row, target in rows(task, 500):
+        full = row + [target[-1]]
+        x = full[:5]
+        assert all(0 <= t < 3 for t in x) and full[5] == task.sep == 3
+        assert full[6::2] == x
+        expected = {6 + 2 * i: 3 + x.count(t) for i, t in enumerate(x)}
+        assert answered(target) == expected
+        counts |= {x.count(t) for t in x}
+    assert counts == {1, 2, 3, 4, 5}
+    names = [task.token_name(t) for t in range(task.vocab_size)]
+    assert names == ["0", "1", "2", "SEP", "#1", "#2", "#3", "#4", "#5"]
+    longer = task.at_length(2)
+    assert [longer.token_name(t) for t in range(task.vocab_size)] == names
+
+
+# -- parameter validation -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("counting", {"n": 0}),
+        ("counting", {"vocab": 1}),
+        ("parity", {"n": 0}),
+        ("addition", {"digits": 0}),
+        ("modular", {"n": 0}),
+        ("modular", {"p": 1}),
+        ("bigram", {"n": 0}),
+        ("bigram", {"vocab": 1}),
+        ("bigram", {"table_seed": -1}),
+        ("majority", {"n": 0}),
+        ("majority", {"vocab": 1}),
+        ("histogram", {"n": 0}),
+        ("histogram", {"vocab": 1}),
+    ],
+)
+def test_invalid_params_are_refused(name, params):
+    ((key, value),) = params.items()
+    with pytest.raises(ValueError, match=rf"^{name} needs .*\b{key}={value}\b"):
+        TASKS.get(name)(**params)
+
+
+def test_a_parameter_of_the_wrong_type_is_refused():
+    with pytest.raises(ValueError, match="digits must be int"):
+        TASKS.get("addition")(digits=2.5)
+
+
+# -- property tests over the knobs --------------------------------------------------------
+
+
+def check(name: str, params: dict, seed: int, answers_per_row: int):
+    task = TASKS.get(name)(**params)
+    batch = task.generate(8, generator(seed))
+    check_batch(task, batch, 8)
+    assert bool((batch.answer_mask.sum(dim=1) == answers_per_row).all())
+    return task
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 40), vocab=st.integers(2, 20), seed=seeds)
+def test_counting_property(n, vocab, seed):
+    task = check("counting", {"n": n, "vocab": vocab}, seed, 1)
+    assert task.vocab_size == vocab + n + 2 and task.seq_len == n + 2
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 64), seed=seeds)
+def test_parity_property(n, seed):
+    task = check("parity", {"n": n}, seed, 1)
+    assert task.seq_len == n + 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(digits=st.integers(1, 30), seed=seeds)
+def test_addition_property(digits, seed):
+    task = check("addition", {"digits": digits}, seed, digits + 1)
+    assert task.seq_len == 3 * digits + 2
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 40), p=st.integers(2, 20), seed=seeds)
+def test_modular_property(n, p, seed):
+    task = check("modular", {"n": n, "p": p}, seed, 1)
+    assert task.vocab_size == p + 1 and task.seq_len == n + 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 40), vocab=st.integers(2, 200), table_seed=seeds, seed=seeds)
+def test_bigram_property(n, vocab, table_seed, seed):
+    params = {"n": n, "vocab": vocab, "table_seed": table_seed}
+    task = check("bigram", params, seed, n)
+    assert task.vocab_size == vocab and task.seq_len == 2 * n - 1
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 64), vocab=st.integers(2, 20), seed=seeds)
+def test_majority_property(n, vocab, seed):
+    task = check("majority", {"n": n, "vocab": vocab}, seed, 1)
+    inputs = task.generate(32, generator(seed)).inputs
+    counts = torch.stack([(inputs[:, :n] == t).sum(dim=1) for t in range(vocab)], dim=1)
+    top2 = counts.topk(min(2, vocab), dim=1).values
+    assert bool((top2[:, 0] > top2[:, -1]).all()), "a tied mode"
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(1, 40), vocab=st.integers(2, 20), seed=seeds)
+def test_histogram_property(n, vocab, seed):
+    task = check("histogram", {"n": n, "vocab": vocab}, seed, n)
+    assert task.vocab_size == vocab + 1 + n and task.seq_len == 3 * n

@@ -1,0 +1,321 @@
+"""multihop, retrieval, selective_copy, stack, noisy_copy and compression: layouts checked
+against plain-Python references, vocabularies and token names, defined oracle behaviour on
+garbage, parameter validation, and property tests over the knobs."""
+
+from __future__ import annotations
+
+from itertools import groupby
+
+import pytest
+import torch
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+from test_tasks import check_batch
+
+from synthbench.task import IGNORE, TASKS
+
+N = 64
+NAMES = ("multihop", "retrieval", "selective_copy", "stack", "noisy_copy", "compression")
+seeds = st.integers(0, 2**31 - 1)
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def rows(task, n=N, seed=0):
+    batch = task.generate(n, generator(seed))
+    return list(zip(batch.inputs.tolist(), batch.targets.tolist(), strict=True))
+
+
+def answered(target: list[int]) -> dict[int, int]:
+    return {i: t for i, t in enumerate(target) if t != IGNORE}
+
+
+# -- layouts against plain-Python references ----------------------------------------------
+
+
+def chains_of(edges: list[tuple[int, int]]) -> list[list[int]]:
+    """The node lists of the disjoint paths that the edges form."""
+    succ = dict(edges)
+    heads = set(succ) - set(succ.values())
+    chains = []
+    for head in heads:
+        chain = [head]
+        while chain[-1] in succ:
+            chain.append(succ[chain[-1]])
+        chains.append(chain)
+    return chains
+
+
+def test_multihop_layout():
+    task = TASKS.get("multihop")(pairs=7, hops=3, nodes=20)
+    assert task.vocab_size == 21 and task.seq_len == 16 and task.sep == 20
+    used = set()
+    for row, target in rows(task, 200):
+        edges = list(zip(row[0:14:2], row[1:14:2], strict=True))
+        assert row[14] == task.sep and all(0 <= t < 20 for t in row[:14] + row[15:])
+        chains = chains_of(edges)
+        # two chains of 3 edges and a 1-edge distractor, all nodes distinct
+        assert sorted(len(c) - 1 for c in chains) == [1, 3, 3]
+        nodes = [v for c in chains for v in c]
+        assert len(nodes) == len(set(nodes)) == 10
+        start = row[15]
+        (chain,) = [c for c in chains if c[0] == start]
+        assert len(chain) == 4
+        assert answered(target) == {15: chain[3]}
+        used.add(start)
+    assert len(used) == 20  # any node can be a start
+
+
+def test_multihop_hops_are_real():
+    task = TASKS.get("multihop")()  # pairs 16, hops 2
+    for row, target in rows(task):
+        succ = dict(zip(row[0:32:2], row[1:32:2], strict=True))
+        start, answer = row[33], target[33]
+        assert succ[start] != answer == succ[succ[start]]
+
+
+def test_retrieval_layout():
+    task = TASKS.get("retrieval")(n=10, vocab=5)
+    assert task.vocab_size == 6 and task.seq_len == 11 and task.marker == 5
+    places = set()
+    for row, target in rows(task, 300):
+        haystack = row[:10]
+        places.update(i for i, t in enumerate(haystack) if t == task.marker)
+        (p,) = [i for i, t in enumerate(haystack) if t == task.marker]
+        assert p <= 8 and row[10] == task.marker
+        assert all(0 <= t < 5 for i, t in enumerate(haystack) if i != p)
+        assert answered(target) == {10: haystack[p + 1]}
+    assert places == set(range(9))
+
+
+def test_selective_copy_layout():
+    task = TASKS.get("selective_copy")(length=12, k=3, vocab=4)
+    assert task.vocab_size == 6 and task.seq_len == 15
+    assert (task.blank, task.sep) == (4, 5)
+    for row, target in rows(task):
+        data = [t for t in row[:12] if t != task.blank]
+        assert len(data) == 3 and all(0 <= t < 4 for t in data) and row[12] == task.sep
+        assert answered(target) == {12: data[0], 13: data[1], 14: data[2]}
+        assert row[13:] == data[:2]
+
+
+def test_stack_layout():
+    task = TASKS.get("stack")(ops=6, values=5)
+    assert task.vocab_size == 7 and task.seq_len == 11 and (task.push, task.pop) == (5, 6)
+    deepest = 0
+    for row, target in rows(task, 200):
+        stack, expected = [], {}
+        assert row[0] == task.push
+        for i in range(6):
+            op = row[2 * i]
+            if op == task.push:
+                if i < 5:
+                    stack.append(row[2 * i + 1])
+                    assert 0 <= row[2 * i + 1] < 5
+                else:  # the last op pushes only onto an empty stack
+                    assert not stack
+            else:
+                assert op == task.pop and stack
+                expected[2 * i] = stack.pop()
+                if i < 5:
+                    assert row[2 * i + 1] == expected[2 * i]
+            deepest = max(deepest, len(stack))
+        assert answered(target) == expected and expected
+    assert deepest >= 3
+
+
+def test_stack_oracle_on_garbage():
+    task = TASKS.get("stack")(ops=4, values=3)
+    push, pop = task.push, task.pop
+    # POP on an empty stack: no answer; a value as op: no-op; PUSH of the POP token: pushed
+    inputs = torch.tensor([[pop, 1, 2, 0, push, pop, pop]])
+    assert task.solve(inputs).tolist() == [[IGNORE] * 6 + [pop]]
+
+
+def test_multihop_oracle_on_garbage():
+    task = TASKS.get("multihop")(pairs=2, hops=2, nodes=6)
+    # from 0: the first listed edge 0 -> 1 is followed, then 1 has no successor and stays
+    inputs = torch.tensor([[0, 1, 0, 2, 6, 0]])
+    assert task.solve(inputs).tolist() == [[IGNORE] * 5 + [1]]
+
+
+def test_noisy_copy_layout():
+    task = TASKS.get("noisy_copy")(n=8, rate=0.25, vocab=5, noise_vocab=3)
+    assert task.n_noise == 2 and task.vocab_size == 9 and task.seq_len == 18 and task.sep == 8
+    for row, target in rows(task):
+        prompt = row[:10]
+        noise = [t for t in prompt if t >= 5]
+        x = [t for t in prompt if t < 5]
+        assert len(noise) == 2 and all(t < 8 for t in noise) and row[10] == task.sep
+        assert answered(target) == {10 + j: t for j, t in enumerate(x)}
+        assert row[11:] == x[:7]
+
+
+def test_compression_layout():
+    task = TASKS.get("compression")(k=3, n=7, vocab=5)
+    assert task.vocab_size == 6 and task.seq_len == 10 and task.sep == 5
+    compositions = set()
+    for row, target in rows(task, 400):
+        runs = [(value, len(list(group))) for value, group in groupby(row[:7])]
+        values = [v for v, _ in runs]
+        assert len(runs) == 3 and len(set(values)) == 3 and all(0 <= v < 5 for v in values)
+        assert row[7] == task.sep and row[8:] == values[:2]
+        assert answered(target) == {7: values[0], 8: values[1], 9: values[2]}
+        compositions.add(tuple(length for _, length in runs))
+    assert len(compositions) == 15  # every composition of 7 into 3 positive parts
+
+
+# -- vocabularies, token names, presets ---------------------------------------------------
+
+
+def test_token_names():
+    def names(task):
+        return [task.token_name(t) for t in range(task.vocab_size)]
+
+    assert names(TASKS.get("multihop")(pairs=2, hops=1, nodes=4)) == ["0", "1", "2", "3", "SEP"]
+    assert names(TASKS.get("retrieval")(vocab=3)) == ["0", "1", "2", "MARKER"]
+    assert names(TASKS.get("selective_copy")(vocab=2)) == ["0", "1", "BLANK", "SEP"]
+    assert names(TASKS.get("stack")(values=2)) == ["0", "1", "PUSH", "POP"]
+    assert names(TASKS.get("noisy_copy")(vocab=2, noise_vocab=2)) == [
+        "0",
+        "1",
+        "NOISE0",
+        "NOISE1",
+        "SEP",
+    ]
+    assert names(TASKS.get("compression")(k=2, vocab=2)) == ["0", "1", "SEP"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_presets_scale_to_twice_the_length(name):
+    cls = TASKS.get(name)
+    for difficulty in ("default", *cls.difficulties):
+        task = cls.from_difficulty(difficulty)
+        longer = task.at_length(2)  # valid parameters, same vocabulary
+        assert longer.vocab_size == task.vocab_size and longer.seq_len > task.seq_len
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("multihop", {"hops": 0}),
+        ("multihop", {"pairs": 3, "hops": 4}),
+        ("multihop", {"pairs": 4, "hops": 2, "nodes": 5}),
+        ("multihop", {"pairs": 5, "hops": 2, "nodes": 7}),  # 2 chains and a distractor need 8
+        ("retrieval", {"n": 1}),
+        ("retrieval", {"vocab": 1}),
+        ("selective_copy", {"k": 0}),
+        ("selective_copy", {"length": 4, "k": 5}),
+        ("selective_copy", {"vocab": 1}),
+        ("stack", {"ops": 1}),
+        ("stack", {"values": 1}),
+        ("noisy_copy", {"n": 0}),
+        ("noisy_copy", {"rate": -0.5}),
+        ("noisy_copy", {"n": 4, "rate": 0.1}),  # round(0.4) = 0 noise tokens
+        ("noisy_copy", {"rate": float("nan")}),
+        ("noisy_copy", {"rate": float("inf")}),
+        ("noisy_copy", {"vocab": 1}),
+        ("noisy_copy", {"noise_vocab": 0}),
+        ("compression", {"k": 0}),
+        ("compression", {"k": 9, "n": 8}),
+        ("compression", {"k": 5, "vocab": 4}),
+    ],
+)
+def test_invalid_params_are_refused(name, params):
+    with pytest.raises(ValueError, match=name):
+        TASKS.get(name)(**params)
+
+
+# -- property tests over the knobs --------------------------------------------------------
+
+
+@st.composite
+def multihop_params(draw):
+    hops = draw(st.integers(1, 4))
+    pairs = draw(st.integers(hops, 12))
+    chains = -(-pairs // hops)
+    return {"hops": hops, "pairs": pairs, "nodes": draw(st.integers(pairs + chains, 40))}
+
+
+@settings(max_examples=20, deadline=None)
+@given(params=multihop_params(), seed=seeds)
+def test_multihop_property(params, seed):
+    task = TASKS.get("multihop")(**params)
+    assert task.seq_len == 2 * params["pairs"] + 2
+    batch = task.generate(8, generator(seed))
+    check_batch(task, batch, 8)
+    assert bool((batch.answer_mask.sum(dim=1) == 1).all())
+
+
+@settings(max_examples=20, deadline=None)
+@given(n=st.integers(2, 40), vocab=st.integers(2, 16), seed=seeds)
+def test_retrieval_property(n, vocab, seed):
+    task = TASKS.get("retrieval")(n=n, vocab=vocab)
+    batch = task.generate(8, generator(seed))
+    check_batch(task, batch, 8)
+    assert bool(((batch.inputs == task.marker).sum(dim=1) == 2).all())
+
+
+@st.composite
+def selective_copy_params(draw):
+    length = draw(st.integers(1, 30))
+    return {
+        "length": length,
+        "k": draw(st.integers(1, length)),
+        "vocab": draw(st.integers(2, 10)),
+    }
+
+
+@settings(max_examples=20, deadline=None)
+@given(params=selective_copy_params(), seed=seeds)
+def test_selective_copy_property(params, seed):
+    task = TASKS.get("selective_copy")(**params)
+    assert task.seq_len == params["length"] + params["k"]
+    batch = task.generate(8, generator(seed))
+    check_batch(task, batch, 8)
+    assert bool((batch.answer_mask.sum(dim=1) == params["k"]).all())
+
+
+@settings(max_examples=20, deadline=None)
+@given(ops=st.integers(2, 24), values=st.integers(2, 10), seed=seeds)
+def test_stack_property(ops, values, seed):
+    task = TASKS.get("stack")(ops=ops, values=values)
+    batch = task.generate(8, generator(seed))
+    check_batch(task, batch, 8)
+    assert torch.equal(batch.answer_mask, batch.inputs == task.pop)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n=st.integers(1, 20),
+    rate=st.floats(0.0, 1.5),
+    vocab=st.integers(2, 10),
+    noise_vocab=st.integers(1, 4),
+    seed=seeds,
+)
+def test_noisy_copy_property(n, rate, vocab, noise_vocab, seed):
+    assume(round(rate * n) >= 1)
+    task = TASKS.get("noisy_copy")(n=n, rate=rate, vocab=vocab, noise_vocab=noise_vocab)
+    assert task.seq_len == 2 * n + round(rate * n)
+    batch = task.generate(8, generator(seed))
+    check_batch(task, batch, 8)
+    assert bool((batch.answer_mask.sum(dim=1) == n).all())
+
+
+@st.composite
+def compression_params(draw):
+    vocab = draw(st.integers(2, 12))
+    k = draw(st.integers(1, vocab))
+    return {"vocab": vocab, "k": k, "n": draw(st.integers(k, k + 15))}
+
+
+@settings(max_examples=20, deadline=None)
+@given(params=compression_params(), seed=seeds)
+def test_compression_property(params, seed):
+    task = TASKS.get("compression")(**params)
+    assert task.seq_len == params["n"] + params["k"]
+    batch = task.generate(8, generator(seed))
+    check_batch(task, batch, 8)
+    assert bool((batch.answer_mask.sum(dim=1) == params["k"]).all())
