@@ -196,18 +196,8 @@ class SLAY(_SLAYBase):
         return (u @ self.anchors.to(u.dtype).T).square() / math.sqrt(self.poly_features)
 
 
-@MECHANISMS.register(
-    "slay-exact-poly",
-    aliases=("slay-exact",),
-    complexity="linear",
-    family="slay",
-    reference=REFERENCE,
-)
-class SLAYExactPoly(_SLAYBase):
-    """SLAY with the exact polynomial map: the half-vectorisation of u u^T (u_i u_j for i <= j,
-    off-diagonal entries times sqrt(2)), d(d+1)/2 features with the same inner products as
-    vec(u u^T): exactly (u.v)^2. Unbiased for the quadrature-discretised spherical Yat kernel
-    sum_r w_r x^2 e^(2 s_r x). Features are non-negative."""
+class _SLAYWithoutPolySize(_SLAYBase):
+    """The variants whose polynomial factor has no size of its own (exact, absent, fused)."""
 
     def __init__(
         self,
@@ -231,7 +221,24 @@ class SLAYExactPoly(_SLAYBase):
             seed=seed,
             chunk_size=chunk_size,
         )
-        rows, cols = torch.triu_indices(head_dim, head_dim)
+
+
+@MECHANISMS.register(
+    "slay-exact-poly",
+    aliases=("slay-exact",),
+    complexity="linear",
+    family="slay",
+    reference=REFERENCE,
+)
+class SLAYExactPoly(_SLAYWithoutPolySize):
+    """SLAY with the exact polynomial map: the half-vectorisation of u u^T (u_i u_j for i <= j,
+    off-diagonal entries times sqrt(2)), d(d+1)/2 features with the same inner products as
+    vec(u u^T): exactly (u.v)^2. Unbiased for the quadrature-discretised spherical Yat kernel
+    sum_r w_r x^2 e^(2 s_r x). Features have both signs, but every score is (u.v)^2 times a
+    positive PRF kernel, so scores and denominators are non-negative."""
+
+    def _draw_polynomial(self, generator):  # nothing random: the fixed upper-triangle map
+        rows, cols = torch.triu_indices(self.head_dim, self.head_dim)
         scale = torch.full(rows.shape, math.sqrt(2.0), dtype=torch.float64)
         scale[rows == cols] = 1.0
         self.register_buffer("poly_rows", rows, persistent=False)
@@ -253,36 +260,13 @@ class SLAYExactPoly(_SLAYBase):
     family="slay",
     reference=REFERENCE,
 )
-class SLAYLaplace(_SLAYBase):
+class SLAYLaplace(_SLAYWithoutPolySize):
     """Laplace-only: the PRF part without a polynomial factor, sqrt(w_r) phi_PRF(u; s_r).
 
     Unbiased for sum_r w_r e^(2 s_r x), the quadrature of int_0^inf e^(-sC) e^(2sx) ds =
     1 / (C - 2x) = 1 / (|u - v|^2 + eps): inverse squared chordal distance, without the x^2
     numerator. By 001 App. F, x^2/(C - 2x) = (C^2/4) / (C - 2x) - C/4 - x/2, so it is the
     spherical Yat kernel up to that affine term. Features are positive."""
-
-    def __init__(
-        self,
-        head_dim: int,
-        n_heads: int,
-        quad_nodes: int = 2,
-        prf_features: int = 16,
-        eps: float = 1e-3,
-        delta: float = 1e-6,
-        seed: int | None = None,
-        chunk_size: int = 64,
-    ):
-        super().__init__(
-            head_dim,
-            n_heads,
-            quad_nodes=quad_nodes,
-            prf_features=prf_features,
-            poly_features=None,
-            eps=eps,
-            delta=delta,
-            seed=seed,
-            chunk_size=chunk_size,
-        )
 
     @property
     def poly_dim(self) -> int:
@@ -299,7 +283,7 @@ class SLAYLaplace(_SLAYBase):
     family="slay",
     reference=REFERENCE,
 )
-class SLAYHadamard(_SLAYBase):
+class SLAYHadamard(_SLAYWithoutPolySize):
     """Hadamard fusion with shared projections (001 App. F, "Hadamard (shared w)" in Table 6):
     per node sqrt(w_r) (w_i . u)^2 exp(sqrt(2 s_r) w_i . u - s_r) / sqrt(M), i = 1..M, the
     same w_i in the polynomial and the PRF factor, R * M features, all non-negative.
@@ -311,29 +295,6 @@ class SLAYHadamard(_SLAYBase):
         e^(2sx) [1 + 2x^2 + 2s (1 + x)^2 (2 + 4x) + 4 s^2 (1 + x)^4],
     not x^2 e^(2sx): a biased fast baseline, as 001 App. F says.
     """
-
-    def __init__(
-        self,
-        head_dim: int,
-        n_heads: int,
-        quad_nodes: int = 2,
-        prf_features: int = 16,
-        eps: float = 1e-3,
-        delta: float = 1e-6,
-        seed: int | None = None,
-        chunk_size: int = 64,
-    ):
-        super().__init__(
-            head_dim,
-            n_heads,
-            quad_nodes=quad_nodes,
-            prf_features=prf_features,
-            poly_features=None,
-            eps=eps,
-            delta=delta,
-            seed=seed,
-            chunk_size=chunk_size,
-        )
 
     @property
     def poly_dim(self) -> int:

@@ -7,6 +7,7 @@ by protocol: one protocol per table, always.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,11 +31,34 @@ class SeedTable:
     failed: dict[str, int]  # status -> number of runs without a successful row
 
 
+def label_task_variants(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows of one task run with different task parameters are different table rows: each
+    such task is renamed ``task (k=v, ...)`` with the parameters in which its variants differ.
+    """
+    if "task_params" not in rows or rows.empty:
+        return rows
+    rows = rows.copy()
+    for task, part in rows.groupby("task"):
+        variants = {text: json.loads(text) for text in part["task_params"].unique()}
+        if len(variants) < 2:
+            continue
+        keys = sorted(set().union(*variants.values()))
+        differing = [k for k in keys if len({repr(v.get(k)) for v in variants.values()}) > 1]
+        for text, params in variants.items():
+            label = ", ".join(f"{k}={params.get(k)}" for k in differing)
+            rows.loc[(rows["task"] == task) & (rows["task_params"] == text), "task"] = (
+                f"{task} ({label})"
+            )
+    return rows
+
+
 def aggregate(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
     """Per (protocol, category, task, mechanism): mean, std (ddof 1; 0 for one seed), number
-    of successful seeds, and the number of runs that diverged or raised."""
+    of successful seeds, and the number of runs that diverged or raised. A task run with
+    several parameter sets gives one row per set (``label_task_variants``)."""
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r} ({', '.join(METRICS)})")
+    rows = label_task_variants(rows)
     if metric.startswith("long_"):  # only the runs evaluated at a longer length count
         rows = rows[rows["eval_length_mult"].notna()]
         mults = sorted(rows["eval_length_mult"].unique())

@@ -1,5 +1,6 @@
 """The built wheel carries tasks/ and mechanisms/ as synthbench.tasks and synthbench.mechanisms."""
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -9,6 +10,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_wheel_installs_and_imports_the_registries(tmp_path):
+    # build from a copy: setuptools keeps a build/ folder beside the sources, and a stale one
+    # (files since removed or renamed) would leak into the wheel
+    source = tmp_path / "source"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            *(".git", ".venv", "build", "dist", "*.egg-info", "results", "reports"),
+            *(".*cache", "__pycache__"),
+        ),
+    )
     subprocess.run(
         [
             sys.executable,
@@ -20,7 +32,7 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
             "-q",
             "-w",
             str(tmp_path / "dist"),
-            str(ROOT),
+            str(source),
         ],
         check=True,
         capture_output=True,

@@ -125,7 +125,7 @@ def test_local_file_plugin_is_listed_with_its_source(tmp_path: Path) -> None:
     proc = ok(cli("list", "mechs", "--plugin", LOCAL_PLUGIN, cwd=tmp_path))
     rows = table_rows(proc.stdout)
     assert set(BUILTINS) <= set(rows)
-    _name, complexity, family, _aliases, _reference, source = rows["scaled-softmax"]
+    _name, complexity, family, _state, _aliases, _reference, source = rows["scaled-softmax"]
     assert (complexity, family) == ("quadratic", "softmax")
     assert source.startswith("plugin file") and "local_plugin.py" in source
     assert rows["softmax"][-1] == "builtin"
@@ -174,8 +174,9 @@ def test_entry_point_plugin_installed_in_a_venv(tmp_path: Path) -> None:
     listed = ok(cli("list", "mechs", python=python, cwd=tmp_path))
     rows = table_rows(listed.stdout)
     assert set(BUILTINS) <= set(rows)
-    _name, complexity, family, _aliases, _reference, source = rows["relu-linear"]
+    _name, complexity, family, state, _aliases, _reference, source = rows["relu-linear"]
     assert (complexity, family) == ("linear", "feature-map")
+    assert state == f"{16 * 17:,}"  # feature_dim (d) x (d + 1) at d 16
     assert source == "plugin relu-linear (synthbench-example-plugin)"
     assert stderr_lines(listed) == []
 

@@ -254,3 +254,21 @@ def test_a_table_never_mixes_two_versions_of_a_protocol(rows):
     (table,) = seed_tables(kept)
     assert table.protocol_version == 2
     assert table.cells.at[("Basic", "copy"), "softmax"] == pytest.approx((0.2, 0.0, 3))
+
+
+def test_a_task_run_with_two_parameter_sets_gives_two_rows():
+    rows = []
+    for hops, accs in ((1, (0.9, 0.7)), (2, (0.2, 0.4))):
+        for seed, acc in enumerate(accs):
+            r = row("copy", "softmax", seed, acc)
+            r["run_id"] += f"-h{hops}"
+            r["task_params"] = f'{{"hops": {hops}, "pairs": 16}}'
+            rows.append(r)
+    rows.append({**row("kv_recall", "softmax", 0, 0.5), "task_params": '{"pairs": 8}'})
+    table = aggregate(frame(*rows)).set_index("task")
+    assert sorted(table.index) == ["copy (hops=1)", "copy (hops=2)", "kv_recall"]
+    assert table.loc["copy (hops=1)", "mean"] == pytest.approx(0.8)
+    assert table.loc["copy (hops=2)", "mean"] == pytest.approx(0.3)
+    assert table.loc["copy (hops=1)", "count"] == 2
+    (t,) = seed_tables(frame(*rows))
+    assert t.n_seeds == 2
