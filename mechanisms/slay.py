@@ -61,6 +61,8 @@ class _SLAYBase(FeatureMapMechanism):
     fusion. Subclasses give the polynomial factor (``polynomial`` and ``poly_dim``) and may
     draw its randomness in ``_draw_polynomial``.
 
+    The defaults are the paper's (R 2 from Table 6; M_PRF 16, P 8, eps 1e-3 from Table 9);
+    ``poly_features`` None for a polynomial factor without a size of its own.
     ``eps`` is the kernel's epsilon (C = 2 + eps); ``delta`` is the denominator stabiliser of
     the kernel normalisation, which the shared core reads as ``self.eps`` (so after __init__
     ``self.eps == delta`` and ``self.kernel_eps == eps``).
@@ -70,14 +72,13 @@ class _SLAYBase(FeatureMapMechanism):
         self,
         head_dim: int,
         n_heads: int,
-        *,
-        quad_nodes: int,
-        prf_features: int,
-        poly_features: int | None,
-        eps: float,
-        delta: float,
-        seed: int | None,
-        chunk_size: int,
+        quad_nodes: int = 2,
+        prf_features: int = 16,
+        poly_features: int | None = 8,
+        eps: float = 1e-3,
+        delta: float = 1e-6,
+        seed: int | None = None,
+        chunk_size: int = 64,
     ):
         check_int("quad_nodes", quad_nodes, 1, MAX_QUAD_NODES)
         check_int("prf_features", prf_features, 1)
@@ -160,30 +161,6 @@ class SLAY(_SLAYBase):
     approximates (1 + 2x^2) / (C - 2x), not x^2 / (C - 2x). Defaults: R = 2 (Table 6),
     M_PRF = 16, P = 8, eps = 1e-3 (Table 9).
     """
-
-    def __init__(
-        self,
-        head_dim: int,
-        n_heads: int,
-        quad_nodes: int = 2,
-        prf_features: int = 16,
-        poly_features: int = 8,
-        eps: float = 1e-3,
-        delta: float = 1e-6,
-        seed: int | None = None,
-        chunk_size: int = 64,
-    ):
-        super().__init__(
-            head_dim,
-            n_heads,
-            quad_nodes=quad_nodes,
-            prf_features=prf_features,
-            poly_features=poly_features,
-            eps=eps,
-            delta=delta,
-            seed=seed,
-            chunk_size=chunk_size,
-        )
 
     def _draw_polynomial(self, generator):
         self.register_buffer("anchors", _gaussian((self.poly_features, self.head_dim), generator))

@@ -82,9 +82,10 @@ def random_generator(seed: int | None) -> torch.Generator | None:
     """Where a mechanism draws its random features: seed None, torch's global RNG (the engine
     seeds it with the run's seed right before building the model, so a run is reproducible
     and each layer gets its own draw); an int, a private CPU generator seeded with it."""
-    if seed is not None:
-        check_int("seed", seed, 0)
-    return None if seed is None else torch.Generator().manual_seed(seed)
+    if seed is None:
+        return None
+    check_int("seed", seed, 0)
+    return torch.Generator().manual_seed(seed)
 
 
 def mechanism_params(cls: type[nn.Module], overrides: dict[str, Any] | None = None) -> dict:
