@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from synthbench.mechanisms.performer import KEY_LOGIT_BOUND, orthogonal_gaussian
+from test_mechanisms import assert_matches_reference
 
 from synthbench.mechanism import MECHANISMS
 
@@ -129,15 +130,7 @@ def test_performer_stabilisation_cancels_exactly(causal):
 
         return normalised(phi(q) @ phi(k).transpose(-1, -2), v, causal)
 
-    weight = torch.randn(B, H, 70, D, dtype=torch.float64)
-    results = []
-    for fn in (mechanism, reference):
-        out = fn(*inputs, causal=causal)
-        results.append((out, torch.autograd.grad((out * weight).sum(), inputs)))
-    (out, grads), (expected, expected_grads) = results
-    torch.testing.assert_close(out, expected, **TIGHT)
-    for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, **TIGHT)
+    assert_matches_reference(mechanism, reference, causal, inputs=inputs)
 
 
 def test_performer_large_queries_do_not_underflow():
@@ -299,15 +292,7 @@ def test_cosformer_matches_its_formula(causal, horizon):
         scores = (F.relu(q) @ F.relu(k).transpose(-1, -2)) * reweight
         return normalised(scores, v, causal, eps=mechanism.eps)
 
-    weight = torch.randn(B, H, 70, D, dtype=torch.float64)
-    results = []
-    for fn in (mechanism, reference):
-        out = fn(*inputs, causal=causal)
-        results.append((out, torch.autograd.grad((out * weight).sum(), inputs)))
-    (out, grads), (expected, expected_grads) = results
-    torch.testing.assert_close(out, expected, **TIGHT)
-    for grad, expected_grad in zip(grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, **TIGHT)
+    assert_matches_reference(mechanism, reference, causal, inputs=inputs)
 
 
 def test_cosformer_features_do_not_depend_on_the_length():

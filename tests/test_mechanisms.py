@@ -123,18 +123,23 @@ def test_registered_with_complete_metadata(name):
 # -- explicit references ------------------------------------------------------------------
 
 
-def assert_matches_reference(mechanism, reference, causal):
-    """Forward and backward (a random linear functional of the output) in float64."""
-    inputs = qkv(seed=2, requires_grad=True)
-    weight = torch.randn(B, H, L, D, dtype=torch.float64)
+def assert_matches_reference(mechanism, reference, causal, inputs=None, weight=None, tol=TIGHT):
+    """Forward and backward (the gradients w.r.t. q, k and v of a random linear functional
+    ``weight`` of the output) of ``mechanism`` equal those of ``reference`` on ``inputs``
+    (float64 q, k, v that require grad). Returns the mechanism's output."""
+    if inputs is None:
+        inputs = qkv(seed=2, requires_grad=True)
+    if weight is None:
+        weight = torch.randn(inputs[2].shape, dtype=torch.float64)
     results = []
     for fn in (mechanism, reference):
         out = fn(*inputs, causal=causal)
         results.append((out, torch.autograd.grad((out * weight).sum(), inputs)))
     (out, grads), (expected, expected_grads) = results
-    torch.testing.assert_close(out, expected, **TIGHT)
+    torch.testing.assert_close(out, expected, **tol)
     for name, grad, expected_grad in zip("qkv", grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, **TIGHT, msg=f"gradient w.r.t. {name}")
+        torch.testing.assert_close(grad, expected_grad, **tol, msg=f"gradient w.r.t. {name}")
+    return out
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
@@ -220,20 +225,13 @@ def test_feature_map_mechanism_matches_reference_on_its_features(name, causal, l
     divide the chunk size."""
     mechanism = build(name)
     mechanism.chunk_size = chunk_size
-    inputs = qkv(length, seed=3, requires_grad=True)
-    weight = torch.randn(B, H, length, D, dtype=torch.float64)
-    results = []
-    for fn in (
+    out = assert_matches_reference(
         mechanism,
         lambda q, k, v, causal: features_and_reference(mechanism, q, k, v, causal),
-    ):
-        out = fn(*inputs, causal=causal)
-        results.append((out, torch.autograd.grad((out * weight).sum(), inputs)))
-    (out, grads), (expected, expected_grads) = results
+        causal,
+        inputs=qkv(length, seed=3, requires_grad=True),
+    )
     assert out.dtype == torch.float64
-    torch.testing.assert_close(out, expected, **TIGHT)
-    for which, grad, expected_grad in zip("qkv", grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, **TIGHT, msg=f"gradient w.r.t. {which}")
 
 
 @pytest.mark.parametrize("name", FEATURE_MAP_MECHANISMS)

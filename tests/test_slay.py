@@ -11,6 +11,7 @@ from itertools import product
 import numpy as np
 import pytest
 import torch
+from test_mechanisms import assert_matches_reference
 
 from synthbench.mechanism import MECHANISMS, FeatureMapMechanism, mechanism_params
 
@@ -285,18 +286,16 @@ def test_matches_explicit_kernel_attention(name, causal):
     here from the formulas and the module's draws; chunk_size 8 crosses chunks."""
     params = {"seed": 7, "chunk_size": 8, "quad_nodes": 3}
     m = build(name, **params)
-    inputs = qkv(seed=2, requires_grad=True)
-    weight = torch.randn(
-        B, H, L, D, generator=torch.Generator().manual_seed(8), dtype=torch.float64
+    assert_matches_reference(
+        m,
+        lambda q, k, v, causal: explicit_attention(name, m, q, k, v, causal),
+        causal,
+        inputs=qkv(seed=2, requires_grad=True),
+        weight=torch.randn(
+            B, H, L, D, generator=torch.Generator().manual_seed(8), dtype=torch.float64
+        ),
+        tol=CLOSE,
     )
-    results = []
-    for fn in (m, lambda q, k, v, causal: explicit_attention(name, m, q, k, v, causal)):
-        out = fn(*inputs, causal=causal)
-        results.append((out, torch.autograd.grad((out * weight).sum(), inputs)))
-    (out, grads), (expected, expected_grads) = results
-    torch.testing.assert_close(out, expected, **CLOSE)
-    for label, grad, expected_grad in zip("qkv", grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, **CLOSE, msg=f"gradient w.r.t. {label}")
 
 
 @pytest.mark.parametrize("name", ALL)

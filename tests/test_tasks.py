@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from synthbench.task import CATEGORIES, IGNORE, TASKS, Batch, Task, markdown_table
 
 N = 64
+seeds = st.integers(0, 2**31 - 1)  # generator seeds for the property tests
 CASES = [
     pytest.param(name, difficulty, id=f"{name}-{difficulty}")
     for name in TASKS.names()
@@ -22,6 +23,17 @@ CASES = [
 
 def generator(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
+
+
+def rows(task: Task, n: int = N, seed: int = 0) -> list[tuple[list[int], list[int]]]:
+    """(inputs row, targets row) pairs as plain lists, for plain-Python reference checks."""
+    batch = task.generate(n, generator(seed))
+    return list(zip(batch.inputs.tolist(), batch.targets.tolist(), strict=True))
+
+
+def answered(target: list[int]) -> dict[int, int]:
+    """Position -> target at the answer positions of one targets row."""
+    return {i: t for i, t in enumerate(target) if t != IGNORE}
 
 
 def check_batch(task: Task, batch: Batch, n: int) -> None:
@@ -176,8 +188,6 @@ def test_invalid_params_are_refused(name, params):
 
 
 # -- property tests over the knobs --------------------------------------------------------
-
-seeds = st.integers(0, 2**31 - 1)
 
 
 @settings(max_examples=25, deadline=None)

@@ -10,26 +10,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tasks import check_batch
+from test_tasks import answered, check_batch, generator, rows, seeds
 
-from synthbench.task import IGNORE, TASKS
-
-N = 64
-seeds = st.integers(0, 2**31 - 1)
-
-
-def generator(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def rows(task, n=N, seed=0):
-    batch = task.generate(n, generator(seed))
-    return list(zip(batch.inputs.tolist(), batch.targets.tolist(), strict=True))
-
-
-def answered(target: list[int]) -> dict[int, int]:
-    return {i: t for i, t in enumerate(target) if t != IGNORE}
-
+from synthbench.task import TASKS
 
 # -- layouts against plain-Python references ----------------------------------------------
 

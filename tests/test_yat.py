@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_mechanisms import assert_matches_reference
 
 from synthbench.mechanism import MECHANISMS, mechanism_params
 
@@ -60,18 +61,16 @@ def reference_spherical(q, k, v, causal, eps, delta):
 
 def assert_matches(mechanism, reference, causal, seed=2, tol=CLOSE):
     """Output and the gradients of a random linear functional of it, in float64."""
-    inputs = qkv(seed=seed, requires_grad=True)
-    weight = torch.randn(
-        B, H, L, D, generator=torch.Generator().manual_seed(99), dtype=torch.float64
+    assert_matches_reference(
+        mechanism,
+        reference,
+        causal,
+        inputs=qkv(seed=seed, requires_grad=True),
+        weight=torch.randn(
+            B, H, L, D, generator=torch.Generator().manual_seed(99), dtype=torch.float64
+        ),
+        tol=tol,
     )
-    results = []
-    for fn in (mechanism, reference):
-        out = fn(*inputs, causal=causal)
-        results.append((out, torch.autograd.grad((out * weight).sum(), inputs)))
-    (out, grads), (expected, expected_grads) = results
-    torch.testing.assert_close(out, expected, **tol)
-    for name, grad, expected_grad in zip("qkv", grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, **tol, msg=f"gradient w.r.t. {name}")
 
 
 # -- yat ----------------------------------------------------------------------------------
