@@ -1,3 +1,3 @@
 """Built-in attention mechanisms; importing this package registers them in MECHANISMS."""
 
-from . import cosformer, linear, none, performer, rff, slay, softmax, yat  # noqa: F401
+from . import cosformer, linear, none, performer, rewa, rff, slay, softmax, yat  # noqa: F401
