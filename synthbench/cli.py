@@ -30,8 +30,9 @@ from rich.table import Table
 from synthbench.mechanism import MECHANISMS, STATE_HEAD_DIM, STATE_LENGTH, state_size_at_defaults
 from synthbench.params import parse_assignments
 from synthbench.protocols import PROTOCOLS, Protocol
+from synthbench.publish import FORMATS, write_reports
 from synthbench.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
-from synthbench.report import METRICS, latest_versions, write_reports
+from synthbench.report import METRICS, latest_versions
 from synthbench.store import LoadReport, ResultStore
 from synthbench.task import CATEGORIES, IGNORE, TASKS
 from synthbench.train import RunSpec, resolve_device, run
@@ -149,6 +150,17 @@ def run_command(
             "knob; stored as long_token_acc, long_exact_match)."
         ),
     ] = None,
+    pos: Annotated[
+        str | None,
+        typer.Option(
+            help="Positional encoding instead of the protocol's: learned, sinusoidal, none, "
+            "rope, rope-learned or rope-cayley (docs/POSITIONS.md)."
+        ),
+    ] = None,
+    pos_param: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE of the rotation, e.g. rotate_fraction=0.5 (repeatable)."),
+    ] = None,
 ) -> None:
     """Train and evaluate every (task, mechanism, seed); one Parquet file per run."""
     _load_plugins(plugin)
@@ -163,8 +175,11 @@ def run_command(
         raise UsageError(f"--seeds must be >= 1, got {n_seeds}")
     dev = resolve_device(device)
     task_overrides, mech_overrides = parse_assignments(task_param), parse_assignments(mech_param)
+    pos_overrides = parse_assignments(pos_param)
     specs = [
-        RunSpec.resolve(t, m, proto, s, task_overrides, mech_overrides, eval_length_mult)
+        RunSpec.resolve(
+            t, m, proto, s, task_overrides, mech_overrides, eval_length_mult, pos, pos_overrides
+        )
         for t in tasks
         for m in mechs
         for s in range(n_seeds)
@@ -174,9 +189,13 @@ def run_command(
     store.remove_stale_temporaries()
     done = set() if force else store.done_run_ids(_load(results, ["run_id", "status"]))
     todo = [s for s in specs if s.run_id not in done]
+    pos_note = ""
+    if pos is not None or pos_param:  # say which positions the user asked for
+        params = ", ".join(f"{k}={v}" for k, v in specs[0].pos_params.items())
+        pos_note = f", pos {specs[0].protocol.pos}" + (f" ({params})" if params else "")
     out.print(
         f"{len(specs)} runs ({len(tasks)} tasks x {len(mechs)} mechanisms x {n_seeds} seeds, "
-        f"protocol {proto.name}, device {dev}); {len(specs) - len(todo)} already stored, "
+        f"protocol {proto.name}{pos_note}, device {dev}); {len(specs) - len(todo)} already stored, "
         f"{len(todo)} to run -> {results}/",
         highlight=False,
     )
@@ -421,27 +440,45 @@ def report_command(
         "reports"
     ),
     metric: Annotated[str, typer.Option(help=" or ".join(METRICS))] = "token_acc",
-    protocol: Annotated[str | None, typer.Option(help="Only this protocol.")] = None,
+    protocol: Annotated[
+        str | None, typer.Option(help="Comma-separated protocols (default: every one).")
+    ] = None,
+    task: Annotated[str | None, typer.Option(help="Comma-separated task names.")] = None,
+    mech: Annotated[str | None, typer.Option(help="Comma-separated mechanism names.")] = None,
+    category: Annotated[str | None, typer.Option(help="Only the tasks of this category.")] = None,
+    formats: Annotated[
+        str, typer.Option("--format", help=f"Comma-separated outputs: {','.join(FORMATS)}.")
+    ] = ",".join(FORMATS),
+    compare: Annotated[
+        str | None, typer.Option(help="Put published results beside ours: slay-paper.")
+    ] = None,
+    plugin: PluginOption = None,
 ) -> None:
-    """Per-task mean +- std tables over seeds, as Markdown and LaTeX, one per protocol."""
+    """Tables (Markdown, LaTeX), figures and the leaderboard page, one set per protocol."""
     if metric not in METRICS:
         raise UsageError(f"unknown metric '{metric}' ({', '.join(METRICS)})")
+    _load_plugins(plugin)  # a plugin's tasks and mechanisms have names and categories
     rows = _load(results).rows
+    keep = pd.Series(True, index=rows.index)
     if protocol:
-        rows = rows[rows["protocol"] == protocol]
+        keep &= rows["protocol"].isin(_split(protocol))
+    if task or category:
+        keep &= rows["task"].isin(_select_tasks(task or "all", category))
+    if mech:
+        keep &= rows["mechanism"].isin([MECHANISMS.canonical(m) for m in _split(mech)])
+    rows = rows[keep]
     if rows.empty:
-        raise UsageError(
-            f"no results under {results}/ to report"
-            + (f" for protocol {protocol}" if protocol else "")
-        )
+        raise UsageError(f"no results under {results}/ match the selection")
     rows, left_out = latest_versions(rows)
     for name, versions in left_out.items():
         old = ", ".join(f"v{v}" for v in versions)
         _warn(f"protocol {name}: rows of older versions ({old}) left out; reporting the newest")
-    for path in write_reports(rows, out_dir, metric):
+    written = write_reports(rows, out_dir, metric, tuple(_split(formats)), compare)
+    for path in written:
         out.print(f"wrote {path}", highlight=False)
-        if path.suffix == ".md":
-            out.print(path.read_text(), highlight=False, markup=False)
+    summary = [p for p in written if p.name == "summary.md"]
+    for path in summary:
+        out.print(f"\n{path.parent}:\n{path.read_text()}", highlight=False, markup=False)
 
 
 def main() -> None:

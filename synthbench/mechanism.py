@@ -8,14 +8,13 @@ mechanisms only define ``feature_map`` and share the causal linear-attention cor
 
 from __future__ import annotations
 
-import inspect
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from synthbench.linear_attention import linear_attention
-from synthbench.params import REQUIRED, check_int, resolve_params
+from synthbench.params import check_int, constructor_params
 from synthbench.registry import Registry
 
 MECHANISMS: Registry[type[nn.Module]] = Registry(
@@ -93,13 +92,7 @@ def mechanism_params(cls: type[nn.Module], overrides: dict[str, Any] | None = No
 
     Raises ValueError naming an unknown parameter, a wrong type or a missing value.
     """
-    defaults = {
-        name: REQUIRED if p.default is inspect.Parameter.empty else p.default
-        for name, p in inspect.signature(cls.__init__).parameters.items()
-        if name not in ("self", "head_dim", "n_heads")
-        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    }
-    return resolve_params(f"mechanism {cls.__name__}", defaults, dict(overrides or {}))
+    return constructor_params(f"mechanism {cls.__name__}", cls, overrides)
 
 
 STATE_LENGTH, STATE_HEAD_DIM = 1024, 16  # where `list mechs` and the docs quote state sizes

@@ -4,18 +4,64 @@
 then n_layers x (multi-head attention + residual), then a linear head; no MLP, no norm, so
 every bit of token mixing is the mechanism's. ``transformer``: pre-norm blocks with an MLP
 and a final LayerNorm. The mechanism only ever sees (batch, heads, length, head_dim).
+
+Positions: an absolute embedding added to the tokens (``learned``, ``sinusoidal``), nothing
+(``none``), or a rotation of each head's queries and keys by position (the ``ROTATIONS`` of
+synthbench/positional.py), in which case nothing is added to the tokens.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
+from synthbench.params import constructor_params
+from synthbench.positional import ROTATIONS
+
 ARCHS = ("attn-only", "transformer")
-POSITIONS = ("learned", "sinusoidal", "none")
+ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
+POSITIONS = (*ABSOLUTE_POSITIONS, *ROTATIONS)
+
+
+def check_position(pos: str) -> None:
+    """Raise ValueError for an unknown positional encoding, naming the close matches."""
+    if pos not in POSITIONS:
+        close = difflib.get_close_matches(str(pos), POSITIONS, n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(
+            f"unknown positional encoding '{pos}'{hint} (known: {', '.join(POSITIONS)})"
+        )
+
+
+def position_params(pos: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The complete parameters of positional encoding ``pos``: a rotation's constructor
+    defaults updated with ``overrides``; {} for the absolute encodings, which take none."""
+    check_position(pos)
+    if pos not in ROTATIONS:
+        if overrides:
+            raise ValueError(
+                f"pos {pos} has no parameters (only the rotations {', '.join(ROTATIONS)} do)"
+            )
+        return {}
+    return constructor_params(f"pos {pos}", ROTATIONS[pos], overrides)
+
+
+def make_rotation(
+    pos: str, head_dim: int, n_heads: int, params: dict[str, Any]
+) -> nn.Module | None:
+    """The rotation of ``pos`` for one layer, or None for an absolute encoding; an invalid
+    parameter raises a ValueError that names the pos."""
+    if pos not in ROTATIONS:
+        return None
+    try:
+        return ROTATIONS[pos](head_dim, n_heads, **params)
+    except ValueError as exc:
+        raise ValueError(f"pos {pos}: {exc}") from exc
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
@@ -28,24 +74,37 @@ def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
 
 
 class MultiHeadAttention(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, mechanism: nn.Module) -> None:
+    def __init__(
+        self, d_model: int, n_heads: int, mechanism: nn.Module, rotation: nn.Module | None = None
+    ) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
         self.mechanism = mechanism
+        self.rotation = rotation
 
     def forward(self, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
         B, L, D = x.shape
-        q, k, v = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv
+        if self.rotation is not None:  # positions enter through q and k only, never v
+            q, k = self.rotation(qkv[:2])  # both in one call: one set of angles
         y = self.mechanism(q, k, v, causal=causal)  # (B, H, L, head_dim)
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_heads: int, mechanism: nn.Module, arch: str) -> None:
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        mechanism: nn.Module,
+        arch: str,
+        rotation: nn.Module | None = None,
+    ) -> None:
         super().__init__()
-        self.attn = MultiHeadAttention(d_model, n_heads, mechanism)
+        self.attn = MultiHeadAttention(d_model, n_heads, mechanism, rotation)
         self.transformer = arch == "transformer"
         if self.transformer:
             self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
@@ -71,12 +130,13 @@ class Model(nn.Module):
         n_layers: int = 2,
         arch: str = "attn-only",
         pos: str = "learned",
+        pos_params: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         if arch not in ARCHS:
             raise ValueError(f"unknown arch {arch!r} ({', '.join(ARCHS)})")
-        if pos not in POSITIONS:
-            raise ValueError(f"unknown positional encoding {pos!r} ({', '.join(POSITIONS)})")
+        pos_params = position_params(pos, pos_params)
+        head_dim = d_model // n_heads
         self.max_len, self.pos = max_len, pos
         self.tok_emb = nn.Embedding(vocab_size, d_model)
         if pos == "learned":
@@ -86,7 +146,15 @@ class Model(nn.Module):
                 "pos_table", sinusoidal_positions(max_len, d_model), persistent=False
             )
         self.blocks = nn.ModuleList(
-            Block(d_model, n_heads, mechanism(), arch) for _ in range(n_layers)
+            # each layer its own rotation: learned frequencies and bases are per layer
+            Block(
+                d_model,
+                n_heads,
+                mechanism(),
+                arch,
+                make_rotation(pos, head_dim, n_heads, pos_params),
+            )
+            for _ in range(n_layers)
         )
         self.norm = nn.LayerNorm(d_model) if arch == "transformer" else nn.Identity()
         self.head = nn.Linear(d_model, vocab_size)

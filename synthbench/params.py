@@ -4,6 +4,7 @@ checking overrides against the defaults (unknown names, wrong types), in one pla
 from __future__ import annotations
 
 import ast
+import inspect
 from typing import Any
 
 REQUIRED = object()  # marks a parameter without a default
@@ -74,3 +75,18 @@ def check_positive(**values: Any) -> None:
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
             raise ValueError(f"{name} must be a number > 0, got {value!r}")
+
+
+def constructor_params(owner: str, cls: type, overrides: dict[str, Any] | None = None) -> dict:
+    """The full parameter set of a class built as ``cls(head_dim, n_heads, **params)`` (a
+    mechanism, a rotation): its constructor defaults updated with ``overrides``.
+
+    Raises ValueError naming an unknown parameter, a wrong type or a missing value.
+    """
+    defaults = {
+        name: REQUIRED if p.default is inspect.Parameter.empty else p.default
+        for name, p in inspect.signature(cls.__init__).parameters.items()
+        if name not in ("self", "head_dim", "n_heads")
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+    return resolve_params(owner, defaults, dict(overrides or {}))

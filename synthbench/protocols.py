@@ -20,7 +20,7 @@ class Protocol:
     description: str
     # model
     arch: str = "attn-only"
-    pos: str = "learned"
+    pos: str = "learned"  # an absolute embedding or a rotation of q and k (docs/POSITIONS.md)
     d_model: int = 64
     n_heads: int = 4
     n_layers: int = 2

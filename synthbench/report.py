@@ -1,64 +1,102 @@
-"""Reports from stored rows: the per-task mean +- std table over seeds, as Markdown and LaTeX.
+"""Reports from stored rows: the paper's tables as Markdown and LaTeX.
 
-Only the row each run selected (its best lr on the validation set) counts. A run with no
-successful row is shown as ``--`` and counted in a footnote, never as 0. Tables are split
-by protocol: one protocol per table, always.
+For one protocol and one metric, three kinds of table (the layouts of the SLAY paper):
+
+- the full table: tasks grouped by category as rows, mechanisms as columns (001 Table 8);
+- one table per category: mechanisms as rows, the category's tasks as columns (000 Tables 3-9);
+- the category averages, split into core capabilities and higher-level behaviour (001 Table 3).
+
+Only the row each run selected (its best lr on the validation set) counts. A cell with no
+successful run is shown as ``--`` and counted in a footnote, never as 0. One table holds
+one protocol, always: rows of several protocols are split, one set of tables each.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import pandas as pd
 from tabulate import tabulate
 
+from synthbench.protocols import PROTOCOLS
 from synthbench.task import CATEGORIES
 
 # long_*: the test set at --eval-length-mult times the trained length (length generalisation)
 METRICS = ("token_acc", "exact_match", "long_token_acc", "long_exact_match")
 MISSING = "--"
+CORE = ("Basic", "Arithmetic", "Long-Range", "Memory")
+HIGHER_LEVEL = ("Patterns", "Reasoning", "Robustness")
+CATEGORY_ORDER = {c: i for i, c in enumerate(CATEGORIES)}
 
 
-@dataclass
-class SeedTable:
-    protocol: str
-    protocol_version: int
-    metric: str
-    cells: pd.DataFrame  # index (category, task), columns mechanisms: (mean, std, n) or None
-    n_seeds: int
-    failed: dict[str, int]  # status -> number of runs without a successful row
+# -- rows -> one value per run --------------------------------------------------------------
 
 
-def label_task_variants(rows: pd.DataFrame) -> pd.DataFrame:
-    """Rows of one task run with different task parameters are different table rows: each
-    such task is renamed ``task (k=v, ...)`` with the parameters in which its variants differ.
-    """
-    if "task_params" not in rows or rows.empty:
-        return rows
-    rows = rows.copy()
-    for task, part in rows.groupby("task"):
-        variants = {text: json.loads(text) for text in part["task_params"].unique()}
-        if len(variants) < 2:
-            continue
-        keys = sorted(set().union(*variants.values()))
-        differing = [k for k in keys if len({repr(v.get(k)) for v in variants.values()}) > 1]
-        for text, params in variants.items():
-            label = ", ".join(f"{k}={params.get(k)}" for k in differing)
-            rows.loc[(rows["task"] == task) & (rows["task_params"] == text), "task"] = (
-                f"{task} ({label})"
-            )
+def _label_variants(rows: pd.DataFrame, column: str, sources: list[str], params) -> pd.DataFrame:
+    """Rename the rows of each ``column`` value that holds several parameter sets to
+    ``name (k=v, ...)``, with the keys in which its variants differ. ``params(values)`` maps a
+    row's ``sources`` values to its parameter dict and the keys to show even when there is a
+    single variant; it runs once per distinct combination, not per row."""
+    sources = [c for c in sources if c in rows]
+    keys = rows[[column, *sources]].astype(str)
+    combos = keys.drop_duplicates()
+    parsed = {tuple(c): params(dict(zip(sources, c[1:], strict=True))) for c in combos.values}
+    labels = {}
+    for name, part in combos.groupby(column):
+        found = {tuple(c): parsed[tuple(c)] for c in part.values}
+        distinct = {json.dumps(p, sort_keys=True, default=str): p for p, _ in found.values()}
+        names = sorted(set().union(*distinct.values()))
+        differing = {k for k in names if len({repr(p.get(k)) for p in distinct.values()}) > 1}
+        for combo, (variant, shown) in found.items():
+            label = ", ".join(f"{k}={variant.get(k)}" for k in names if k in differing | shown)
+            labels[combo] = f"{name} ({label})" if label else name
+    rows[column] = [labels[tuple(c)] for c in keys.values]
     return rows
 
 
-def aggregate(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
-    """Per (protocol, category, task, mechanism): mean, std (ddof 1; 0 for one seed), number
-    of successful seeds, and the number of runs that diverged or raised. A task run with
-    several parameter sets gives one row per set (``label_task_variants``)."""
+def _task_variant(values: dict) -> tuple[dict, set]:
+    return json.loads(_text_or(values.get("task_params"), "{}")), set()
+
+
+def _text_or(value: str | None, default: str) -> str:
+    return default if value in (None, "None", "nan", "") else value
+
+
+def _preset_pos(protocol: str) -> str | None:
+    return PROTOCOLS.get(protocol).pos if protocol in PROTOCOLS else None
+
+
+def _mechanism_variant(values: dict) -> tuple[dict, set]:
+    """Mechanism parameters plus the positional encoding, which is always shown when it is
+    not the protocol's own (``run --pos``)."""
+    params = json.loads(_text_or(values.get("mechanism_params"), "{}"))
+    config = json.loads(_text_or(values.get("config"), "{}"))
+    pos = config.get("protocol", {}).get("pos")
+    if pos is None:
+        return params, set()
+    params["pos"] = pos
+    params |= config.get("pos_params", {})  # a rotation's own (rotate_fraction, base, ...)
+    return params, ({"pos"} if pos != _preset_pos(values["protocol"]) else set())
+
+
+def label_variants(rows: pd.DataFrame) -> pd.DataFrame:
+    """A task or mechanism run with several parameter sets (or positional encodings) becomes
+    separate table rows, e.g. ``multihop (hops=1)`` or ``softmax (pos=rope)``."""
+    if rows.empty:
+        return rows
+    rows = rows.copy()
+    if "task_params" in rows:
+        rows = _label_variants(rows, "task", ["task_params"], _task_variant)
+    if "mechanism_params" in rows or "config" in rows:
+        sources = ["mechanism_params", "config", "protocol"]
+        rows = _label_variants(rows, "mechanism", sources, _mechanism_variant)
+    return rows
+
+
+def _check_metric(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r} ({', '.join(METRICS)})")
-    rows = label_task_variants(rows)
     if metric.startswith("long_"):  # only the runs evaluated at a longer length count
         rows = rows[rows["eval_length_mult"].notna()]
         mults = sorted(rows["eval_length_mult"].unique())
@@ -67,18 +105,42 @@ def aggregate(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
                 f"rows hold several eval length multipliers ({', '.join(f'{m:g}' for m in mults)})"
                 "; a table shows one"
             )
-    keys = ["protocol", "category", "task", "mechanism"]
+    return rows
+
+
+KEYS = ["protocol", "category", "task", "mechanism"]
+
+
+def selected_runs(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
+    """One row per successful (cell, seed): its selected lr's ``metric`` as ``value``. Runs
+    that differ only in their eval length multiplier trained the same model, so a seed counts
+    once (the mean of its runs). ``rows`` must already be labelled (``label_variants``)."""
+    rows = _check_metric(rows, metric)
     ok = rows[(rows["status"] == "ok") & rows["selected"].astype(bool)]
-    stats = ok.groupby(keys)[metric].agg(["mean", "std", "count"])
+    keys = [*KEYS, "protocol_version", "seed"]
+    runs = ok[keys].assign(value=ok[metric].astype(float))
+    return runs.groupby(keys, sort=False)["value"].mean().reset_index()
+
+
+def aggregate(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
+    """Per (protocol, category, task, mechanism): mean, std (ddof 1; 0 for one seed), number
+    of successful seeds, and the number of runs that diverged or raised. A task or mechanism
+    run with several parameter sets gives one row per set (``label_variants``)."""
+    return _aggregate(_check_metric(label_variants(rows), metric), metric)
+
+
+def _aggregate(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """``aggregate`` of rows already labelled and checked."""
+    stats = selected_runs(rows, metric).groupby(KEYS)["value"].agg(["mean", "std", "count"])
     stats["std"] = stats["std"].fillna(0.0)
     # a run failed if none of its rows succeeded; its status is that of its last row
-    per_run = rows.groupby([*keys, "run_id"])["status"].agg(
+    per_run = rows.groupby([*KEYS, "run_id"])["status"].agg(
         lambda s: "ok" if (s == "ok").any() else s.iloc[-1]
     )
     failed = (
         per_run[per_run != "ok"]
         .reset_index()
-        .groupby(keys)["status"]
+        .groupby(KEYS)["status"]
         .agg(
             diverged=lambda s: int((s == "diverged").sum()),
             error=lambda s: int((s == "error").sum()),
@@ -104,74 +166,248 @@ def latest_versions(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, list[in
     return rows[rows["protocol_version"] == newest], left_out
 
 
-def seed_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[SeedTable]:
-    """One table per protocol: tasks (grouped by category) as rows, mechanisms as columns.
+# -- tables ---------------------------------------------------------------------------------
 
-    ``rows`` must hold one version per protocol (see ``latest_versions``)."""
+
+@dataclass(frozen=True)
+class Stat:
+    """A mean and standard deviation over ``n`` seeds."""
+
+    mean: float
+    std: float
+    n: int
+
+
+Cell = Stat | str | None  # None: no successful run; str: shown as it is (e.g. a difference)
+
+
+@dataclass
+class Grid:
+    """One table, whatever its output format. ``best`` bolds the highest mean per
+    ``"column"`` or per ``"row"`` (or ``None``); ``n_seeds`` is the number a full cell has
+    (a cell with fewer says how many)."""
+
+    title: str
+    row_headers: list[str]  # the label columns, e.g. ["category", "task"]
+    rows: list[tuple[str, ...]]
+    columns: list[str]
+    cells: list[list[Cell]]
+    n_seeds: int
+    best: str | None = "column"
+    notes: list[str] = field(default_factory=list)
+    digits: int = 3
+
+    def best_cells(self) -> set[tuple[int, int]]:
+        def top(positions):
+            means = {
+                p: round(self.cells[p[0]][p[1]].mean, self.digits)
+                for p in positions
+                if isinstance(self.cells[p[0]][p[1]], Stat)
+            }
+            high = max(means.values(), default=None)
+            return {p for p, m in means.items() if m == high} if len(positions) > 1 else set()
+
+        n_rows, n_cols = len(self.rows), len(self.columns)
+        if self.best == "column":
+            return set().union(*(top([(i, j) for i in range(n_rows)]) for j in range(n_cols)))
+        if self.best == "row":
+            return set().union(*(top([(i, j) for j in range(n_cols)]) for i in range(n_rows)))
+        return set()
+
+
+@dataclass
+class ReportTables:
+    """Every table of one protocol version and one metric."""
+
+    protocol: str
+    protocol_version: int
+    metric: str
+    n_seeds: int
+    full: Grid
+    categories: dict[str, Grid]
+    summary: list[Grid]  # core capabilities, higher-level behaviour
+    runs: pd.DataFrame  # one row per successful run (``selected_runs``), variants labelled
+
+
+def _cell(r) -> Stat | None:
+    return Stat(float(r.mean), float(r.std), int(r.count)) if r.count > 0 else None
+
+
+def _missing_note(agg: pd.DataFrame, cells_missing: int) -> list[str]:
+    """Footnotes counting the failed runs left out of a table built from ``agg`` and what
+    its ``--`` cells stand for."""
+    notes = []
+    diverged, raised = int(agg["diverged"].sum()), int(agg["error"].sum())
+    failed = [f"{n} {what}" for n, what in ((diverged, "diverged"), (raised, "raised")) if n]
+    if failed:
+        notes.append(f"Failed runs left out: {', '.join(failed)}.")
+    if cells_missing:
+        not_run = cells_missing - int((agg["count"] == 0).sum())
+        detail = f", {not_run} of them not run" if not_run else ""
+        notes.append(
+            f"{MISSING}: no successful run ({cells_missing} cell(s){detail}); never counted as 0."
+        )
+    return notes
+
+
+def _sort_tasks(agg: pd.DataFrame) -> list[tuple[str, str]]:
+    pairs = set(zip(agg["category"], agg["task"], strict=True))
+    return sorted(pairs, key=lambda ct: (CATEGORY_ORDER.get(ct[0], len(CATEGORIES)), ct[1]))
+
+
+def _head_note(protocol: str, version: int, metric: str, n_seeds: int) -> str:
+    return (
+        f"{metric} on the test set, mean ± std over {n_seeds} seed(s) (a cell with fewer says "
+        f"n=); protocol {protocol} v{version}; best in bold."
+    )
+
+
+def full_grid(agg: pd.DataFrame, head: str, n_seeds: int) -> Grid:
+    mechanisms = sorted(agg["mechanism"].unique())
+    tasks = _sort_tasks(agg)
+    lookup = {(r.category, r.task, r.mechanism): _cell(r) for r in agg.itertuples()}
+    cells = [[lookup.get((c, t, m)) for m in mechanisms] for c, t in tasks]
+    missing = sum(v is None for row in cells for v in row)
+    return Grid(
+        "All tasks",
+        ["category", "task"],
+        tasks,
+        mechanisms,
+        cells,
+        n_seeds,
+        best="row",
+        notes=[head, *_missing_note(agg, missing)],
+    )
+
+
+def category_grid(agg: pd.DataFrame, category: str, head: str, n_seeds: int) -> Grid:
+    part = agg[agg["category"] == category]
+    mechanisms = sorted(agg["mechanism"].unique())  # every mechanism of the report
+    tasks = [t for _, t in _sort_tasks(part)]
+    lookup = {(r.task, r.mechanism): _cell(r) for r in part.itertuples()}
+    cells = [[lookup.get((t, m)) for t in tasks] for m in mechanisms]
+    missing = sum(v is None for row in cells for v in row)
+    return Grid(
+        category,
+        ["mechanism"],
+        [(m,) for m in mechanisms],
+        tasks,
+        cells,
+        n_seeds,
+        notes=[head, *_missing_note(part, missing)],
+    )
+
+
+def category_scores(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (mechanism, category, seed): the mean over the category's tasks, for the seeds
+    that have a successful run on every task of the category (in the report)."""
+    tasks_in = runs.groupby("category")["task"].nunique()
+    per_seed = runs.groupby(["mechanism", "category", "seed"])["value"].agg(["mean", "count"])
+    complete = per_seed["count"] == per_seed.index.get_level_values("category").map(tasks_in)
+    return per_seed[complete]["mean"].rename("value").reset_index()
+
+
+def _stat(values: pd.Series) -> Stat:
+    std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
+    return Stat(float(values.mean()), std, len(values))
+
+
+def summary_grids(runs: pd.DataFrame, mechanisms: list[str], n_seeds: int, head: str):
+    """The category averages of 001 Table 3, (a) core and (b) higher-level, each with the
+    average over its categories; mean ± std over seeds of the per-seed averages."""
+    scores = category_scores(runs)
+    grids = []
+    for title, group in (
+        ("Core capabilities", CORE),
+        ("Higher-level behaviour", HIGHER_LEVEL),
+    ):
+        present = [c for c in group if c in set(runs["category"])]
+        if not present:
+            continue
+        part = scores[scores["category"].isin(present)]
+        # the group average, per seed, where the seed has every category of the group
+        wide = part.pivot_table(index=["mechanism", "seed"], columns="category", values="value")
+        average = wide.dropna().mean(axis=1).rename("value").reset_index()
+        columns = [*present, "average"]
+        stats = {(m, c): _stat(v) for (m, c), v in part.groupby(["mechanism", "category"])["value"]}
+        stats |= {(m, "average"): _stat(v) for m, v in average.groupby("mechanism")["value"]}
+        cells = [[stats.get((m, c)) for c in columns] for m in mechanisms]
+        notes = [head.replace("best in bold", "category mean over its tasks, per seed")]
+        if any(v is None for row in cells for v in row):
+            notes.append(
+                f"{MISSING}: some task of the category has no successful run, so it has no average."
+            )
+        grids.append(
+            Grid(
+                title,
+                ["mechanism"],
+                [(m,) for m in mechanisms],
+                columns,
+                cells,
+                n_seeds,
+                notes=notes,
+            )
+        )
+    return grids
+
+
+def build_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[ReportTables]:
+    """Every table, one set per protocol. ``rows`` must hold one version per protocol
+    (see ``latest_versions``)."""
     versions = rows.groupby("protocol")["protocol_version"].unique()
     mixed = [name for name, found in versions.items() if len(found) > 1]
     if mixed:
         raise ValueError(f"rows mix several versions of protocol {', '.join(mixed)}; keep one")
-    order = {c: i for i, c in enumerate(CATEGORIES)}
-    agg = aggregate(rows, metric)
-    tables = []
-    for protocol, part in agg.groupby("protocol", sort=True):
-        part = part.sort_values(
-            ["category", "task"], key=lambda s: s.map(order) if s.name == "category" else s
-        )
-        index = pd.MultiIndex.from_frame(part[["category", "task"]].drop_duplicates())
-        mechanisms = sorted(part["mechanism"].unique())
-        cells = pd.DataFrame(index=index, columns=mechanisms, dtype=object)
-        for r in part.itertuples():
-            cells.at[(r.category, r.task), r.mechanism] = (
-                (r.mean, r.std, r.count) if r.count > 0 else None
+    labelled = _check_metric(label_variants(rows), metric)
+    agg_all = _aggregate(labelled, metric)
+    runs_all = selected_runs(labelled, metric)
+    result = []
+    for protocol, agg in agg_all.groupby("protocol", sort=True):
+        version = int(versions[protocol][0])
+        n_seeds = int(agg["count"].max())
+        head = _head_note(str(protocol), version, metric, n_seeds)
+        runs = runs_all[runs_all["protocol"] == protocol]
+        mechanisms = sorted(agg["mechanism"].unique())
+        present = [c for c in CATEGORIES if c in set(agg["category"])]
+        present += sorted(set(agg["category"]) - set(present))  # a plugin's own category
+        result.append(
+            ReportTables(
+                str(protocol),
+                version,
+                metric,
+                n_seeds,
+                full_grid(agg, head, n_seeds),
+                {c: category_grid(agg, c, head, n_seeds) for c in present},
+                summary_grids(runs, mechanisms, n_seeds, head),
+                runs,
             )
-        tables.append(
-            SeedTable(
-                protocol=str(protocol),
-                protocol_version=int(versions[protocol][0]),
-                metric=metric,
-                cells=cells,
-                n_seeds=int(part["count"].max()),
-                failed={"diverged": int(part["diverged"].sum()), "error": int(part["error"].sum())},
-            )
         )
-    return tables
+    return result
 
 
-def _cell(value, n_seeds: int, pm: str) -> str:
-    if not isinstance(value, tuple):
+# -- rendering ------------------------------------------------------------------------------
+
+
+def _text(value: Cell, grid: Grid, pm: str) -> str:
+    if value is None:
         return MISSING
-    mean, std, n = value
-    text = f"{mean:.3f} {pm} {std:.3f}"
-    return text if n == n_seeds else f"{text} (n={n})"
+    if isinstance(value, str):
+        return value
+    text = f"{value.mean:.{grid.digits}f} {pm} {value.std:.{grid.digits}f}"
+    return text if value.n >= grid.n_seeds else f"{text} (n={value.n})"
 
 
-def _footnotes(table: SeedTable) -> list[str]:
-    notes = [
-        f"{table.metric} on the test set, mean {'+-'} std over {table.n_seeds} seeds; "
-        f"protocol {table.protocol} v{table.protocol_version}."
-    ]
-    failed = ", ".join(f"{n} {status}" for status, n in table.failed.items() if n)
-    if failed:
-        notes.append(f"{MISSING}: no successful run ({failed}).")
-    elif table.cells.isna().any().any():
-        notes.append(f"{MISSING}: not run.")
-    return notes
-
-
-def to_markdown(table: SeedTable) -> str:
-    body = [
-        [category, task, *(_cell(v, table.n_seeds, "±") for v in row)]
-        for (category, task), row in table.cells.iterrows()
-    ]
-    text = tabulate(
-        body,
-        headers=["category", "task", *table.cells.columns],
-        tablefmt="pipe",
-        disable_numparse=True,
+def to_markdown(grid: Grid) -> str:
+    best = grid.best_cells()
+    body = []
+    for i, labels in enumerate(grid.rows):
+        texts = [_text(v, grid, "±") for v in grid.cells[i]]
+        body.append([*labels, *(f"**{t}**" if (i, j) in best else t for j, t in enumerate(texts))])
+    table = tabulate(
+        body, headers=[*grid.row_headers, *grid.columns], tablefmt="pipe", disable_numparse=True
     )
-    return text + "\n\n" + "\n".join(_footnotes(table)) + "\n"
+    notes = "".join(f"\n{note}" for note in grid.notes)
+    return f"**{grid.title}**\n\n{table}\n{notes}\n"
 
 
 def latex_escape(text: str) -> str:
@@ -186,34 +422,65 @@ def latex_escape(text: str) -> str:
         "}": r"\}",
         "~": r"\textasciitilde{}",
         "^": r"\textasciicircum{}",
+        "±": r"$\pm$",
+        "≈": r"$\approx$",
+        "Δ": r"$\Delta$",
     }
     return "".join(replacements.get(ch, ch) for ch in str(text))
 
 
-def to_latex(table: SeedTable) -> str:
-    mechanisms = list(table.cells.columns)
+def to_latex(grid: Grid) -> str:
+    """A booktabs tabular (needs ``\\usepackage{booktabs}``); repeated group labels in the
+    first column are printed once, with a rule between groups."""
+    best = grid.best_cells()
+    width = len(grid.row_headers) + len(grid.columns)
     lines = [
-        r"\begin{tabular}{ll" + "c" * len(mechanisms) + "}",
+        f"% {latex_escape(grid.title)}; needs \\usepackage{{booktabs}}",
+        r"\begin{tabular}{" + "l" * len(grid.row_headers) + "c" * len(grid.columns) + "}",
         r"\toprule",
-        " & ".join(["Category", "Task", *map(latex_escape, mechanisms)]) + r" \\",
+        " & ".join(latex_escape(h) for h in [*grid.row_headers, *grid.columns]) + r" \\",
         r"\midrule",
     ]
-    for (category, task), row in table.cells.iterrows():
-        cells = [_cell(v, table.n_seeds, r"$\pm$") for v in row]
-        lines.append(" & ".join([latex_escape(category), latex_escape(task), *cells]) + r" \\")
-    lines += [r"\bottomrule", r"\end{tabular}"]
-    notes = " ".join(latex_escape(n) for n in _footnotes(table))
-    return "\n".join(lines) + f"\n% {notes}\n"
+    previous = None
+    for i, labels in enumerate(grid.rows):
+        labels = list(labels)
+        if len(labels) > 1:
+            if previous is not None and labels[0] != previous:
+                lines.append(r"\midrule")
+            previous, labels[0] = labels[0], "" if labels[0] == previous else labels[0]
+        texts = [latex_escape(_text(v, grid, "±")) for v in grid.cells[i]]
+        texts = [rf"\textbf{{{t}}}" if (i, j) in best else t for j, t in enumerate(texts)]
+        lines.append(" & ".join([*map(latex_escape, labels), *texts]) + r" \\")
+    lines.append(r"\bottomrule")
+    lines += [
+        rf"\multicolumn{{{width}}}{{l}}{{\footnotesize {latex_escape(note)}}} \\"
+        for note in grid.notes
+    ]
+    lines.append(r"\end{tabular}")
+    return "\n".join(lines) + "\n"
 
 
-def write_reports(rows: pd.DataFrame, out: Path, metric: str = "token_acc") -> list[Path]:
-    """Write ``<out>/<protocol>/tasks_<metric>.{md,tex}``; returns the paths written."""
-    written = []
-    for table in seed_tables(rows, metric):
-        folder = out / table.protocol
-        folder.mkdir(parents=True, exist_ok=True)
-        for suffix, render in ((".md", to_markdown), (".tex", to_latex)):
-            path = folder / f"tasks_{metric}{suffix}"
-            path.write_text(render(table))
-            written.append(path)
-    return written
+def latex_document(fragments: list[str]) -> str:
+    """A standalone document around tabulars (what the compile test and a quick look use)."""
+    body = "\n\\bigskip\n\n".join(fragments)
+    return (
+        "\\documentclass{article}\n\\usepackage[margin=1cm,landscape]{geometry}\n"
+        "\\usepackage{booktabs}\n\\begin{document}\n\\small\n"
+        f"{body}\n\\end{{document}}\n"
+    )
+
+
+def length_points(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
+    """Accuracy against evaluation length, for the runs evaluated at a longer length: per
+    (protocol, task, mechanism, mult) the mean and std over seeds, mult 1 being the trained
+    length (``metric``) and the others ``long_<metric>``."""
+    base = metric.removeprefix("long_")
+    rows = label_variants(rows[rows["eval_length_mult"].notna()]) if len(rows) else rows
+    ok = rows[(rows["status"] == "ok") & rows["selected"].astype(bool)]
+    keys = ["protocol", "task", "mechanism", "seed"]
+    trained = ok[keys].assign(mult=1.0, value=ok[base])
+    longer = ok[keys].assign(mult=ok["eval_length_mult"], value=ok[f"long_{base}"])
+    # runs at several multipliers train the same model: one trained-length value per seed
+    points = pd.concat([trained, longer]).groupby([*keys, "mult"])["value"].mean().reset_index()
+    stats = points.groupby(["protocol", "task", "mechanism", "mult"])["value"]
+    return stats.agg(mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else 0.0).reset_index()

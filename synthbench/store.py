@@ -21,6 +21,7 @@ from typing import Any
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 SCHEMA_VERSION = 2
@@ -129,8 +130,9 @@ class ResultStore:
             and not any(part.startswith(".") for part in p.relative_to(self.root).parts)
         )
 
-    def _read(self, path: Path, columns: list[str] | None = None) -> pd.DataFrame:
-        """One file as a DataFrame with the partition columns; raises ValueError if foreign."""
+    def _read(self, path: Path, wanted: pa.Schema) -> pa.Table:
+        """One file as an Arrow table of the ``wanted`` columns (partition columns from the
+        path, columns added by a later schema version null); raises ValueError if foreign."""
         if path.suffix != ".parquet":
             raise ValueError("not a Parquet file")
         partitions = dict(
@@ -141,7 +143,8 @@ class ResultStore:
         if set(partitions) != set(PARTITIONS):
             raise ValueError("not under task=<task>/mechanism=<mechanism>/")
         try:
-            schema = pq.read_schema(path)
+            parquet = pq.ParquetFile(path)  # lighter than pq.read_table's dataset per file
+            schema = parquet.schema_arrow
         except Exception as exc:
             raise ValueError(f"unreadable Parquet ({type(exc).__name__}: {exc})") from exc
         version = (schema.metadata or {}).get(b"synthbench_schema_version")
@@ -154,34 +157,41 @@ class ResultStore:
         missing = set(SCHEMA.names) - set(schema.names) - added_later
         if missing:
             raise ValueError(f"missing columns {', '.join(sorted(missing))}")
-        wanted = sorted(set(columns or SCHEMA.names) - set(PARTITIONS) | {"run_id"})
+        stored = [c for c in wanted.names if c in schema.names]
         try:
-            frame = pq.read_table(path, columns=[c for c in wanted if c in schema.names])
-            frame = frame.to_pandas()
+            table = parquet.read(columns=stored)
         except Exception as exc:
             raise ValueError(f"unreadable Parquet ({type(exc).__name__}: {exc})") from exc
-        for column in wanted:
-            if column not in frame:
-                frame[column] = None
-        if frame.empty or (frame["run_id"] != path.stem).any():
+        if table.num_rows == 0 or not pc.all(pc.equal(table["run_id"], path.stem)).as_py():
             raise ValueError("its rows do not belong to the run its name gives")
-        for key in PARTITIONS:
-            frame.insert(0, key, partitions[key])
-        return frame
+        for name in wanted.names:
+            if name not in stored:
+                value = partitions.get(name)  # a partition column, or a column added later
+                table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()))
+        try:
+            return table.select(wanted.names).cast(wanted)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise ValueError(f"columns of the wrong type ({exc})") from exc
 
     def load(self, columns: list[str] | None = None, warn: bool = True) -> LoadReport:
         """All readable rows; every skipped file is reported (as a warning) with its reason."""
-        frames, skipped = [], []
+        names = [*PARTITIONS, *(c for c in (columns or SCHEMA.names) if c not in PARTITIONS)]
+        if "run_id" not in names:  # every file is checked against its name
+            names.append("run_id")
+        fields = {f.name: f for f in SCHEMA} | {p: pa.field(p, pa.string()) for p in PARTITIONS}
+        wanted = pa.schema([fields[n] for n in names])
+        tables, skipped = [], []
         for path in self.files():
             try:
-                frames.append(self._read(path, columns))
+                tables.append(self._read(path, wanted))
             except ValueError as exc:
                 skipped.append((path, str(exc)))
                 if warn:
                     warnings.warn(f"skipping {path}: {exc}", CorruptResultWarning, stacklevel=2)
-        wanted = [*PARTITIONS, *(c for c in (columns or SCHEMA.names) if c not in PARTITIONS)]
-        rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=wanted)
-        return LoadReport(rows[wanted], skipped)
+        # one conversion to pandas for the whole tree: per file, it would dominate the load
+        rows = pa.concat_tables(tables).to_pandas() if tables else pd.DataFrame(columns=names)
+        wanted_names = [*PARTITIONS, *(c for c in (columns or SCHEMA.names) if c not in PARTITIONS)]
+        return LoadReport(rows[wanted_names], skipped)
 
     def done_run_ids(self, loaded: LoadReport | None = None) -> set[str]:
         """Runs that need not run again: stored with a result (ok or diverged).

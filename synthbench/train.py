@@ -6,6 +6,7 @@ config, so the same config always maps to the same stored file (resume, no dupli
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 
 import synthbench
 from synthbench.mechanism import MECHANISMS, mechanism_params
-from synthbench.model import Model
+from synthbench.model import Model, check_position, make_rotation, position_params
 from synthbench.protocols import Protocol
 from synthbench.task import IGNORE, TASKS, Batch, Task
 
@@ -44,6 +45,8 @@ class RunSpec:
     mechanism_params: dict[str, Any] = field(default_factory=dict)
     # also evaluate on the task with its length knob scaled by this (length generalisation)
     eval_length_mult: float | None = None
+    # the complete parameters of protocol.pos: empty for learned, sinusoidal and none
+    pos_params: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def resolve(
@@ -55,13 +58,25 @@ class RunSpec:
         task_overrides: dict[str, Any] | None = None,
         mechanism_overrides: dict[str, Any] | None = None,
         eval_length_mult: float | None = None,
+        pos: str | None = None,
+        pos_overrides: dict[str, Any] | None = None,
     ) -> RunSpec:
         """Canonical names and complete parameter sets (defaults filled in, validated).
 
-        ``eval_length_mult`` is dropped for a task without a length knob.
+        ``eval_length_mult`` is dropped for a task without a length knob. ``pos`` replaces
+        the protocol's positional encoding (the protocol keeps its name and version; the
+        change shows in its config), ``pos_overrides`` are the parameters of a rotation.
         """
         if not 0 <= seed < MAX_SEED:
             raise ValueError(f"seed must be in [0, {MAX_SEED}), got {seed}")
+        if pos is not None:
+            check_position(pos)
+            protocol = dataclasses.replace(protocol, pos=pos)
+        pos_params = position_params(protocol.pos, pos_overrides)
+        # build the rotation once so that an invalid parameter fails here, before any run
+        make_rotation(
+            protocol.pos, protocol.d_model // protocol.n_heads, protocol.n_heads, pos_params
+        )
         task_entry, mech_entry = TASKS.entry(task), MECHANISMS.entry(mechanism)
         task_obj = task_entry.obj(**(task_overrides or {}))
         task_params = task_obj.param_dict()
@@ -91,6 +106,7 @@ class RunSpec:
             task_params,
             mech_params,
             float(eval_length_mult) if eval_length_mult is not None else None,
+            pos_params,
         )
 
     def config(self) -> dict[str, Any]:
@@ -105,6 +121,8 @@ class RunSpec:
         }
         if self.eval_length_mult is not None:  # absent otherwise: earlier run ids still hold
             config["eval_length_mult"] = self.eval_length_mult
+        if self.pos_params:  # a rotation's; absolute positions have none: run ids unchanged
+            config["pos_params"] = self.pos_params
         return config
 
     @functools.cached_property
@@ -211,6 +229,7 @@ def build_model(spec: RunSpec, *tasks: Task) -> Model:
         n_layers=p.n_layers,
         arch=p.arch,
         pos=p.pos,
+        pos_params=spec.pos_params,
     )
 
 

@@ -294,7 +294,7 @@ def test_corrupt_file_is_reported_and_rerun(results, tmp_path):
     report = invoke("report", "--results", results, "--out", tmp_path / "reports")
     assert report.exit_code == 0, report.output
     assert "warning" in report.stderr and str(bad) in report.stderr
-    assert (tmp_path / "reports" / "smoke" / "tasks_token_acc.md").exists()
+    assert (tmp_path / "reports" / "smoke" / "token_acc" / "full.md").exists()
 
     listing = invoke("results", "--results", results)
     assert listing.exit_code == 0, listing.output
@@ -409,23 +409,71 @@ def test_report_writes_tables(stored, tmp_path):
     out = tmp_path / "reports"
     result = invoke("report", "--results", stored[0], "--out", out)
     assert result.exit_code == 0, result.output
-    md = out / "smoke" / "tasks_token_acc.md"
-    tex = out / "smoke" / "tasks_token_acc.tex"
+    md, tex = out / "smoke" / "token_acc" / "full.md", out / "smoke" / "token_acc" / "full.tex"
     assert md.is_file() and tex.is_file()
     text = md.read_text()
     for word in ("copy", "kv_recall", "softmax", "linear", "±", "protocol smoke"):
         assert word in text
     assert r"kv\_recall" in tex.read_text() and r"\toprule" in tex.read_text()
+    for name in ("leaderboard.md", "leaderboard.html"):
+        assert (out / name).is_file()
+    assert (out / "smoke" / "token_acc" / "heatmap.png").is_file()
     assert f"wrote {md}" in result.stdout
+    assert "Core capabilities" in result.stdout  # the category averages are printed
     assert result.stderr == ""
 
 
-def test_report_errors(stored, tmp_path):
+def test_report_filters_and_formats(stored, tmp_path):
+    out = tmp_path / "reports"
+    result = invoke(
+        "report",
+        "--results",
+        stored[0],
+        "--out",
+        out,
+        "--mech",
+        "standard",
+        "--task",
+        "kv_recall",
+        "--format",
+        "md",
+    )
+    assert result.exit_code == 0, result.output
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert written == [
+        "leaderboard.md",
+        "smoke/token_acc/category-memory.md",
+        "smoke/token_acc/full.md",
+        "smoke/token_acc/summary.md",
+    ]
+    full = (out / "smoke" / "token_acc" / "full.md").read_text()
+    assert "softmax" in full and "linear" not in full and "copy" not in full
+    basic = invoke("report", "--results", stored[0], "--out", out, "--category", "basic")
+    assert basic.exit_code == 0 and "kv_recall" not in (out / "smoke/token_acc/full.md").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("--metric", "loss"), "loss"),
+        (("--format", "md,svg"), "unknown format svg"),
+        (("--compare", "slay-paper"), "needs rows of protocol slay-paper"),
+        (("--compare", "nope"), "unknown comparison"),
+        (("--protocol", "standard"), "no results"),
+        (("--mech", "softmx"), "softmax"),
+        (("--category", "nope"), "unknown category"),
+    ],
+)
+def test_report_errors(stored, tmp_path, args, message):
+    result = invoke("report", "--results", stored[0], "--out", tmp_path / "r", *args)
+    assert result.exit_code == 2 and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_report_without_results(tmp_path):
     empty = invoke("report", "--results", tmp_path / "none", "--out", tmp_path / "r")
     assert empty.exit_code == 2 and "no results" in empty.stderr
-    metric = invoke("report", "--results", stored[0], "--metric", "loss", "--out", tmp_path / "r")
-    assert metric.exit_code == 2 and "loss" in metric.stderr
-    assert not (tmp_path / "r").exists()
 
 
 # -- SIGKILL in the middle of a suite -----------------------------------------------------

@@ -151,7 +151,7 @@ def _rows(mults, accs):
     }
     return pd.DataFrame(
         [
-            {**base, "run_id": str(i), "eval_length_mult": m, "long_token_acc": a}
+            {**base, "run_id": str(i), "seed": i, "eval_length_mult": m, "long_token_acc": a}
             for i, (m, a) in enumerate(zip(mults, accs, strict=True))
         ]
     )

@@ -51,7 +51,7 @@ def test_logits_shape(mech, arch, pos):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("mech", ["softmax", "linear"])
-@pytest.mark.parametrize("pos", ["learned", "sinusoidal"])
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "rope-cayley"])
 def test_whole_model_is_causal(mech, arch, pos):
     model = make_model(mech, arch, pos).double().eval()
     x = tokens()
@@ -97,9 +97,12 @@ def test_attn_only_has_no_norm_or_mlp(pos):
     model = make_model(arch="attn-only", pos=pos)
     assert not any(isinstance(m, (nn.LayerNorm, nn.GELU)) for m in model.modules())
     assert not any("mlp" in name or "norm" in name for name, _ in model.named_parameters())
-    # exactly: embeddings, per layer qkv + out projections, head
+    # exactly: embeddings, per layer qkv + out projections (and learned rotations), head
     expected = VOCAB * D + (MAX_LEN * D if pos == "learned" else 0)
     expected += LAYERS * ((D * 3 * D + 3 * D) + (D * D + D))
+    head_dim = D // HEADS
+    rotation = {"rope-learned": head_dim // 2, "rope-cayley": head_dim // 2 + head_dim**2}
+    expected += LAYERS * HEADS * rotation.get(pos, 0)
     expected += D * VOCAB + VOCAB
     assert sum(p.numel() for p in model.parameters()) == expected
 
@@ -143,3 +146,24 @@ def test_sinusoidal_buffer_is_the_table():
 def test_invalid_arch_or_pos_raises(kwargs):
     with pytest.raises(ValueError, match="unknown"):
         make_model(**kwargs)
+
+
+@pytest.mark.parametrize("mech", MECHANISMS.names())
+def test_every_mechanism_trains_with_rotary_positions(mech):
+    """A rotation changes only the q and k a mechanism is given: every mechanism runs forward
+    and backward with it, with finite outputs and gradients."""
+    model = make_model(mech, pos="rope")
+    logits = model(tokens(n=2, length=10))
+    assert logits.shape == (2, 10, VOCAB) and torch.isfinite(logits).all()
+    logits.square().mean().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("pos", ["rope-learned", "rope-cayley"])
+def test_learned_rotations_get_gradients(pos):
+    model = make_model(pos=pos)
+    model(tokens()).square().mean().backward()
+    for block in model.blocks:
+        for name, param in block.attn.rotation.named_parameters():
+            assert param.grad is not None and param.grad.abs().sum() > 0, name

@@ -1,7 +1,9 @@
-"""Report tables from stored rows: aggregation over seeds, failures, Markdown and LaTeX."""
+"""Report tables from stored rows: aggregation over seeds, failures, the full, per-category
+and category-average tables, checked cell by cell; Markdown and LaTeX."""
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 
@@ -10,13 +12,17 @@ import pytest
 
 from synthbench.report import (
     MISSING,
+    Stat,
     aggregate,
+    build_tables,
+    category_scores,
+    label_variants,
     latest_versions,
     latex_escape,
-    seed_tables,
+    length_points,
+    selected_runs,
     to_latex,
     to_markdown,
-    write_reports,
 )
 
 NAN = float("nan")
@@ -136,85 +142,173 @@ def test_unselected_rows_are_ignored():
     assert agg.loc[0, "mean"] == pytest.approx(0.5) and agg.loc[0, "count"] == 1
 
 
-def test_seed_table_cells(rows):
-    (table,) = seed_tables(rows)
-    assert table.protocol == "smoke" and table.metric == "token_acc"
-    assert table.n_seeds == 3
-    assert table.failed == {"diverged": 3, "error": 1}
-    assert list(table.cells.columns) == ["linear", "softmax"]
-    # categories in CATEGORIES order (Basic before Memory), then task
-    assert list(table.cells.index) == [("Basic", "copy"), ("Memory", "kv_recall")]
-    mean, std, n = table.cells.at[("Memory", "kv_recall"), "softmax"]
-    assert (mean, std, n) == (pytest.approx(0.6), pytest.approx(0.1), 3)
-    assert table.cells.at[("Memory", "kv_recall"), "linear"] is None
+# -- the tables, cell by cell ----------------------------------------------------------------
+
+
+def test_full_table_cells(rows):
+    (tables,) = build_tables(rows)
+    full = tables.full
+    assert (tables.protocol, tables.protocol_version, tables.n_seeds) == ("smoke", 1, 3)
+    assert full.columns == ["linear", "softmax"]
+    # categories in the suite's order (Basic before Memory), then task
+    assert full.rows == [("Basic", "copy"), ("Memory", "kv_recall")]
+    (copy_linear, copy_softmax), (kv_linear, kv_softmax) = full.cells
+    assert copy_linear == Stat(pytest.approx(0.3), pytest.approx(math.sqrt(0.02)), 2)
+    assert copy_softmax == Stat(1.0, 0.0, 3)
+    assert kv_linear is None  # diverged everywhere: missing, never 0
+    assert kv_softmax == Stat(pytest.approx(0.6), pytest.approx(0.1), 3)
+    # mechanisms are columns: the best per task (row) is bold, a lone survivor included
+    assert full.best_cells() == {(0, 1), (1, 1)}
+
+
+def test_category_tables_have_mechanisms_as_rows(rows):
+    (tables,) = build_tables(rows)
+    assert list(tables.categories) == ["Basic", "Memory"]
+    memory = tables.categories["Memory"]
+    assert memory.rows == [("linear",), ("softmax",)] and memory.columns == ["kv_recall"]
+    assert memory.cells == [[None], [Stat(pytest.approx(0.6), pytest.approx(0.1), 3)]]
+    assert memory.best_cells() == {(1, 0)}
+
+
+def two_task_rows():
+    """Basic = copy + sort, Memory = kv_recall; per-seed values chosen so that every
+    category average is known."""
+    values = {
+        ("copy", "softmax"): (1.0, 0.8),
+        ("sort", "softmax"): (0.6, 0.4),
+        ("kv_recall", "softmax"): (0.5, 0.7),
+        ("copy", "linear"): (0.2, 0.4),
+        ("sort", "linear"): (0.0, None),  # seed 1 diverged: no Basic average for that seed
+        ("kv_recall", "linear"): (0.9, 0.9),
+    }
+    rows = []
+    for (task, mech), accs in values.items():
+        category = "Memory" if task == "kv_recall" else "Basic"
+        for seed, acc in enumerate(accs):
+            status = "ok" if acc is not None else "diverged"
+            rows.append(row(task, mech, seed, acc, category=category, status=status))
+    return frame(*rows)
+
+
+def test_category_scores_per_seed():
+    scores = category_scores(selected_runs(two_task_rows())).set_index(
+        ["mechanism", "category", "seed"]
+    )["value"]
+    assert scores[("softmax", "Basic", 0)] == pytest.approx(0.8)
+    assert scores[("softmax", "Basic", 1)] == pytest.approx(0.6)
+    assert scores[("linear", "Basic", 0)] == pytest.approx(0.1)
+    assert ("linear", "Basic", 1) not in scores.index  # sort diverged on seed 1
+    assert scores[("linear", "Memory", 1)] == pytest.approx(0.9)
+
+
+def test_summary_table_cells():
+    (tables,) = build_tables(two_task_rows())
+    (core,) = tables.summary  # no higher-level category in these rows
+    assert core.title == "Core capabilities"
+    assert core.columns == ["Basic", "Memory", "average"]
+    assert core.rows == [("linear",), ("softmax",)]
+    (lin_basic, lin_memory, lin_avg), (sm_basic, sm_memory, sm_avg) = core.cells
+    assert sm_basic == Stat(pytest.approx(0.7), pytest.approx(math.sqrt(0.02)), 2)
+    assert sm_memory == Stat(pytest.approx(0.6), pytest.approx(math.sqrt(0.02)), 2)
+    # per seed (0.8 + 0.5) / 2 and (0.6 + 0.7) / 2
+    assert sm_avg == Stat(pytest.approx(0.65), pytest.approx(0.0), 2)
+    assert lin_basic == Stat(pytest.approx(0.1), 0.0, 1)  # only seed 0 has both tasks
+    assert lin_memory == Stat(pytest.approx(0.9), 0.0, 2)
+    assert lin_avg == Stat(pytest.approx(0.5), 0.0, 1)
+    assert "(n=1)" in to_markdown(core)
+
+
+def test_summary_splits_core_and_higher_level():
+    rows = frame(
+        row("copy", "softmax", 0, 0.5),
+        row("stack", "softmax", 0, 0.25, category="Reasoning"),
+    )
+    (tables,) = build_tables(rows)
+    core, higher = tables.summary
+    assert (core.title, core.columns) == ("Core capabilities", ["Basic", "average"])
+    assert (higher.title, higher.columns) == ("Higher-level behaviour", ["Reasoning", "average"])
+    assert higher.cells == [[Stat(0.25, 0.0, 1), Stat(0.25, 0.0, 1)]]
 
 
 def test_categories_follow_the_suite_order_not_the_alphabet():
     rows = frame(row("copy", "softmax", 0, 0.5), row("add", "softmax", 0, 0.5))
-    (table,) = seed_tables(rows)
-    assert [c for c, _ in table.cells.index] == ["Basic", "Arithmetic"]
+    (tables,) = build_tables(rows)
+    assert [c for c, _ in tables.full.rows] == ["Basic", "Arithmetic"]
+    assert list(tables.categories) == ["Basic", "Arithmetic"]
 
 
 def test_markdown(rows):
-    (table,) = seed_tables(rows)
-    md = to_markdown(table)
-    assert "0.600 ± 0.100" in md
-    assert "1.000 ± 0.000" in md
+    (tables,) = build_tables(rows)
+    md = to_markdown(tables.full)
+    assert "**1.000 ± 0.000**" in md and "**0.600 ± 0.100**" in md
     assert "0.300 ± 0.141 (n=2)" in md
     (kv_line,) = [line for line in md.splitlines() if "kv_recall" in line]
     cells = [c.strip() for c in kv_line.strip("|").split("|")]
-    assert cells == ["Memory", "kv_recall", MISSING, "0.600 ± 0.100"]
+    assert cells == ["Memory", "kv_recall", MISSING, "**0.600 ± 0.100**"]
     assert "0.000" not in kv_line
-    assert "3 diverged" in md and "1 error" in md
-    assert "protocol smoke v1" in md and "3 seeds" in md
-    header = md.splitlines()[0]
+    assert "Failed runs left out: 3 diverged, 1 raised." in md
+    assert f"{MISSING}: no successful run (1 cell(s)); never counted as 0." in md
+    assert "protocol smoke v1" in md and "3 seed(s)" in md
+    header = next(line for line in md.splitlines() if line.startswith("|"))
     assert header.index("linear") < header.index("softmax")
 
 
 def test_footnote_for_cells_not_run():
     rows = frame(row("copy", "softmax", 0, 0.5), row("kv_recall", "linear", 0, 0.5))
-    md = to_markdown(seed_tables(rows)[0])
-    assert f"{MISSING}: not run." in md
-    assert "diverged" not in md and "error" not in md
+    md = to_markdown(build_tables(rows)[0].full)
+    assert f"{MISSING}: no successful run (2 cell(s), 2 of them not run)" in md
+    assert "diverged" not in md and "raised" not in md
 
 
-def test_two_protocols_two_tables(rows, tmp_path):
+def test_best_is_bold_for_every_tie_and_not_in_a_single_column_table():
+    rows = frame(
+        row("copy", "softmax", 0, 0.5),
+        row("copy", "linear", 0, 0.5),
+        row("copy", "yat", 0, 0.4),
+    )
+    full = build_tables(rows)[0].full
+    assert full.columns == ["linear", "softmax", "yat"]
+    assert full.best_cells() == {(0, 0), (0, 1)}
+    single = build_tables(frame(row("copy", "softmax", 0, 0.5)))[0].full
+    assert single.best_cells() == set()
+
+
+def test_two_protocols_two_sets_of_tables(rows):
     quick = frame(*(row("kv_recall", "softmax", s, 0.9, protocol="quick") for s in range(2)))
     both = pd.concat([rows, quick], ignore_index=True)
-    tables = seed_tables(both)
-    assert [t.protocol for t in tables] == ["quick", "smoke"]
-    quick_table, smoke_table = tables
-    assert quick_table.n_seeds == 2
-    assert list(quick_table.cells.columns) == ["softmax"]
-    assert quick_table.cells.at[("Memory", "kv_recall"), "softmax"][0] == pytest.approx(0.9)
-    assert smoke_table.cells.at[("Memory", "kv_recall"), "softmax"][0] == pytest.approx(0.6)
-    assert quick_table.failed == {"diverged": 0, "error": 0}
-    assert "0.900" not in to_markdown(smoke_table)
-
-    written = write_reports(both, tmp_path)
-    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
-        "quick/tasks_token_acc.md",
-        "quick/tasks_token_acc.tex",
-        "smoke/tasks_token_acc.md",
-        "smoke/tasks_token_acc.tex",
-    ]
-    assert "0.900 ± 0.000" in (tmp_path / "quick" / "tasks_token_acc.md").read_text()
-    assert "0.600 ± 0.100" in (tmp_path / "smoke" / "tasks_token_acc.md").read_text()
+    quick_tables, smoke_tables = build_tables(both)
+    assert (quick_tables.protocol, smoke_tables.protocol) == ("quick", "smoke")
+    assert quick_tables.n_seeds == 2
+    assert quick_tables.full.columns == ["softmax"]
+    assert quick_tables.full.cells == [[Stat(pytest.approx(0.9), 0.0, 2)]]
+    assert smoke_tables.full.cells[1][1].mean == pytest.approx(0.6)
+    assert "0.900" not in to_markdown(smoke_tables.full)
 
 
 def test_latex(rows):
-    (table,) = seed_tables(rows)
-    tex = to_latex(table)
+    (tables,) = build_tables(rows)
+    tex = to_latex(tables.full)
     lines = tex.splitlines()
-    assert lines[0] == r"\begin{tabular}{llcc}"
-    assert lines[1] == r"\toprule" and lines[3] == r"\midrule"
+    assert lines[1] == r"\begin{tabular}{llcc}"
+    assert lines[2] == r"\toprule" and lines[4] == r"\midrule"
     assert r"\bottomrule" in lines and r"\end{tabular}" in lines
     assert r"kv\_recall" in tex and "kv_recall" not in tex.replace(r"kv\_recall", "")
-    assert r"0.600 $\pm$ 0.100" in tex
     (kv_line,) = [line for line in lines if "kv" in line and not line.startswith("%")]
-    assert kv_line == r"Memory & kv\_recall & -- & 0.600 $\pm$ 0.100 \\"
+    assert kv_line == r"Memory & kv\_recall & -- & \textbf{0.600 $\pm$ 0.100} \\"
     assert "±" not in tex
-    assert any(line.startswith("%") and "3 diverged" in line for line in lines)
+    assert any("3 diverged" in line and r"\multicolumn{4}" in line for line in lines)
+
+
+def test_latex_prints_a_group_label_once_with_a_rule_between_groups():
+    rows = frame(
+        row("copy", "softmax", 0, 0.5),
+        row("sort", "softmax", 0, 0.5, category="Basic"),
+        row("kv_recall", "softmax", 0, 0.5),
+    )
+    lines = to_latex(build_tables(rows)[0].full).splitlines()
+    body = lines[lines.index(r"\midrule") + 1 : lines.index(r"\bottomrule")]
+    assert body[0].startswith("Basic & copy") and body[1].startswith(" & sort")
+    assert body[2] == r"\midrule" and body[3].startswith("Memory & kv")
 
 
 def test_latex_escape():
@@ -225,35 +319,25 @@ def test_latex_escape():
 
 def test_latex_escapes_mechanism_names():
     rows = frame(row("copy", "my_mech", 0, 0.5))
-    tex = to_latex(seed_tables(rows)[0])
+    tex = to_latex(build_tables(rows)[0].full)
     assert r"my\_mech" in tex and "my_mech" not in tex
 
 
-def test_write_reports_exact_match(rows, tmp_path):
-    written = write_reports(rows, tmp_path, "exact_match")
-    assert {p.name for p in written} == {"tasks_exact_match.md", "tasks_exact_match.tex"}
-    assert "0.300 ± 0.050" in (tmp_path / "smoke" / "tasks_exact_match.md").read_text()
-
-
-def test_aggregate_without_failures_warns_nothing():
-    """No pandas deprecation on the common path (every run ok): fillna(0) on the empty,
-    string-typed failure counts becomes an error in a future pandas."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        agg = aggregate(frame(row("copy", "softmax", 0, 0.8), row("copy", "softmax", 1, 0.6)))
-    assert agg[["count", "diverged", "error"]].values.tolist() == [[2, 0, 0]]
+def test_exact_match_tables(rows):
+    (tables,) = build_tables(rows, "exact_match")
+    assert tables.full.cells[1][1] == Stat(pytest.approx(0.3), pytest.approx(0.05), 3)
 
 
 def test_a_table_never_mixes_two_versions_of_a_protocol(rows):
     newer = frame(*(row("copy", "softmax", s, 0.2, version=2) for s in range(3)))
     both = pd.concat([rows, newer], ignore_index=True)
     with pytest.raises(ValueError, match="several versions of protocol smoke"):
-        seed_tables(both)
+        build_tables(both)
     kept, left_out = latest_versions(both)
     assert left_out == {"smoke": [1]}
-    (table,) = seed_tables(kept)
-    assert table.protocol_version == 2
-    assert table.cells.at[("Basic", "copy"), "softmax"] == pytest.approx((0.2, 0.0, 3))
+    (tables,) = build_tables(kept)
+    assert tables.protocol_version == 2
+    assert tables.full.cells == [[Stat(pytest.approx(0.2), 0.0, 3)]]
 
 
 def test_a_task_run_with_two_parameter_sets_gives_two_rows():
@@ -270,5 +354,86 @@ def test_a_task_run_with_two_parameter_sets_gives_two_rows():
     assert table.loc["copy (hops=1)", "mean"] == pytest.approx(0.8)
     assert table.loc["copy (hops=2)", "mean"] == pytest.approx(0.3)
     assert table.loc["copy (hops=1)", "count"] == 2
-    (t,) = seed_tables(frame(*rows))
-    assert t.n_seeds == 2
+    assert build_tables(frame(*rows))[0].n_seeds == 2
+
+
+def with_config(r, pos="learned", pos_params=None, **mechanism_params):
+    config = {"protocol": {"pos": pos}, **({"pos_params": pos_params} if pos_params else {})}
+    return {
+        **r,
+        "run_id": f"{r['run_id']}-{pos}-{pos_params}-{sorted(mechanism_params.items())}",
+        "mechanism_params": json.dumps(mechanism_params),
+        "config": json.dumps(config),
+    }
+
+
+def test_mechanism_variants_and_positions_are_labelled():
+    rows = frame(
+        with_config(row("copy", "slay", 0, 0.5), eps=1e-3),
+        with_config(row("copy", "slay", 0, 0.7), eps=1e-4),
+        with_config(row("copy", "softmax", 0, 0.9)),
+        # --pos rope: the protocol's (smoke) own pos is learned, so the rope rows say so
+        with_config(row("copy", "softmax", 0, 0.8), pos="rope"),
+        with_config(row("copy", "linear", 0, 0.6), pos="rope"),
+    )
+    labelled = label_variants(rows)
+    assert list(labelled["mechanism"]) == [
+        "slay (eps=0.001)",
+        "slay (eps=0.0001)",
+        "softmax (pos=learned)",
+        "softmax (pos=rope)",
+        "linear (pos=rope)",
+    ]
+    (tables,) = build_tables(rows)
+    assert "softmax (pos=rope)" in tables.full.columns
+    assert tables.full.cells[0][tables.full.columns.index("slay (eps=0.0001)")].mean == 0.7
+
+
+def test_length_points():
+    rows = []
+    for seed, (short, long) in enumerate(((1.0, 0.5), (0.8, 0.3))):
+        for mult, value in ((2.0, long), (4.0, long / 2)):
+            r = row("copy", "softmax", seed, short)
+            r.update(run_id=f"{r['run_id']}-{mult}", eval_length_mult=mult)
+            r["long_token_acc"] = value
+            rows.append(r)
+    rows.append({**row("kv_recall", "softmax", 0, 0.5), "eval_length_mult": None})
+    points = length_points(frame(*rows)).set_index("mult")
+    assert list(points.index) == [1.0, 2.0, 4.0] and set(points["task"]) == {"copy"}
+    assert points.loc[1.0, "mean"] == pytest.approx(0.9)
+    assert points.loc[2.0, "mean"] == pytest.approx(0.4)
+    assert points.loc[4.0, "mean"] == pytest.approx(0.2)
+    assert points.loc[2.0, "std"] == pytest.approx(math.sqrt(0.02))
+
+
+def test_aggregate_without_failures_warns_nothing():
+    """No pandas deprecation on the common path (every run ok): fillna(0) on the empty,
+    string-typed failure counts becomes an error in a future pandas."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        agg = aggregate(frame(row("copy", "softmax", 0, 0.8), row("copy", "softmax", 1, 0.6)))
+    assert agg[["count", "diverged", "error"]].values.tolist() == [[2, 0, 0]]
+
+
+def test_rotation_parameters_tell_variants_apart():
+    half, full = {"rotate_fraction": 0.5, "base": 1e4}, {"rotate_fraction": 1.0, "base": 1e4}
+    rows = frame(
+        with_config(row("copy", "softmax", 0, 0.5), pos="rope", pos_params=half),
+        with_config(row("copy", "softmax", 0, 0.7), pos="rope", pos_params=full),
+        with_config(row("copy", "linear", 0, 0.6), pos="rope", pos_params=full),
+    )
+    assert list(label_variants(rows)["mechanism"]) == [
+        "softmax (pos=rope, rotate_fraction=0.5)",
+        "softmax (pos=rope, rotate_fraction=1.0)",
+        "linear (pos=rope)",
+    ]
+
+
+def test_runs_differing_only_in_eval_length_count_as_one_seed():
+    rows = []
+    for mult, acc in ((2.0, 1.0), (4.0, 0.8)):  # the same training, evaluated twice
+        r = row("copy", "softmax", 0, acc)
+        rows.append({**r, "run_id": f"{r['run_id']}-{mult}", "eval_length_mult": mult})
+    (tables,) = build_tables(frame(*rows))
+    assert tables.n_seeds == 1
+    assert tables.full.cells == [[Stat(pytest.approx(0.9), 0.0, 1)]]

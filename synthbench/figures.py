@@ -1,0 +1,131 @@
+"""Report figures (matplotlib, no display needed): a task x mechanism heatmap, category bars
+with error bars over seeds, and accuracy against evaluation length."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: no screen on CI or a server
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from synthbench.report import Grid, Stat  # noqa: E402
+
+
+def _save(fig, stem: Path, suffixes: list[str]) -> list[Path]:
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    written = []
+    for suffix in suffixes:
+        path = stem.with_suffix(suffix)
+        fig.savefig(path, dpi=150)  # layout="constrained": no second draw for a tight box
+        written.append(path)
+    plt.close(fig)
+    return written
+
+
+def heatmap(full: Grid, title: str, stem: Path, suffixes: list[str]) -> list[Path]:
+    """Tasks (grouped by category) x mechanisms, colour and text the seed mean; a missing
+    cell is hatched grey with ``--``, never drawn as 0."""
+    means = np.array(
+        [[v.mean if isinstance(v, Stat) else np.nan for v in row] for row in full.cells]
+    )
+    n_tasks, n_mechs = means.shape
+    fig, ax = plt.subplots(figsize=(2.6 + 0.6 * n_mechs, 1.6 + 0.3 * n_tasks), layout="constrained")
+    ax.set_facecolor("#dddddd")
+    image = ax.imshow(np.ma.masked_invalid(means), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+    for i in range(n_tasks):
+        for j in range(n_mechs):
+            value = means[i, j]
+            text = "--" if np.isnan(value) else f"{value:.2f}"
+            colour = "black" if np.isnan(value) or value > 0.6 else "white"
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color=colour)
+    ax.set_xticks(range(n_mechs), full.columns, rotation=40, ha="right", fontsize=8)
+    ax.set_yticks(range(n_tasks), [f"{task}  ({cat})" for cat, task in full.rows], fontsize=8)
+    categories = [cat for cat, _ in full.rows]
+    for i in range(1, n_tasks):  # a line between categories
+        if categories[i] != categories[i - 1]:
+            ax.axhline(i - 0.5, color="white", linewidth=2)
+    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
+    ax.set_title(title, fontsize=9)
+    return _save(fig, stem, suffixes)
+
+
+def category_bars(summary: list[Grid], title: str, stem: Path, suffixes: list[str]) -> list[Path]:
+    """Category averages, one bar per mechanism, error bars one std over seeds."""
+    columns = [c for grid in summary for c in grid.columns if c != "average"]
+    mechanisms = [m for (m,) in summary[0].rows] if summary else []
+    stats: dict[tuple[str, str], Stat] = {}
+    for grid in summary:
+        for (m,), row in zip(grid.rows, grid.cells, strict=True):
+            for c, v in zip(grid.columns, row, strict=True):
+                if isinstance(v, Stat):
+                    stats[m, c] = v
+    fig, ax = plt.subplots(figsize=(1.5 + 1.1 * len(columns), 3.8), layout="constrained")
+    width = 0.8 / max(1, len(mechanisms))
+    x = np.arange(len(columns))
+    colours = plt.get_cmap("tab10" if len(mechanisms) <= 10 else "tab20")
+    for k, m in enumerate(mechanisms):
+        mean = [stats[m, c].mean if (m, c) in stats else np.nan for c in columns]
+        std = [stats[m, c].std if (m, c) in stats else 0.0 for c in columns]
+        offset = (k - (len(mechanisms) - 1) / 2) * width
+        ax.bar(x + offset, mean, width, yerr=std, label=m, capsize=2, color=colours(k % colours.N))
+    ax.set_xticks(x, columns, fontsize=8)
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("mean accuracy")
+    fig.legend(fontsize=7, ncol=min(6, max(1, len(mechanisms))), loc="outside lower center")
+    ax.set_title(title, fontsize=9)
+    return _save(fig, stem, suffixes)
+
+
+def length_curves(points: pd.DataFrame, title: str, stem: Path, suffixes: list[str]):
+    """``points``: task, mechanism, mult (1 = trained length), mean, std. One panel per task,
+    one line per mechanism, accuracy against the evaluation length multiple."""
+    tasks = sorted(points["task"].unique())
+    columns = min(3, len(tasks))
+    rows = -(-len(tasks) // columns)
+    fig, axes = plt.subplots(
+        rows,
+        columns,
+        figsize=(3.4 * columns, 0.6 + 2.6 * rows),
+        squeeze=False,
+        layout="constrained",
+    )
+    for ax, task in zip(axes.flat, tasks, strict=False):
+        part = points[points["task"] == task]
+        for mechanism, line in part.groupby("mechanism"):
+            line = line.sort_values("mult")
+            ax.errorbar(
+                line["mult"],
+                line["mean"],
+                yerr=line["std"],
+                marker="o",
+                ms=3,
+                capsize=2,
+                label=mechanism,
+            )
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(part["mult"].unique()))
+        ax.get_xaxis().set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+        ax.set_ylim(0, 1.05)
+        ax.set_title(task, fontsize=9)
+        ax.set_xlabel("evaluation length / trained length", fontsize=8)
+    for ax in list(axes.flat)[len(tasks) :]:
+        ax.axis("off")
+    axes.flat[0].set_ylabel("accuracy")
+    legend = {}  # every mechanism once, whichever panel it first appears in
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    fig.legend(
+        list(legend.values()),
+        list(legend),
+        fontsize=7,
+        loc="outside lower center",
+        ncol=min(5, max(1, len(legend))),
+    )
+    fig.suptitle(title, fontsize=9)
+    return _save(fig, stem, suffixes)

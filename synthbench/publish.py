@@ -1,0 +1,119 @@
+"""Everything ``synthbench report`` writes, regenerated from the stored rows:
+
+    <out>/leaderboard.md, leaderboard.html          every protocol, one ranking each
+    <out>/<protocol>/<metric>/full.{md,tex}          tasks by category x mechanisms
+    <out>/<protocol>/<metric>/summary.{md,tex}       category averages, core and higher-level
+    <out>/<protocol>/<metric>/category-<name>.{md,tex}
+    <out>/<protocol>/<metric>/tables.tex             a standalone document with all of them
+    <out>/<protocol>/<metric>/heatmap.{png,pdf}, categories.{png,pdf}, length.{png,pdf}
+    <out>/<protocol>/<metric>/compare-<name>.{md,tex} with --compare
+
+Nothing there is edited by hand. A metric other than token_acc names its leaderboard
+``leaderboard-<metric>``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from synthbench import leaderboard
+from synthbench.compare import PUBLISHED, comparison_grid
+from synthbench.report import (
+    Grid,
+    ReportTables,
+    build_tables,
+    latex_document,
+    length_points,
+    to_latex,
+    to_markdown,
+)
+
+FORMATS = ("md", "tex", "html", "png", "pdf")
+
+
+def _slug(text: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-")
+
+
+def _write(path: Path, text: str, written: list[Path]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    written.append(path)
+
+
+def _write_grids(folder: Path, stem: str, grids: list[Grid], formats, written) -> None:
+    if "md" in formats:
+        _write(folder / f"{stem}.md", "\n".join(to_markdown(g) for g in grids), written)
+    if "tex" in formats:
+        _write(folder / f"{stem}.tex", "\n\\bigskip\n\n".join(to_latex(g) for g in grids), written)
+
+
+def _figures(tables: ReportTables, rows: pd.DataFrame, folder: Path, suffixes, written) -> None:
+    from synthbench import figures  # matplotlib is imported only when a figure is asked for
+
+    title = f"{tables.metric}, protocol {tables.protocol} v{tables.protocol_version}"
+    title += f", mean over {tables.n_seeds} seed(s)"
+    written += figures.heatmap(tables.full, title, folder / "heatmap", suffixes)
+    if tables.summary:
+        written += figures.category_bars(tables.summary, title, folder / "categories", suffixes)
+    mine = rows[(rows["protocol"] == tables.protocol)]
+    if "eval_length_mult" in mine and mine["eval_length_mult"].notna().any():
+        points = length_points(mine, tables.metric)
+        if not points.empty:
+            written += figures.length_curves(points, title, folder / "length", suffixes)
+
+
+def write_reports(
+    rows: pd.DataFrame,
+    out: Path,
+    metric: str = "token_acc",
+    formats: tuple[str, ...] = FORMATS,
+    compare: str | None = None,
+) -> list[Path]:
+    """Write the reports of ``rows`` (one version per protocol) under ``out``; returns the
+    paths written."""
+    unknown = sorted(set(formats) - set(FORMATS))
+    if unknown:
+        raise ValueError(f"unknown format {', '.join(unknown)} ({', '.join(FORMATS)})")
+    if compare is not None and compare not in PUBLISHED:
+        raise ValueError(f"unknown comparison {compare!r} ({', '.join(PUBLISHED)})")
+    all_tables = build_tables(rows, metric)
+    if compare is not None and PUBLISHED[compare].protocol not in {t.protocol for t in all_tables}:
+        protocol = PUBLISHED[compare].protocol
+        raise ValueError(
+            f"--compare {compare} needs rows of protocol {protocol}: run "
+            f"`synthbench run --task all --mech softmax,yat-spherical,performer,linear,slay "
+            f"--protocol {protocol}`"
+        )
+    written: list[Path] = []
+    boards = []
+    for tables in all_tables:
+        folder = out / tables.protocol / metric
+        _write_grids(folder, "full", [tables.full], formats, written)
+        _write_grids(folder, "summary", tables.summary, formats, written)
+        for category, grid in tables.categories.items():
+            _write_grids(folder, f"category-{_slug(category)}", [grid], formats, written)
+        grids = [tables.full, *tables.summary, *tables.categories.values()]
+        if compare is not None and tables.protocol == PUBLISHED[compare].protocol:
+            grid = comparison_grid(tables, compare)
+            _write_grids(folder, f"compare-{compare}", [grid], formats, written)
+            grids.append(grid)
+        if "tex" in formats:
+            _write(folder / "tables.tex", latex_document([to_latex(g) for g in grids]), written)
+        suffixes = [f".{f}" for f in ("png", "pdf") if f in formats]
+        if suffixes:
+            _figures(tables, rows, folder, suffixes, written)
+        boards.append(
+            leaderboard.build(tables.runs, tables.protocol, tables.protocol_version, metric)
+        )
+    stem = "leaderboard" if metric == "token_acc" else f"leaderboard-{metric}"
+    if "md" in formats:
+        text = "\n".join(f"## {b.protocol}\n\n{leaderboard.to_markdown(b)}" for b in boards)
+        _write(out / f"{stem}.md", f"# Leaderboard ({metric})\n\n{text}", written)
+    if "html" in formats:
+        from synthbench.leaderboard_page import to_html
+
+        _write(out / f"{stem}.html", to_html(boards), written)
+    return written

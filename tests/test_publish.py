@@ -1,0 +1,165 @@
+"""What `synthbench report` writes: every table, figure and page from one set of rows; the
+LaTeX compiles; the published SLAY numbers ship intact and sit beside ours."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pandas as pd
+import pytest
+from test_report import frame, row
+
+from synthbench.compare import comparison_grid, published
+from synthbench.publish import write_reports
+from synthbench.report import MISSING, Stat, build_tables
+from synthbench.task import TASKS
+
+PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"
+
+
+@pytest.fixture
+def rows() -> pd.DataFrame:
+    return frame(
+        *(row("copy", "softmax", s, 0.9 + s / 100) for s in range(3)),
+        *(row("kv_recall", "softmax", s, 0.5 + s / 10) for s in range(3)),
+        *(row("copy", "linear", s, 0.7) for s in range(3)),
+        *(row("kv_recall", "linear", s, None, status="diverged") for s in range(3)),
+        *(row("stack", "linear", s, 0.3, category="Reasoning") for s in range(3)),
+    )
+
+
+def relative(paths, root) -> list[str]:
+    return sorted(p.relative_to(root).as_posix() for p in paths)
+
+
+def test_everything_is_written(rows, tmp_path):
+    written = write_reports(rows, tmp_path)
+    folder = "smoke/token_acc"
+    tables = ["full", "summary", "category-basic", "category-memory", "category-reasoning"]
+    assert relative(written, tmp_path) == sorted(
+        [
+            "leaderboard.md",
+            "leaderboard.html",
+            *(f"{folder}/{t}.{s}" for t in tables for s in ("md", "tex")),
+            f"{folder}/tables.tex",
+            *(f"{folder}/{f}.{s}" for f in ("heatmap", "categories") for s in ("png", "pdf")),
+        ]
+    )
+    for path in written:
+        if path.suffix == ".png":
+            assert path.read_bytes().startswith(PNG) and path.stat().st_size > 5000
+        if path.suffix == ".pdf":
+            assert path.read_bytes().startswith(PDF)
+    summary = (tmp_path / folder / "summary.md").read_text()
+    assert "Core capabilities" in summary and "Higher-level behaviour" in summary
+    board = (tmp_path / "leaderboard.md").read_text()
+    assert "## smoke" in board and "Unranked" in board  # stack never ran with softmax
+    assert "smoke" in (tmp_path / "leaderboard.html").read_text()
+
+
+def test_formats_select_the_outputs(rows, tmp_path):
+    written = write_reports(rows, tmp_path, formats=("md",))
+    assert {p.suffix for p in written} == {".md"}
+    with pytest.raises(ValueError, match="unknown format svg"):
+        write_reports(rows, tmp_path, formats=("md", "svg"))
+
+
+def test_other_metric_names_its_leaderboard(rows, tmp_path):
+    written = write_reports(rows, tmp_path, "exact_match", formats=("md",))
+    assert "leaderboard-exact_match.md" in relative(written, tmp_path)
+    assert "smoke/exact_match/full.md" in relative(written, tmp_path)
+
+
+def test_length_figure_when_rows_were_evaluated_longer(rows, tmp_path):
+    longer = rows.assign(eval_length_mult=2.0, long_token_acc=rows["token_acc"] / 2)
+    written = write_reports(longer, tmp_path, formats=("png",))
+    (length,) = [p for p in written if p.stem == "length"]
+    assert length.read_bytes().startswith(PNG)
+
+
+def test_two_protocols_are_reported_apart(rows, tmp_path):
+    quick = frame(*(row("copy", "softmax", s, 0.123, protocol="quick") for s in range(2)))
+    written = write_reports(pd.concat([rows, quick]), tmp_path, formats=("md",))
+    assert "quick/token_acc/full.md" in relative(written, tmp_path)
+    assert "0.123" not in (tmp_path / "smoke" / "token_acc" / "full.md").read_text()
+    board = (tmp_path / "leaderboard.md").read_text()
+    assert board.index("## quick") < board.index("## smoke")
+
+
+def test_latex_compiles(rows, tmp_path):
+    """Every table, an awkward mechanism name and the comparison included, through
+    pdflatex (Debian's texlive-latex-base and texlive-latex-recommended, for booktabs)."""
+    if shutil.which("pdflatex") is None:
+        pytest.skip(
+            "no LaTeX engine: install Debian's texlive-latex-base and "
+            "texlive-latex-recommended to compile the tables"
+        )
+    rows = pd.concat([rows, frame(row("copy", "my_mech & 50%#", 0, 0.5))])
+    paper = frame(*(row("copy", "slay", s, 0.8, protocol="slay-paper") for s in range(3)))
+    write_reports(pd.concat([rows, paper]), tmp_path, formats=("tex",), compare="slay-paper")
+    for protocol in ("smoke", "slay-paper"):
+        folder = tmp_path / protocol / "token_acc"
+        result = subprocess.run(
+            ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "tables.tex"],
+            cwd=folder,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stdout[-2000:]
+        assert (folder / "tables.pdf").read_bytes().startswith(PDF)
+
+
+# -- the published SLAY numbers -------------------------------------------------------------
+
+# 001 Table 3 (category averages, two decimals) as printed; our data file holds Table 8
+TABLE_3 = {
+    "softmax": (0.60, 0.54, 0.68, 0.73, 0.83, 0.56, 0.80),
+    "yat-spherical": (0.52, 0.53, 0.68, 0.73, 0.81, 0.56, 0.80),
+    "performer": (0.45, 0.57, 0.68, 0.73, 0.85, 0.56, 0.80),
+    "linear": (0.44, 0.60, 0.67, 0.72, 0.85, 0.56, 0.80),
+    "slay": (0.57, 0.57, 0.68, 0.73, 0.86, 0.57, 0.80),
+}
+
+
+def test_the_shipped_table_8_reproduces_the_papers_category_averages():
+    paper = published("slay-paper")
+    assert len(paper) == 21 * 5 and "bigram" not in set(paper["task"])
+    assert set(paper["task"]) <= set(TASKS.names())
+    paper["category"] = [TASKS.entry(t).metadata["category"] for t in paper["task"]]
+    averages = paper.groupby(["mechanism", "category"])["mean"].mean()
+    order = ("Basic", "Arithmetic", "Long-Range", "Memory", "Patterns", "Reasoning", "Robustness")
+    for mechanism, printed in TABLE_3.items():
+        for category, value in zip(order, printed, strict=True):
+            # the paper rounds to two decimals: within half a unit of the last digit
+            assert averages[mechanism, category] == pytest.approx(value, abs=0.0051)
+
+
+def test_comparison_grid_puts_ours_beside_the_paper():
+    ours = frame(
+        *(row("copy", "softmax", s, 0.9, protocol="slay-paper") for s in range(3)),
+        *(row("kv_recall", "slay", s, 0.52, protocol="slay-paper") for s in range(3)),
+    )
+    grid = comparison_grid(build_tables(ours)[0], "slay-paper")
+    assert grid.columns[:3] == ["softmax ours", "softmax paper", "softmax Δ"]
+    assert len(grid.columns) == 15
+    cells = dict(zip((t for _, t in grid.rows), grid.cells, strict=True))
+    assert ("Patterns", "bigram") not in grid.rows  # neither we nor the paper have it
+    copy = cells["copy"]
+    assert copy[0] == Stat(pytest.approx(0.9), 0.0, 3) and copy[1] == Stat(1.0, 0.0, 3)
+    assert copy[2] == "-0.10"
+    kv = cells["kv_recall"]
+    slay = grid.columns.index("slay ours")
+    assert kv[slay + 1] == Stat(0.02, 0.01, 3) and kv[slay + 2] == "+0.50"
+    assert kv[0] is None and kv[2] == MISSING  # softmax never ran kv_recall here
+    assert cells["sort"][1] == Stat(0.28, 0.02, 3)  # the paper's, with none of ours
+    assert any("Table 8" in note for note in grid.notes)
+
+
+def test_compare_needs_rows_of_its_protocol(rows, tmp_path):
+    with pytest.raises(ValueError, match="protocol slay-paper"):
+        write_reports(rows, tmp_path, compare="slay-paper")
+    with pytest.raises(ValueError, match="unknown comparison"):
+        write_reports(rows, tmp_path, compare="other-paper")
+    assert not any(tmp_path.iterdir())  # nothing half-written
