@@ -21,20 +21,36 @@ def _save(fig, stem: Path, suffixes: list[str]) -> list[Path]:
     written = []
     for suffix in suffixes:
         path = stem.with_suffix(suffix)
-        fig.savefig(path, dpi=150)  # layout="constrained": no second draw for a tight box
+        fig.savefig(path, dpi=150)
         written.append(path)
     plt.close(fig)
     return written
 
 
+CHAR_INCHES = 0.065  # the width of a character of the 8-point tick labels, about
+
+
 def heatmap(full: Grid, title: str, stem: Path, suffixes: list[str]) -> list[Path]:
     """Tasks (grouped by category) x mechanisms, colour and text the seed mean; a missing
-    cell is hatched grey with ``--``, never drawn as 0."""
+    cell is grey with ``--``, never drawn as 0."""
     means = np.array(
         [[v.mean if isinstance(v, Stat) else np.nan for v in row] for row in full.cells]
     )
     n_tasks, n_mechs = means.shape
-    fig, ax = plt.subplots(figsize=(2.6 + 0.6 * n_mechs, 1.6 + 0.3 * n_tasks), layout="constrained")
+    task_labels = [f"{task}  ({cat})" for cat, task in full.rows]
+    # margins in inches from the label lengths: an automatic layout draws the figure once
+    # more per format, which doubles the time of a large heatmap
+    left = 0.3 + CHAR_INCHES * max(map(len, task_labels))
+    bottom = 0.3 + 0.7 * CHAR_INCHES * max(map(len, full.columns))  # names at 40 degrees
+    right, top = 1.0, 0.4  # the colour bar, the title
+    width, height = left + right + 0.6 * n_mechs, bottom + top + 0.3 * n_tasks
+    fig = plt.figure(figsize=(width, height))
+    ax = fig.add_axes(
+        (left / width, bottom / height, 0.6 * n_mechs / width, 0.3 * n_tasks / height)
+    )
+    bar = fig.add_axes(
+        ((width - right + 0.15) / width, bottom / height, 0.15 / width, 0.3 * n_tasks / height)
+    )
     ax.set_facecolor("#dddddd")
     image = ax.imshow(np.ma.masked_invalid(means), cmap="viridis", vmin=0, vmax=1, aspect="auto")
     for i in range(n_tasks):
@@ -44,12 +60,12 @@ def heatmap(full: Grid, title: str, stem: Path, suffixes: list[str]) -> list[Pat
             colour = "black" if np.isnan(value) or value > 0.6 else "white"
             ax.text(j, i, text, ha="center", va="center", fontsize=7, color=colour)
     ax.set_xticks(range(n_mechs), full.columns, rotation=40, ha="right", fontsize=8)
-    ax.set_yticks(range(n_tasks), [f"{task}  ({cat})" for cat, task in full.rows], fontsize=8)
+    ax.set_yticks(range(n_tasks), task_labels, fontsize=8)
     categories = [cat for cat, _ in full.rows]
     for i in range(1, n_tasks):  # a line between categories
         if categories[i] != categories[i - 1]:
             ax.axhline(i - 0.5, color="white", linewidth=2)
-    fig.colorbar(image, ax=ax, fraction=0.04, pad=0.02)
+    fig.colorbar(image, cax=bar)
     ax.set_title(title, fontsize=9)
     return _save(fig, stem, suffixes)
 
@@ -64,7 +80,11 @@ def category_bars(summary: list[Grid], title: str, stem: Path, suffixes: list[st
             for c, v in zip(grid.columns, row, strict=True):
                 if isinstance(v, Stat):
                     stats[m, c] = v
-    fig, ax = plt.subplots(figsize=(1.5 + 1.1 * len(columns), 3.8), layout="constrained")
+    ncol = min(6, max(1, len(mechanisms)))
+    legend_inches = 0.2 * -(-len(mechanisms) // ncol) + 0.2
+    height = 3.4 + legend_inches
+    fig, ax = plt.subplots(figsize=(1.5 + 1.1 * len(columns), height))
+    fig.subplots_adjust(bottom=(0.3 + legend_inches) / height, top=1 - 0.35 / height)
     width = 0.8 / max(1, len(mechanisms))
     x = np.arange(len(columns))
     colours = plt.get_cmap("tab10" if len(mechanisms) <= 10 else "tab20")
@@ -76,7 +96,7 @@ def category_bars(summary: list[Grid], title: str, stem: Path, suffixes: list[st
     ax.set_xticks(x, columns, fontsize=8)
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("mean accuracy")
-    fig.legend(fontsize=7, ncol=min(6, max(1, len(mechanisms))), loc="outside lower center")
+    fig.legend(fontsize=7, ncol=ncol, loc="lower center")
     ax.set_title(title, fontsize=9)
     return _save(fig, stem, suffixes)
 
