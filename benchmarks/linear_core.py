@@ -12,9 +12,10 @@ attention), and prints their ratio and the peak memory of each above its inputs.
 Timing: the two modes alternate on the same inputs in one process (after a warm-up of
 each), so that a busy machine slows both alike; the median of ``--repeats`` is reported.
 
-Peak memory: on CUDA ``torch.cuda.max_memory_allocated`` above what was allocated before
-the call. On CPU torch keeps no allocator statistics, so every (length, mode) runs once in
-a fresh Python process (no memory cached by earlier measurements) that reports how far its
+Peak memory (``synthbench.bench.memory.peak_bytes``, shared with ``synthbench bench
+scaling``): on CUDA ``torch.cuda.max_memory_allocated`` above what was allocated before the
+call. On CPU torch keeps no allocator statistics, so every (length, mode) runs once in a
+fresh Python process (no memory cached by earlier measurements) that reports how far its
 resident set size peaks above its level just before one forward + backward, after a small
 warm-up call and the creation of the inputs. On Linux the peak (VmHWM) is reset at that
 point through /proc/self/clear_refs; elsewhere ``resource.getrusage(...).ru_maxrss`` stands
@@ -28,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from synthbench.bench.memory import peak_bytes  # noqa: E402
 from synthbench.linear_attention import STRATEGIES, linear_attention  # noqa: E402
 
 BATCH, HEADS, HEAD_DIM, FEATURES = 1, 8, 32, 256
@@ -69,44 +70,11 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def reset_peak_rss() -> int:
-    """Reset the peak resident set size where Linux allows it; return the current one."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM (Linux >= 4.0)
-        return _proc_status_bytes("VmRSS")
-    except OSError:
-        return peak_rss()  # elsewhere the peak since the process started
-
-
-def peak_rss() -> int:
-    try:
-        return _proc_status_bytes("VmHWM")
-    except OSError:
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
-
-
-def _proc_status_bytes(key: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) * 1024  # kB
-    raise OSError(f"no {key} in /proc/self/status")
-
-
 def peak_memory(length: int, mode: str, device: torch.device, args) -> int:
     """Bytes above the inputs at the peak of one forward + backward."""
     step(make_inputs(256, device), mode, args)  # load what a first call loads
     inputs = make_inputs(length, device)
-    sync(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        step(inputs, mode, args)
-        sync(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    before = reset_peak_rss()
-    step(inputs, mode, args)
-    return peak_rss() - before
+    return peak_bytes(lambda: step(inputs, mode, args), device)
 
 
 def peak_memory_in_subprocess(length: int, mode: str, args) -> int:

@@ -27,6 +27,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from synthbench.bench import bench_app
 from synthbench.mechanism import MECHANISMS, STATE_HEAD_DIM, STATE_LENGTH, state_size_at_defaults
 from synthbench.params import parse_assignments
 from synthbench.protocols import PROTOCOLS, Protocol
@@ -43,6 +44,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Synthetic-task benchmark suite and leaderboard for attention mechanisms.",
 )
+app.add_typer(bench_app, name="bench")  # cost and fidelity benchmarks: synthbench/bench
 out = Console(soft_wrap=True)
 err = Console(stderr=True)
 warnings.simplefilter("ignore", PluginWarning)  # reported once, as one line each, below

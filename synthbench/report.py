@@ -47,9 +47,13 @@ def _label_variants(rows: pd.DataFrame, column: str, sources: list[str], params)
         found = {tuple(c): parsed[tuple(c)] for c in part.values}
         distinct = {json.dumps(p, sort_keys=True, default=str): p for p, _ in found.values()}
         names = sorted(set().union(*distinct.values()))
-        differing = {k for k in names if len({repr(p.get(k)) for p in distinct.values()}) > 1}
+        # a key differs when the variants that have it disagree on it (a rotation's
+        # rotate_fraction, say, is absent from a learned-position variant: not a difference)
+        differing = {k for k in names if len({repr(p[k]) for p in distinct.values() if k in p}) > 1}
         for combo, (variant, shown) in found.items():
-            label = ", ".join(f"{k}={variant.get(k)}" for k in names if k in differing | shown)
+            label = ", ".join(
+                f"{k}={variant[k]}" for k in names if k in variant and k in differing | shown
+            )
             labels[combo] = f"{name} ({label})" if label else name
     rows[column] = [labels[tuple(c)] for c in keys.values]
     return rows

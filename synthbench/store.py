@@ -29,6 +29,8 @@ SCHEMA_VERSION = 2
 ADDED_IN = {2: ("eval_length_mult", "long_token_acc", "long_exact_match")}
 PARTITIONS = ("task", "mechanism")
 _TMP_PREFIX = ".tmp-"
+# <root>/bench/: the rows of `synthbench bench` (synthbench/bench), another schema; not task results
+BENCH_DIR = "bench"
 
 # Columns stored in each file (the partition columns are added back from the path).
 SCHEMA = pa.schema(
@@ -72,6 +74,21 @@ COLUMNS = [*PARTITIONS, *SCHEMA.names]
 _PARTITION_DIR = re.compile(r"^(task|mechanism)=(.+)$")
 
 
+def write_atomically(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` through a hidden temporary file (named with this process's
+    id, so a later run can tell a stale one) and a rename: readers see the old file or the
+    new one, never half of one."""
+    tmp = path.parent / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-{path.name}"
+    try:
+        with open(tmp, "wb") as handle:
+            pq.write_table(table, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class CorruptResultWarning(UserWarning):
     """A file in the results tree that is unreadable or not a synthbench results file."""
 
@@ -107,15 +124,7 @@ class ResultStore:
             ],
             schema=SCHEMA,
         )
-        tmp = path.parent / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-{path.name}"
-        try:
-            with open(tmp, "wb") as handle:
-                pq.write_table(table, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_atomically(table, path)
         return path
 
     # -- reading ------------------------------------------------------------------------
@@ -128,6 +137,7 @@ class ResultStore:
             for p in self.root.rglob("*")
             if p.is_file()
             and not any(part.startswith(".") for part in p.relative_to(self.root).parts)
+            and p.relative_to(self.root).parts[0] != BENCH_DIR
         )
 
     def _read(self, path: Path, wanted: pa.Schema) -> pa.Table:

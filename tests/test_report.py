@@ -421,11 +421,13 @@ def test_rotation_parameters_tell_variants_apart():
         with_config(row("copy", "softmax", 0, 0.5), pos="rope", pos_params=half),
         with_config(row("copy", "softmax", 0, 0.7), pos="rope", pos_params=full),
         with_config(row("copy", "linear", 0, 0.6), pos="rope", pos_params=full),
+        with_config(row("copy", "linear", 0, 0.6)),  # learned: no rotation parameters
     )
     assert list(label_variants(rows)["mechanism"]) == [
         "softmax (pos=rope, rotate_fraction=0.5)",
         "softmax (pos=rope, rotate_fraction=1.0)",
         "linear (pos=rope)",
+        "linear (pos=learned)",
     ]
 
 

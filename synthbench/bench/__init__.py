@@ -1,0 +1,339 @@
+"""``synthbench bench``: what a mechanism costs and how well a linearisation approximates its
+exact kernel (docs/BENCHMARKS.md).
+
+    synthbench bench scaling     latency, peak memory, throughput of one layer against length
+    synthbench bench fidelity    SLAY variants against exact spherical Yat; quadrature error
+    synthbench bench train       steps/s and tokens/s of the real training loop
+    synthbench bench plot        figures and tables of the stored rows
+
+Rows go to ``<results>/bench/<kind>/<id>.parquet`` (``common``); figures and tables to
+``reports/bench/``. User errors end in one line and exit status 2 through the main command
+line's own handling (``synthbench.cli._guard``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+from pathlib import Path
+from typing import Annotated
+
+import pandas as pd
+import torch
+import typer
+
+from synthbench.bench import fidelity, plots, scaling, throughput
+from synthbench.bench.common import DEFAULT_MECHS, BenchFile, load_bench, new_bench_id
+from synthbench.bench.memory import available_memory
+from synthbench.mechanism import MECHANISMS
+from synthbench.mechanisms.slay import MAX_QUAD_NODES
+from synthbench.protocols import PROTOCOLS
+from synthbench.report import to_markdown
+from synthbench.task import TASKS
+from synthbench.train import resolve_device
+
+__all__ = ["bench_app"]
+
+bench_app = typer.Typer(
+    no_args_is_help=True,
+    help="Cost and fidelity benchmarks of the mechanisms (docs/BENCHMARKS.md).",
+)
+
+PluginOption = Annotated[
+    list[Path] | None,
+    typer.Option("--plugin", help="Python file that registers tasks or mechanisms (repeatable)."),
+]
+ResultsOption = Annotated[
+    Path, typer.Option("--results", help="Results tree (rows go to <results>/bench/<kind>/).")
+]
+OutOption = Annotated[Path, typer.Option("--out", help="Where figures and tables go.")]
+DeviceOption = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
+DEFAULT_OUT = Path("reports/bench")
+FIGURE_FORMATS = ("png", "pdf")
+
+
+def _cli():
+    """The main command line module, looked up when a command runs: it imports this package,
+    so importing it here at load time would be circular."""
+    from synthbench import cli
+
+    return cli
+
+
+def _guarded(command):
+    """Run ``command`` under the main command line's error handling (one line, exit 2)."""
+
+    @functools.wraps(command)
+    def wrapper(*args, **kwargs):
+        return _cli()._guard(command)(*args, **kwargs)
+
+    return wrapper
+
+
+def echo(line: str = "") -> None:
+    _cli().out.print(line, highlight=False, markup=False)
+
+
+def _mechanisms(value: str, option: str = "--mech") -> list[str]:
+    """'all' or comma-separated names -> canonical names, each once."""
+    names = MECHANISMS.names() if value == "all" else _cli()._split(value)
+    mechs = list(dict.fromkeys(MECHANISMS.canonical(m) for m in names))
+    if not mechs:
+        raise ValueError(f"{option} names no mechanism")
+    return mechs
+
+
+def _choose(option: str, value: str, known) -> list[str]:
+    """Comma-separated choices out of ``known``; a ValueError names an unknown one."""
+    chosen = _cli()._split(value)
+    for name in chosen:
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"unknown {option} '{name}'{hint} (known: {', '.join(known)})")
+    if not chosen:
+        raise ValueError(f"--{option} names nothing")
+    return list(dict.fromkeys(chosen))
+
+
+def _interrupted(file: BenchFile):
+    return _cli()._fail(f"interrupted; the rows measured so far are in {file.path}", 130)
+
+
+def _wrote(paths: list[Path]) -> None:
+    for path in paths:
+        echo(f"wrote {path}")
+
+
+# -- scaling --------------------------------------------------------------------------------
+
+
+@bench_app.command("scaling")
+@_guarded
+def scaling_command(
+    mech: Annotated[str, typer.Option(help="'all' or comma-separated mechanism names.")] = (
+        ",".join(DEFAULT_MECHS)
+    ),
+    d_model: Annotated[int, typer.Option(help="Embedding dimension.")] = 256,
+    heads: Annotated[int, typer.Option(help="Attention heads.")] = 8,
+    batch: Annotated[int, typer.Option(help="Batch size.")] = 1,
+    min_len: Annotated[int, typer.Option(help="First sequence length.")] = 128,
+    max_len: Annotated[int, typer.Option(help="Last sequence length (doubling).")] = 131072,
+    repeats: Annotated[int, typer.Option(help="Timed rounds per point (median).")] = 5,
+    warmup: Annotated[int, typer.Option(help="Untimed rounds before them.")] = 2,
+    time_limit: Annotated[float, typer.Option(help="Seconds per point.")] = 60.0,
+    memory_limit_gb: Annotated[
+        float | None,
+        typer.Option(
+            help="GiB the measured work may allocate (default: CPU, half the memory available "
+            "at the start; CUDA, the whole device)."
+        ),
+    ] = None,
+    device: DeviceOption = "auto",
+    compare_features: Annotated[
+        bool,
+        typer.Option(
+            help="Also time `linear` with its features tiled to each SLAY mechanism's "
+            "feature dimension (SLAY / linear at the same total features)."
+        ),
+    ] = True,
+    plot: Annotated[bool, typer.Option(help="Write the figures when done.")] = True,
+    results: ResultsOption = Path("results"),
+    out: OutOption = DEFAULT_OUT,
+    plugin: PluginOption = None,
+) -> None:
+    """Latency, peak memory and throughput of one causal attention layer against length."""
+    cli = _cli()
+    cli._load_plugins(plugin)
+    names = _mechanisms(mech)
+    dev = resolve_device(device)
+    if memory_limit_gb is not None:
+        limit = int(memory_limit_gb * 2**30)
+    elif dev.type == "cpu":  # keep the machine usable: half of what is free now
+        available = available_memory()
+        limit = available // 2 if available else None
+    else:
+        limit = None  # the whole device
+    setup = scaling.Setup(
+        d_model, heads, batch, min_len, max_len, repeats, warmup, time_limit, limit, str(dev),
+        torch.get_num_threads(), tuple(str(p.resolve()) for p in plugin or []),
+    )  # fmt: skip
+    series = scaling.make_series(names, setup, compare_features)
+    file = BenchFile(results, "scaling", scaling.METRICS, new_bench_id())
+    memory = f"{limit / 2**30:.3g} GiB" if limit else "no memory limit"
+    echo(
+        f"scaling {file.bench_id}: {len(series)} series x L {setup.min_len}..{setup.max_len}; "
+        f"d_model {d_model}, {heads} heads, batch {batch}, causal, float32, device {dev}, "
+        f"{setup.threads} threads; median of {repeats} after {warmup} warm-up rounds; limits "
+        f"{time_limit:g} s and {memory} per point -> {file.path}"
+    )
+
+    def on_row(row):
+        file.add([row], dev)
+        echo(scaling.point_line(row))
+
+    try:
+        scaling.sweep(series, setup, on_row)
+    except KeyboardInterrupt:
+        raise _interrupted(file) from None
+    rows = pd.DataFrame(file.rows)
+    echo()
+    for line in scaling.summary_lines(rows):
+        echo(line)
+    if plot:
+        _wrote(plots.scaling_figure(rows, out / "scaling", [f".{f}" for f in FIGURE_FORMATS]))
+
+
+# -- fidelity -------------------------------------------------------------------------------
+
+
+@bench_app.command("fidelity")
+@_guarded
+def fidelity_command(
+    variants: Annotated[str, typer.Option(help="Comma-separated SLAY variants.")] = (
+        ",".join(fidelity.VARIANTS)
+    ),
+    budget: Annotated[
+        str, typer.Option(help="Comma-separated budgets of 001 Table 6: small, medium, large.")
+    ] = ",".join(fidelity.BUDGETS),
+    seeds: Annotated[int, typer.Option(help="Seeds 0..N-1 (projections, inputs, features).")] = 5,
+    seq_len: Annotated[
+        int | None, typer.Option(help="Sequence length for every budget (default: its T).")
+    ] = None,
+    d_model: Annotated[int, typer.Option(help="Embedding dimension.")] = 64,
+    heads: Annotated[int, typer.Option(help="Attention heads.")] = 4,
+    batch: Annotated[int, typer.Option(help="Batch size.")] = 8,
+    eps: Annotated[float, typer.Option(help="The kernel's eps (C = 2 + eps).")] = 1e-3,
+    match_features: Annotated[
+        bool,
+        typer.Option(help="Give slay-laplace and slay-hadamard M x P PRF features (the paper's)."),
+    ] = True,
+    repeats: Annotated[int, typer.Option(help="Timed forwards per latency (median).")] = 3,
+    warmup: Annotated[int, typer.Option(help="Untimed forwards before them.")] = 1,
+    max_nodes: Annotated[int, typer.Option(help="Quadrature error for R = 1..N.")] = 16,
+    device: DeviceOption = "auto",
+    results: ResultsOption = Path("results"),
+    out: OutOption = DEFAULT_OUT,
+    plugin: PluginOption = None,
+) -> None:
+    """SLAY variants against exact spherical Yat (001 Table 6, Fig. 7); quadrature (Fig. 9)."""
+    _cli()._load_plugins(plugin)
+    names = _mechanisms(variants, "--variants")
+    budgets = [fidelity.BUDGETS[b] for b in _choose("budget", budget, fidelity.BUDGETS)]
+    if not 1 <= max_nodes <= MAX_QUAD_NODES:
+        raise ValueError(f"--max-nodes must be in [1, {MAX_QUAD_NODES}], got {max_nodes}")
+    dev = resolve_device(device)
+    setup = fidelity.FidelitySetup(
+        d_model, heads, batch, seeds, seq_len, eps, match_features, repeats, warmup, str(dev)
+    )
+    for name in names:  # every variant's parameters, checked before anything runs
+        fidelity.variant_params(name, budgets[0], setup, 0)
+    bench_id = new_bench_id()
+    file = BenchFile(results, "fidelity", fidelity.METRICS, bench_id)
+    echo(
+        f"fidelity {bench_id}: {len(names)} variants x budgets {', '.join(b.name for b in budgets)}"
+        f" x {seeds} seeds against {fidelity.REFERENCE}; d_model {d_model}, {heads} heads, "
+        f"batch {batch}, eps {eps:g}, device {dev} -> {file.path}"
+    )
+
+    def on_rows(rows):
+        file.add(rows, dev)
+        first = rows[0]
+        echo(f"  {first['budget']} (T {first['seq_len']}) seed {first['seed']}: done")
+
+    try:
+        fidelity.measure(setup, budgets, names, on_rows)
+    except KeyboardInterrupt:
+        raise _interrupted(file) from None
+    quadrature = BenchFile(results, "quadrature", fidelity.QUADRATURE_METRICS, bench_id)
+    quadrature.add(fidelity.quadrature_rows(eps, max_nodes), dev)
+    rows, quad_rows = pd.DataFrame(file.rows), pd.DataFrame(quadrature.rows)
+    echo()
+    echo(to_markdown(fidelity.fidelity_grid(rows)))
+    for line in fidelity.quadrature_lines(quad_rows):
+        echo(line)
+    suffixes = [f".{f}" for f in FIGURE_FORMATS]
+    _wrote(plots.fidelity_tables(rows, out))
+    _wrote(plots.quadrature_figure(quad_rows, out / "quadrature", suffixes))
+
+
+# -- train ----------------------------------------------------------------------------------
+
+
+@bench_app.command("train")
+@_guarded
+def train_command(
+    protocol: Annotated[str, typer.Option(help="Protocol (synthbench list protocols).")] = "quick",
+    task: Annotated[str, typer.Option(help="'all' or comma-separated task names.")] = "all",
+    mech: Annotated[
+        str, typer.Option(help="'all' or comma-separated mechanism names.")
+    ] = "softmax",
+    steps: Annotated[int, typer.Option(help="Steps of the measured run per task.")] = 100,
+    device: DeviceOption = "auto",
+    results: ResultsOption = Path("results"),
+    plugin: PluginOption = None,
+) -> None:
+    """Steps/s and tokens/s of the real training loop; predicted time of `run --task all`."""
+    cli = _cli()
+    cli._load_plugins(plugin)
+    proto = PROTOCOLS.get(protocol)
+    tasks = cli._select_tasks(task, None)
+    names = _mechanisms(mech)
+    if steps < 2:
+        raise ValueError(f"--steps must be >= 2, got {steps}")
+    dev = resolve_device(device)
+    file = BenchFile(results, "train", throughput.METRICS, new_bench_id())
+    echo(
+        f"train {file.bench_id}: {len(names)} mechanisms x {len(tasks)} tasks, protocol "
+        f"{proto.name} v{proto.version}, {steps} steps per run, device {dev}, "
+        f"{torch.get_num_threads()} threads -> {file.path}"
+    )
+    try:
+        for name in names:
+            throughput.warm_up(tasks[0], name, proto, dev)
+            for t in tasks:
+                row = throughput.measure_task(t, name, proto, steps, dev)
+                file.add([row], dev)
+                echo(throughput.task_line(row))
+    except KeyboardInterrupt:
+        raise _interrupted(file) from None
+    rows = pd.DataFrame(file.rows)
+    echo()
+    for name in names:
+        echo(throughput.suite_line(name, rows[rows["mechanism"] == name], proto, TASKS.names()))
+
+
+# -- plot -----------------------------------------------------------------------------------
+
+
+@bench_app.command("plot")
+@_guarded
+def plot_command(
+    results: ResultsOption = Path("results"),
+    out: OutOption = DEFAULT_OUT,
+    bench_id: Annotated[
+        str | None, typer.Option("--id", help="A stored run's id (default: the newest of each).")
+    ] = None,
+    formats: Annotated[
+        str, typer.Option("--format", help="Comma-separated figure formats: png, pdf.")
+    ] = ",".join(FIGURE_FORMATS),
+) -> None:
+    """Figures (scaling, quadrature) and the fidelity table of stored bench rows."""
+    suffixes = [f".{f}" for f in _choose("format", formats, FIGURE_FORMATS)]
+    found = {}
+    for kind in ("scaling", "fidelity", "quadrature"):
+        try:
+            found[kind] = load_bench(results, kind, bench_id)
+        except ValueError:  # that id is another kind's
+            found[kind] = None
+    if all(rows is None for rows in found.values()):
+        what = f"with id {bench_id} " if bench_id else ""
+        raise ValueError(f"no bench results {what}under {results}/bench/")
+    written = []
+    if found["scaling"] is not None:
+        written += plots.scaling_figure(found["scaling"], out / "scaling", suffixes)
+    if found["fidelity"] is not None:
+        written += plots.fidelity_tables(found["fidelity"], out)
+    if found["quadrature"] is not None:
+        written += plots.quadrature_figure(found["quadrature"], out / "quadrature", suffixes)
+    _wrote(written)
