@@ -343,7 +343,7 @@ def show_task_command(
     seed: Annotated[int, typer.Option(help="Generator seed of the example.")] = 0,
     plugin: PluginOption = None,
 ) -> None:
-    """Print one generated example, decoded, with the answer tokens marked [like this]."""
+    """Print one generated example, decoded, with the answer tokens in square brackets."""
     _load_plugins(plugin)
     entry = TASKS.entry(name)
     task = entry.obj.from_difficulty(difficulty, **parse_assignments(param))
