@@ -183,6 +183,19 @@ class Task:
         return str(token)
 
 
+class SepTask(Task):
+    """A task whose data tokens are 0..vocab-1 (``Params.vocab``) followed by one special
+    token, SEP = vocab. A task with more ids (number tokens, say) extends ``vocab_size``."""
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {"SEP": self.params.vocab}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.params.vocab + 1
+
+
 def markdown_table() -> str:
     """The built-in tasks at their defaults, by category (docs/TASKS.md embeds this; a test
     checks it)."""

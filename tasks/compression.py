@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, targets_at
+from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, targets_at
 
 from .selective_copy import nth_marked
 
@@ -41,18 +41,10 @@ class CompressionParams:
     category="Robustness",
     description="run-length dedup: emit the value of each run of repeated tokens",
 )
-class Compression(Task):
+class Compression(SepTask):
     Params = CompressionParams
     difficulties = {"easy": {"k": 4, "n": 16}, "hard": {"k": 16, "n": 64, "vocab": 32}}
     length_param = "n"
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return {"SEP": self.params.vocab}
-
-    @property
-    def vocab_size(self) -> int:
-        return self.params.vocab + 1
 
     @property
     def seq_len(self) -> int:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, require_at_least, targets_at
 
 
 @dataclass(frozen=True)
@@ -22,18 +22,10 @@ class CopyParams:
 
 
 @TASKS.register("copy", category="Basic", description="x SEP x: reproduce the sequence")
-class Copy(Task):
+class Copy(SepTask):
     Params = CopyParams
     difficulties = {"easy": {"n": 16}, "hard": {"n": 64}}
     length_param = "n"
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return {"SEP": self.params.vocab}
-
-    @property
-    def vocab_size(self) -> int:
-        return self.params.vocab + 1
 
     @property
     def seq_len(self) -> int:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, require_at_least, targets_at
 
 
 @dataclass(frozen=True)
@@ -30,14 +30,10 @@ class CountingParams:
     category="Arithmetic",
     description="x q SEP c: count the occurrences of the query token q in x",
 )
-class Counting(Task):
+class Counting(SepTask):
     Params = CountingParams
     difficulties = {"easy": {"n": 16}, "hard": {"n": 64}}
     length_param = "n"
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return {"SEP": self.params.vocab}
 
     def number(self, count: int) -> int:
         """The token of the count ``count`` (0..n)."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, require_at_least, targets_at
 
 
 @dataclass(frozen=True)
@@ -24,18 +24,10 @@ class FirstTokenParams:
 
 
 @TASKS.register("first_token", category="Memory", description="x SEP x_1: recall the first token")
-class FirstToken(Task):
+class FirstToken(SepTask):
     Params = FirstTokenParams
     difficulties = {"easy": {"n": 16}, "hard": {"n": 256}}
     length_param = "n"
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return {"SEP": self.params.vocab}
-
-    @property
-    def vocab_size(self) -> int:
-        return self.params.vocab + 1
 
     @property
     def seq_len(self) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, require_at_least, targets_at
 
 # Scale of the Gaussian logits of each example's token distribution: peaked enough that
 # counts up to n (every token equal) occur, flat enough that small counts occur as well.
@@ -35,14 +35,10 @@ class HistogramParams:
     category="Patterns",
     description="x SEP x_1 c_1 .. x_n c_n: the count of each token of x",
 )
-class Histogram(Task):
+class Histogram(SepTask):
     Params = HistogramParams
     difficulties = {"easy": {"n": 8}, "hard": {"n": 32}}
     length_param = "n"
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return {"SEP": self.params.vocab}
 
     def number(self, count: int) -> int:
         """The token of the count ``count`` (1..n)."""

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, require_at_least, targets_at
 
 
 @dataclass(frozen=True)
@@ -29,18 +29,10 @@ class MajorityParams:
     category="Patterns",
     description="x SEP m: the most frequent token of x",
 )
-class Majority(Task):
+class Majority(SepTask):
     Params = MajorityParams
     difficulties = {"easy": {"n": 16, "vocab": 4}, "hard": {"n": 64, "vocab": 16}}
     length_param = "n"
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return {"SEP": self.params.vocab}
-
-    @property
-    def vocab_size(self) -> int:
-        return self.params.vocab + 1
 
     @property
     def seq_len(self) -> int:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, targets_at
+from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, targets_at
 
 
 @dataclass(frozen=True)
@@ -47,18 +47,10 @@ class PatternParams:
     category="Reasoning",
     description="periodic prompt SEP continuation: infer the motif and extend it",
 )
-class Pattern(Task):
+class Pattern(SepTask):
     Params = PatternParams
     difficulties = {"easy": {"max_period": 4}, "hard": {"max_period": 16, "vocab": 32, "n": 64}}
     length_param = "n"
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return {"SEP": self.params.vocab}
-
-    @property
-    def vocab_size(self) -> int:
-        return self.params.vocab + 1
 
     @property
     def seq_len(self) -> int:

@@ -12,35 +12,22 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.task import TASKS, Batch, batch_from_parts, require_at_least, targets_at
+
+from .copy import Copy, CopyParams
 
 
 @dataclass(frozen=True)
-class ReverseParams:
-    n: int = 32  # length of x
-    vocab: int = 32  # number of data tokens
-
+class ReverseParams(CopyParams):
     def __post_init__(self):
-        require_at_least("reverse", self, n=1, vocab=2)
+        require_at_least("reverse", self, n=1, vocab=2)  # own message: it names this task
 
 
 @TASKS.register("reverse", category="Basic", description="x SEP reversed(x): emit x backwards")
-class Reverse(Task):
+class Reverse(Copy):
+    """Copy's parameters, presets, tokens and length; the answer is x backwards."""
+
     Params = ReverseParams
-    difficulties = {"easy": {"n": 16}, "hard": {"n": 64}}
-    length_param = "n"
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return {"SEP": self.params.vocab}
-
-    @property
-    def vocab_size(self) -> int:
-        return self.params.vocab + 1
-
-    @property
-    def seq_len(self) -> int:
-        return 2 * self.params.n
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p = self.params

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, targets_at
+from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, targets_at
 
 
 @dataclass(frozen=True)
@@ -31,18 +31,10 @@ class SortParams:
 
 
 @TASKS.register("sort", category="Basic", description="x SEP sorted(x): sort distinct tokens")
-class Sort(Task):
+class Sort(SepTask):
     Params = SortParams
     difficulties = {"easy": {"n": 8}, "hard": {"n": 32, "vocab": 64}}
     length_param = "n"
-
-    @property
-    def special_tokens(self) -> dict[str, int]:
-        return {"SEP": self.params.vocab}
-
-    @property
-    def vocab_size(self) -> int:
-        return self.params.vocab + 1
 
     @property
     def seq_len(self) -> int:
