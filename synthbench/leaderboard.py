@@ -15,6 +15,7 @@ from datetime import date
 
 import numpy as np
 import pandas as pd
+from tabulate import tabulate
 
 from synthbench.task import CATEGORIES
 
@@ -145,8 +146,6 @@ def _interval(row) -> str:
 
 def to_markdown(board: Leaderboard) -> str:
     """The ranking as a Markdown table with its footnotes."""
-    from tabulate import tabulate
-
     n_tasks = len(board.tasks)
     body = []
     for _, row in board.table.iterrows():

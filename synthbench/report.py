@@ -130,12 +130,13 @@ def aggregate(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
     """Per (protocol, category, task, mechanism): mean, std (ddof 1; 0 for one seed), number
     of successful seeds, and the number of runs that diverged or raised. A task or mechanism
     run with several parameter sets gives one row per set (``label_variants``)."""
-    return _aggregate(_check_metric(label_variants(rows), metric), metric)
+    rows = _check_metric(label_variants(rows), metric)
+    return _aggregate(rows, selected_runs(rows, metric))
 
 
-def _aggregate(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
-    """``aggregate`` of rows already labelled and checked."""
-    stats = selected_runs(rows, metric).groupby(KEYS)["value"].agg(["mean", "std", "count"])
+def _aggregate(rows: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """``aggregate`` of rows already labelled and checked, given their ``selected_runs``."""
+    stats = runs.groupby(KEYS)["value"].agg(["mean", "std", "count"])
     stats["std"] = stats["std"].fillna(0.0)
     # a run failed if none of its rows succeeded; its status is that of its last row
     per_run = rows.groupby([*KEYS, "run_id"])["status"].agg(
@@ -259,10 +260,10 @@ def _sort_tasks(agg: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda ct: (CATEGORY_ORDER.get(ct[0], len(CATEGORIES)), ct[1]))
 
 
-def _head_note(protocol: str, version: int, metric: str, n_seeds: int) -> str:
+def _head_note(protocol: str, version: int, metric: str, n_seeds: int, last: str) -> str:
     return (
         f"{metric} on the test set, mean ± std over {n_seeds} seed(s) (a cell with fewer says "
-        f"n=); protocol {protocol} v{version}; best in bold."
+        f"n=); protocol {protocol} v{version}; {last}."
     )
 
 
@@ -336,7 +337,7 @@ def summary_grids(runs: pd.DataFrame, mechanisms: list[str], n_seeds: int, head:
         stats = {(m, c): _stat(v) for (m, c), v in part.groupby(["mechanism", "category"])["value"]}
         stats |= {(m, "average"): _stat(v) for m, v in average.groupby("mechanism")["value"]}
         cells = [[stats.get((m, c)) for c in columns] for m in mechanisms]
-        notes = [head.replace("best in bold", "category mean over its tasks, per seed")]
+        notes = [head]
         if any(v is None for row in cells for v in row):
             notes.append(
                 f"{MISSING}: some task of the category has no successful run, so it has no average."
@@ -363,13 +364,16 @@ def build_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[ReportTa
     if mixed:
         raise ValueError(f"rows mix several versions of protocol {', '.join(mixed)}; keep one")
     labelled = _check_metric(label_variants(rows), metric)
-    agg_all = _aggregate(labelled, metric)
     runs_all = selected_runs(labelled, metric)
+    agg_all = _aggregate(labelled, runs_all)
     result = []
     for protocol, agg in agg_all.groupby("protocol", sort=True):
         version = int(versions[protocol][0])
         n_seeds = int(agg["count"].max())
-        head = _head_note(str(protocol), version, metric, n_seeds)
+        head = _head_note(str(protocol), version, metric, n_seeds, "best in bold")
+        averages_head = _head_note(
+            str(protocol), version, metric, n_seeds, "category mean over its tasks, per seed"
+        )
         runs = runs_all[runs_all["protocol"] == protocol]
         mechanisms = sorted(agg["mechanism"].unique())
         present = [c for c in CATEGORIES if c in set(agg["category"])]
@@ -382,7 +386,7 @@ def build_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[ReportTa
                 n_seeds,
                 full_grid(agg, head, n_seeds),
                 {c: category_grid(agg, c, head, n_seeds) for c in present},
-                summary_grids(runs, mechanisms, n_seeds, head),
+                summary_grids(runs, mechanisms, n_seeds, averages_head),
                 runs,
             )
         )

@@ -186,10 +186,10 @@ class ResultStore:
     def load(self, columns: list[str] | None = None, warn: bool = True) -> LoadReport:
         """All readable rows; every skipped file is reported (as a warning) with its reason."""
         names = [*PARTITIONS, *(c for c in (columns or SCHEMA.names) if c not in PARTITIONS)]
-        if "run_id" not in names:  # every file is checked against its name
-            names.append("run_id")
+        # every file is checked against its name, so run_id is read even when not asked for
+        read = names if "run_id" in names else [*names, "run_id"]
         fields = {f.name: f for f in SCHEMA} | {p: pa.field(p, pa.string()) for p in PARTITIONS}
-        wanted = pa.schema([fields[n] for n in names])
+        wanted = pa.schema([fields[n] for n in read])
         tables, skipped = [], []
         for path in self.files():
             try:
@@ -199,9 +199,8 @@ class ResultStore:
                 if warn:
                     warnings.warn(f"skipping {path}: {exc}", CorruptResultWarning, stacklevel=2)
         # one conversion to pandas for the whole tree: per file, it would dominate the load
-        rows = pa.concat_tables(tables).to_pandas() if tables else pd.DataFrame(columns=names)
-        wanted_names = [*PARTITIONS, *(c for c in (columns or SCHEMA.names) if c not in PARTITIONS)]
-        return LoadReport(rows[wanted_names], skipped)
+        rows = pa.concat_tables(tables).to_pandas() if tables else pd.DataFrame(columns=read)
+        return LoadReport(rows[names], skipped)
 
     def done_run_ids(self, loaded: LoadReport | None = None) -> set[str]:
         """Runs that need not run again: stored with a result (ok or diverged).
