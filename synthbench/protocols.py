@@ -28,6 +28,9 @@ class Protocol:
     steps: int = 1000
     batch_size: int = 32
     lrs: tuple[float, ...] = (1e-3,)
+    # at most this many lrs added past the grid's edges, one grid step at a time, while the
+    # best lr on the validation set sits at an edge (synthbench/sweep.py)
+    lr_extend: int = 0
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.98)
     warmup_frac: float = 0.1
@@ -61,8 +64,10 @@ class Protocol:
             < 1
         ):
             problems.append("sizes and counts must be >= 1")
-        if not self.lrs or min(self.lrs) <= 0:
-            problems.append("lrs must be a non-empty list of positive learning rates")
+        if not self.lrs or min(self.lrs) <= 0 or len(set(self.lrs)) < len(self.lrs):
+            problems.append("lrs must be a non-empty list of distinct positive learning rates")
+        if self.lr_extend < 0 or (self.lr_extend and len(self.lrs) < 2):
+            problems.append("lr_extend must be >= 0, and needs at least 2 lrs (the grid step)")
         if self.grad_clip < 0 or self.weight_decay < 0:
             problems.append("grad_clip and weight_decay must be >= 0")
         if not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_frac <= 1:

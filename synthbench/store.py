@@ -24,9 +24,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Columns each schema version added; a file of an older version is read with them null.
-ADDED_IN = {2: ("eval_length_mult", "long_token_acc", "long_exact_match")}
+ADDED_IN = {2: ("eval_length_mult", "long_token_acc", "long_exact_match"), 3: ("threads",)}
 PARTITIONS = ("task", "mechanism")
 _TMP_PREFIX = ".tmp-"
 # <root>/bench/: the rows of `synthbench bench` (synthbench/bench), another schema; not task results
@@ -62,6 +62,8 @@ SCHEMA = pa.schema(
         ("final_loss", pa.float64()),
         ("n_params", pa.int64()),
         ("wall_seconds", pa.float64()),
+        ("threads", pa.int64()),  # torch's intra-op threads of the training (in the run id)
+        # provenance (synthbench/provenance.py)
         ("device", pa.string()),
         ("torch_version", pa.string()),
         ("synthbench_version", pa.string()),
@@ -71,6 +73,19 @@ SCHEMA = pa.schema(
     metadata={"synthbench_schema_version": str(SCHEMA_VERSION)},
 )
 COLUMNS = [*PARTITIONS, *SCHEMA.names]
+# What a row handed to ``write`` holds: every column but the version, which the store adds.
+ROW_COLUMNS = frozenset(COLUMNS) - {"schema_version"}
+# The columns a training fills with its results; null when it fails.
+RESULT_METRICS = (
+    "token_acc",
+    "exact_match",
+    "val_token_acc",
+    "val_exact_match",
+    "long_token_acc",
+    "long_exact_match",
+    "final_loss",
+    "n_params",
+)
 _PARTITION_DIR = re.compile(r"^(task|mechanism)=(.+)$")
 
 
@@ -87,6 +102,10 @@ def write_atomically(table: pa.Table, path: Path) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+class SchemaError(ValueError):
+    """A row that does not hold exactly the columns of the schema (a programming error)."""
 
 
 class CorruptResultWarning(UserWarning):
@@ -107,7 +126,10 @@ class ResultStore:
         return self.root / f"task={task}" / f"mechanism={mechanism}" / f"{run_id}.parquet"
 
     def write(self, rows: list[dict[str, Any]]) -> Path:
-        """Store the rows of one run (same run_id, task, mechanism) atomically."""
+        """Store the rows of one run (same run_id, task, mechanism) atomically, replacing
+        what was stored for it. A row must hold exactly ``ROW_COLUMNS``."""
+        for row in rows:
+            check_row(row)
         first = rows[0]
         if any(
             (r["run_id"], r["task"], r["mechanism"])
@@ -118,14 +140,21 @@ class ResultStore:
         path = self.path_for(first["task"], first["mechanism"], first["run_id"])
         path.parent.mkdir(parents=True, exist_ok=True)
         table = pa.Table.from_pylist(
-            [
-                {**{c: r.get(c) for c in SCHEMA.names}, "schema_version": SCHEMA_VERSION}
-                for r in rows
-            ],
-            schema=SCHEMA,
+            [{**r, "schema_version": SCHEMA_VERSION} for r in rows], schema=SCHEMA
         )
         write_atomically(table, path)
         return path
+
+    def read_run(self, task: str, mechanism: str, run_id: str) -> list[dict[str, Any]]:
+        """Every stored row of one run, all columns (nothing if it has no readable file)."""
+        path = self.path_for(task, mechanism, run_id)
+        if not path.is_file():
+            return []
+        try:
+            table = self._read(path, _schema_of(COLUMNS))
+        except ValueError:
+            return []
+        return [{k: v for k, v in r.items() if k != "schema_version"} for r in table.to_pylist()]
 
     # -- reading ------------------------------------------------------------------------
 
@@ -188,8 +217,7 @@ class ResultStore:
         names = [*PARTITIONS, *(c for c in (columns or SCHEMA.names) if c not in PARTITIONS)]
         # every file is checked against its name, so run_id is read even when not asked for
         read = names if "run_id" in names else [*names, "run_id"]
-        fields = {f.name: f for f in SCHEMA} | {p: pa.field(p, pa.string()) for p in PARTITIONS}
-        wanted = pa.schema([fields[n] for n in read])
+        wanted = _schema_of(read)
         tables, skipped = [], []
         for path in self.files():
             try:
@@ -222,6 +250,21 @@ class ResultStore:
                 tmp.unlink(missing_ok=True)
                 removed += 1
         return removed
+
+
+def check_row(row: dict[str, Any]) -> None:
+    """Raise SchemaError unless ``row`` holds exactly the columns of the current schema."""
+    missing, unknown = ROW_COLUMNS - set(row), set(row) - ROW_COLUMNS
+    if missing or unknown:
+        problems = [f"{what} {', '.join(sorted(cols))}" for what, cols in
+                    (("missing", missing), ("unknown", unknown)) if cols]  # fmt: skip
+        raise SchemaError(f"a results row of schema {SCHEMA_VERSION}: " + "; ".join(problems))
+
+
+def _schema_of(columns: list[str]) -> pa.Schema:
+    """The Arrow schema of ``columns`` (partition columns are strings)."""
+    fields = {f.name: f for f in SCHEMA} | {p: pa.field(p, pa.string()) for p in PARTITIONS}
+    return pa.schema([fields[c] for c in columns])
 
 
 def _process_alive(pid: int) -> bool:

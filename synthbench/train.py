@@ -1,172 +1,26 @@
-"""Train and evaluate one run: a (task, mechanism, protocol, seed) with every lr of the protocol.
+"""Train and evaluate one run at one learning rate: one results row.
 
-A run is fully described by its :class:`RunSpec`; its ``run_id`` is a hash of the resolved
-config, so the same config always maps to the same stored file (resume, no duplicates).
+The run is fully described by its :class:`~synthbench.spec.RunSpec`; the runner
+(synthbench/runner.py) decides which learning rates to train and which one a run reports.
+A failure is never raised: it is the row's status (``diverged``, or ``error`` with its
+message), never an accuracy of 0.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import hashlib
-import json
 import math
-import subprocess
 import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-import synthbench
-from synthbench.mechanism import MECHANISMS, mechanism_params
-from synthbench.model import Model, check_position, make_rotation, position_params
+from synthbench import provenance
+from synthbench.model import Model
 from synthbench.protocols import Protocol
-from synthbench.task import IGNORE, TASKS, Batch, Task
-
-# Bump when a built-in task's generation changes, so stored rows are not reused for it.
-SUITE_VERSION = 1
-# Validation and test sets are drawn from these generator seeds, the same for every seed and
-# mechanism; training seeds must stay below MAX_SEED so that they never coincide.
-MAX_SEED = 1_000_000_000
-VAL_SEED, TEST_SEED = MAX_SEED + 1, MAX_SEED + 2
-
-
-@dataclass
-class RunSpec:
-    task: str
-    mechanism: str
-    protocol: Protocol
-    seed: int
-    task_params: dict[str, Any] = field(default_factory=dict)
-    mechanism_params: dict[str, Any] = field(default_factory=dict)
-    # also evaluate on the task with its length knob scaled by this (length generalisation)
-    eval_length_mult: float | None = None
-    # the complete parameters of protocol.pos: empty for learned, sinusoidal and none
-    pos_params: dict[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def resolve(
-        cls,
-        task: str,
-        mechanism: str,
-        protocol: Protocol,
-        seed: int,
-        task_overrides: dict[str, Any] | None = None,
-        mechanism_overrides: dict[str, Any] | None = None,
-        eval_length_mult: float | None = None,
-        pos: str | None = None,
-        pos_overrides: dict[str, Any] | None = None,
-    ) -> RunSpec:
-        """Canonical names and complete parameter sets (defaults filled in, validated).
-
-        ``eval_length_mult`` is dropped for a task without a length knob. ``pos`` replaces
-        the protocol's positional encoding (the protocol keeps its name and version; the
-        change shows in its config), ``pos_overrides`` are the parameters of a rotation.
-        """
-        if not 0 <= seed < MAX_SEED:
-            raise ValueError(f"seed must be in [0, {MAX_SEED}), got {seed}")
-        if pos is not None:
-            check_position(pos)
-            protocol = dataclasses.replace(protocol, pos=pos)
-        pos_params = position_params(protocol.pos, pos_overrides)
-        # build the rotation once so that an invalid parameter fails here, before any run
-        make_rotation(
-            protocol.pos, protocol.d_model // protocol.n_heads, protocol.n_heads, pos_params
-        )
-        task_entry, mech_entry = TASKS.entry(task), MECHANISMS.entry(mechanism)
-        task_obj = task_entry.obj(**(task_overrides or {}))
-        task_params = task_obj.param_dict()
-        if eval_length_mult is not None:
-            if not eval_length_mult > 0:
-                raise ValueError(f"the eval length multiplier must be > 0, got {eval_length_mult}")
-            if task_obj.length_param is None:
-                eval_length_mult = None
-            else:
-                try:
-                    task_obj.at_length(eval_length_mult)
-                except ValueError as exc:
-                    raise ValueError(
-                        f"task {task_entry.name} at {eval_length_mult:g}x length: {exc}"
-                    ) from exc
-        mech_params = mechanism_params(mech_entry.obj, mechanism_overrides)
-        # build the mechanism once so that an invalid parameter fails here, before any run
-        try:
-            mech_entry.obj(protocol.d_model // protocol.n_heads, protocol.n_heads, **mech_params)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"mechanism {mech_entry.name}: {exc}") from exc
-        return cls(
-            task_entry.name,
-            mech_entry.name,
-            protocol,
-            seed,
-            task_params,
-            mech_params,
-            float(eval_length_mult) if eval_length_mult is not None else None,
-            pos_params,
-        )
-
-    def config(self) -> dict[str, Any]:
-        config = {
-            "suite_version": SUITE_VERSION,
-            "task": self.task,
-            "task_params": self.task_params,
-            "mechanism": self.mechanism,
-            "mechanism_params": self.mechanism_params,
-            "protocol": self.protocol.config(),
-            "seed": self.seed,
-        }
-        if self.eval_length_mult is not None:  # absent otherwise: earlier run ids still hold
-            config["eval_length_mult"] = self.eval_length_mult
-        if self.pos_params:  # a rotation's; absolute positions have none: run ids unchanged
-            config["pos_params"] = self.pos_params
-        return config
-
-    @functools.cached_property
-    def run_id(self) -> str:
-        canonical = json.dumps(self.config(), sort_keys=True, default=str)
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
-
-    def label(self) -> str:
-        return f"{self.task} / {self.mechanism} / seed {self.seed}"
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
-        raise ValueError(f"unknown device {device!r} (auto, cpu, cuda)")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda was asked for but torch sees no CUDA device")
-    return torch.device(device)
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-
-
-@functools.cache
-def git_commit() -> str:
-    """The commit of the synthbench checkout (with '-dirty' for local changes), if any."""
-    root = Path(synthbench.__file__).resolve().parent.parent
-    try:
-        commit = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
-        )
-        if commit.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-        ).stdout.strip()
-        return commit.stdout.strip() + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
+from synthbench.spec import TEST_SEED, VAL_SEED, RunSpec
+from synthbench.store import RESULT_METRICS
+from synthbench.task import IGNORE, Batch, Task
 
 
 def lr_schedule(protocol: Protocol):
@@ -218,12 +72,10 @@ def evaluate(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
 def build_model(spec: RunSpec, *tasks: Task) -> Model:
     """The run's model, with vocabulary and positions for every one of ``tasks``."""
     p = spec.protocol
-    mech_cls = MECHANISMS.get(spec.mechanism)
-    head_dim = p.d_model // p.n_heads
     return Model(
         max(t.vocab_size for t in tasks),
         max(t.seq_len for t in tasks),
-        lambda: mech_cls(head_dim, p.n_heads, **spec.mechanism_params),
+        spec.make_mechanism,
         d_model=p.d_model,
         n_heads=p.n_heads,
         n_layers=p.n_layers,
@@ -235,7 +87,7 @@ def build_model(spec: RunSpec, *tasks: Task) -> Model:
 
 def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dict) -> None:
     p = spec.protocol
-    task = TASKS.get(spec.task)(**spec.task_params)
+    task = spec.make_task()
     long_task = task.at_length(spec.eval_length_mult) if spec.eval_length_mult else None
     torch.manual_seed(spec.seed)  # model init and any random features of the mechanism
     model = build_model(spec, task, *([long_task] if long_task else [])).to(device)
@@ -278,30 +130,34 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
     row["status"] = "ok"
 
 
-def train_eval(spec: RunSpec, lr: float, device: torch.device) -> dict[str, Any]:
-    """One training run at one learning rate -> one results row (never raises on failure)."""
-    row: dict[str, Any] = {
-        "run_id": spec.run_id,
-        "suite_version": SUITE_VERSION,
-        "task": spec.task,
-        "category": TASKS.entry(spec.task).metadata["category"],
-        "task_params": json.dumps(spec.task_params, sort_keys=True),
-        "mechanism": spec.mechanism,
-        "mechanism_params": json.dumps(spec.mechanism_params, sort_keys=True, default=str),
-        "protocol": spec.protocol.name,
-        "protocol_version": spec.protocol.version,
-        "config": json.dumps(spec.config(), sort_keys=True, default=str),
-        "seed": spec.seed,
+def blank_row(spec: RunSpec, lr: float) -> dict[str, Any]:
+    """A row of ``spec`` at ``lr`` with no result yet: status error, every metric null."""
+    return {
+        **spec.row_fields(),
         "lr": lr,
-        "steps": spec.protocol.steps,
-        "eval_length_mult": spec.eval_length_mult,
+        "selected": False,  # the runner sets it once the sweep is complete
         "steps_done": 0,
         "status": "error",
-        "device": device_name(device),
-        "torch_version": torch.__version__,
-        "synthbench_version": synthbench.__version__,
-        "git_commit": git_commit(),
+        "error": None,
+        **dict.fromkeys(RESULT_METRICS),
+        "wall_seconds": 0.0,
     }
+
+
+def failed_row(spec: RunSpec, lr: float, device: torch.device, error: str) -> dict[str, Any]:
+    """The row of a training that could not run at all (its worker died, say)."""
+    return {**blank_row(spec, lr), "error": error, **provenance.stamp(device)}
+
+
+def train_eval(spec: RunSpec, lr: float, device: torch.device) -> dict[str, Any]:
+    """One training run at one learning rate -> one results row (never raises on failure).
+
+    Runs with ``spec.threads`` torch threads (restored afterwards): the count is part of the
+    run's config because it changes the floating-point sums.
+    """
+    row = blank_row(spec, lr)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
     start = time.perf_counter()
     try:
         _train_and_evaluate(spec, lr, device, row)
@@ -309,17 +165,7 @@ def train_eval(spec: RunSpec, lr: float, device: torch.device) -> dict[str, Any]
         row.update(status="diverged", error=str(exc))
     except Exception as exc:  # stored as an error row; the suite goes on
         row.update(status="error", error=f"{type(exc).__name__}: {exc}")
+    finally:
+        torch.set_num_threads(threads)
     row["wall_seconds"] = time.perf_counter() - start
-    row["created_at"] = datetime.now(timezone.utc)
-    return row
-
-
-def run(spec: RunSpec, device: torch.device) -> list[dict[str, Any]]:
-    """Every lr of the protocol; the lr with the best validation metric is ``selected``."""
-    rows = [train_eval(spec, lr, device) for lr in spec.protocol.lrs]
-    metric = f"val_{spec.protocol.select_metric}"
-    ok = [r for r in rows if r["status"] == "ok"]
-    best = max(ok, key=lambda r: r[metric]) if ok else None
-    for r in rows:
-        r["selected"] = r is best
-    return rows
+    return {**row, **provenance.stamp(device)}

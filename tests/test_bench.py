@@ -15,7 +15,7 @@ import torch
 from typer.testing import CliRunner
 
 import synthbench.bench.common
-import synthbench.train
+import synthbench.provenance
 from synthbench.bench import scaling
 from synthbench.bench.common import META, BenchFile, bench_files
 from synthbench.bench.fidelity import METRICS as FIDELITY_METRICS
@@ -27,8 +27,9 @@ from synthbench.bench.throughput import METRICS as TRAIN_METRICS
 from synthbench.cli import app
 from synthbench.mechanism import MECHANISMS
 from synthbench.protocols import PROTOCOLS
+from synthbench.runner import run_sweep
+from synthbench.spec import RunSpec
 from synthbench.store import BENCH_DIR, ResultStore
-from synthbench.train import RunSpec, run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -61,8 +62,7 @@ class Stuck(Mechanism):  # never finishes within the limit
 def no_git():
     """The rows' commit without running git (another session works in this checkout)."""
     with pytest.MonkeyPatch.context() as patch:
-        for module in (synthbench.bench.common, synthbench.train):
-            patch.setattr(module, "git_commit", lambda: "test")
+        patch.setattr(synthbench.provenance, "git_commit", lambda: "test")
         yield
 
 
@@ -269,7 +269,7 @@ def test_bench_subtree_is_not_task_results(scaling_run, tmp_path):
     shutil.copytree(scaling_run[0] / "results", root)
     smoke = dataclasses.replace(PROTOCOLS.get("smoke"), steps=3)
     spec = RunSpec.resolve("copy", "linear", smoke, 0, {"n": 4})
-    ResultStore(root).write(run(spec, torch.device("cpu")))
+    ResultStore(root).write(run_sweep(spec, torch.device("cpu")))
     store = ResultStore(root)
     assert all(BENCH_DIR not in p.relative_to(root).parts for p in store.files())
     assert len(store.files()) == 1

@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 
 from synthbench.cli import app
 from synthbench.protocols import PROTOCOLS
+from synthbench.spec import RunSpec
 from synthbench.store import COLUMNS, ResultStore
 from synthbench.task import TASKS
-from synthbench.train import RunSpec
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

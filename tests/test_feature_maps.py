@@ -9,10 +9,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from synthbench.mechanisms.performer import KEY_LOGIT_BOUND, orthogonal_gaussian
 from test_mechanisms import assert_matches_reference
 
 from synthbench.mechanism import MECHANISMS
+from synthbench.mechanisms.performer import KEY_LOGIT_BOUND, orthogonal_gaussian
 
 B, H, D = 1, 2, 8
 TIGHT = {"atol": 1e-10, "rtol": 1e-10}

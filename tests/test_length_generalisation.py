@@ -11,9 +11,11 @@ import torch
 
 from synthbench.protocols import PROTOCOLS
 from synthbench.report import aggregate
+from synthbench.runner import run_sweep
+from synthbench.spec import RunSpec
 from synthbench.store import ADDED_IN, SCHEMA, ResultStore
 from synthbench.task import TASKS
-from synthbench.train import RunSpec, build_model, run
+from synthbench.train import build_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -86,7 +88,7 @@ def test_model_covers_the_longer_task():
 @pytest.fixture(scope="module")
 def long_rows(single_thread):
     spec = RunSpec.resolve("copy", "softmax", SMOKE, 0, {"n": 8}, eval_length_mult=2)
-    return spec, run(spec, torch.device("cpu"))
+    return spec, run_sweep(spec, torch.device("cpu"))
 
 
 def test_run_stores_long_metrics(long_rows, tmp_path):
@@ -103,7 +105,7 @@ def test_run_stores_long_metrics(long_rows, tmp_path):
 
 def test_run_without_multiplier_leaves_long_metrics_null(tmp_path):
     spec = RunSpec.resolve("copy", "softmax", SMOKE, 0, {"n": 4})
-    (row,) = run(spec, torch.device("cpu"))
+    (row,) = run_sweep(spec, torch.device("cpu"))
     assert row["eval_length_mult"] is None and row.get("long_token_acc") is None
     store = ResultStore(tmp_path)
     store.write([row])

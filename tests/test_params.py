@@ -4,7 +4,7 @@ import pytest
 
 from synthbench.params import REQUIRED, parse_assignments, resolve_params
 from synthbench.protocols import PROTOCOLS
-from synthbench.train import RunSpec
+from synthbench.spec import RunSpec
 
 
 def test_parse_assignments_reads_python_literals_and_falls_back_to_strings():

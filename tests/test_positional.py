@@ -14,15 +14,16 @@ from synthbench.mechanism import MECHANISMS
 from synthbench.model import Model, position_params
 from synthbench.positional import ROTATIONS, CayleyRoPE, LearnedRoPE, RoPE, cayley
 from synthbench.protocols import PROTOCOLS
+from synthbench.spec import RunSpec
 from synthbench.store import ResultStore
-from synthbench.train import RunSpec
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
 D, HEADS, L = 8, 2, 12
 F64 = torch.float64
-# `RunSpec.resolve("copy", "softmax", PROTOCOLS.get("quick"), 0).run_id` before --pos existed
-QUICK_COPY_SOFTMAX_RUN_ID = "edfa7ca9c5f2aa65"
+# `RunSpec.resolve("copy", "softmax", PROTOCOLS.get("quick"), 0).run_id` without --pos (since
+# the thread count and lr_extend entered the config; before, "edfa7ca9c5f2aa65")
+QUICK_COPY_SOFTMAX_RUN_ID = "6e9a532d4fc50137"
 
 
 def make_rotation(kind: str, head_dim: int = D, n_heads: int = HEADS, **params) -> RoPE:

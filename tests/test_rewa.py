@@ -12,6 +12,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from test_mechanisms import assert_matches_reference
+
+from synthbench.mechanism import MECHANISMS, mechanism_params
 from synthbench.mechanisms.rewa import (
     GEOMETRIES,
     PARTS,
@@ -19,9 +22,6 @@ from synthbench.mechanisms.rewa import (
     poincare_distance,
     to_poincare_ball,
 )
-from test_mechanisms import assert_matches_reference
-
-from synthbench.mechanism import MECHANISMS, mechanism_params
 
 B, H, L, D = 2, 3, 23, 8
 CLOSE = {"atol": 1e-10, "rtol": 1e-9}

@@ -17,6 +17,8 @@ import pytest
 import torch
 
 from synthbench.protocols import PROTOCOLS
+from synthbench.runner import run_sweep
+from synthbench.spec import RunSpec
 from synthbench.store import (
     COLUMNS,
     PARTITIONS,
@@ -25,7 +27,6 @@ from synthbench.store import (
     CorruptResultWarning,
     ResultStore,
 )
-from synthbench.train import RunSpec, run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -40,7 +41,7 @@ def runs(single_thread) -> dict[str, list[dict]]:
         "b": RunSpec.resolve("kv_recall", "linear", SWEEP, 1, {"pairs": 4}),
         "c": RunSpec.resolve("copy", "softmax", SWEEP, 0, {"n": 4}),
     }
-    rows = {key: run(s, torch.device("cpu")) for key, s in specs.items()}
+    rows = {key: run_sweep(s, torch.device("cpu")) for key, s in specs.items()}
     assert all(r["status"] == "ok" for rs in rows.values() for r in rs)
     return rows
 
@@ -161,7 +162,7 @@ def test_failed_rows_round_trip_as_missing_metrics(tmp_path, runs):
     store = ResultStore(tmp_path)
     failed = []
     for r in runs["a"]:
-        row = {k: v for k, v in r.items() if not k.startswith(("token", "exact", "val_"))}
+        row = {k: (None if k.startswith(("token", "exact", "val_")) else v) for k, v in r.items()}
         failed.append({**row, "status": "diverged", "error": "non-finite loss", "selected": False})
     store.write(failed)
     rows = store.load().rows

@@ -11,18 +11,10 @@ import torch
 
 from synthbench.mechanism import MECHANISMS, Mechanism
 from synthbench.protocols import PROTOCOLS
+from synthbench.runner import run_sweep as run
+from synthbench.spec import MAX_SEED, TEST_SEED, VAL_SEED, RunSpec
 from synthbench.task import IGNORE, TASKS
-from synthbench.train import (
-    MAX_SEED,
-    TEST_SEED,
-    VAL_SEED,
-    RunSpec,
-    answer_metrics,
-    build_model,
-    evaluate,
-    lr_schedule,
-    run,
-)
+from synthbench.train import answer_metrics, build_model, evaluate, lr_schedule
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -70,7 +62,8 @@ def _protocol_variants():
         "n_layers": 2,
         "steps": 21,
         "batch_size": 8,
-        "lrs": (3e-3,),
+        "lrs": (3e-3, 1e-2),
+        "lr_extend": 1,
         "weight_decay": 0.0,
         "betas": (0.9, 0.999),
         "warmup_frac": 0.2,
@@ -88,8 +81,9 @@ def _protocol_variants():
 
 @pytest.mark.parametrize("field,value", _protocol_variants())
 def test_run_id_changes_with_every_protocol_field(field, value):
-    base = RunSpec.resolve("copy", "softmax", SMOKE, 0)
-    other = RunSpec.resolve("copy", "softmax", dataclasses.replace(SMOKE, **{field: value}), 0)
+    sweep = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3))  # lr_extend needs a grid step
+    base = RunSpec.resolve("copy", "softmax", sweep, 0)
+    other = RunSpec.resolve("copy", "softmax", dataclasses.replace(sweep, **{field: value}), 0)
     assert other.run_id != base.run_id
 
 
@@ -103,6 +97,7 @@ def test_run_id_changes_with_seed_task_and_mechanism_params():
     base = RunSpec.resolve("kv_recall", "linear", SMOKE, 0)
     variants = [
         RunSpec.resolve("kv_recall", "linear", SMOKE, 1),
+        RunSpec.resolve("kv_recall", "linear", SMOKE, 0, threads=2),
         RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"pairs": 4}),
         RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"queries": 2}),
         RunSpec.resolve("kv_recall", "linear", SMOKE, 0, None, {"eps": 1e-5}),
@@ -270,7 +265,7 @@ def test_lr_sweep_selects_on_the_protocols_metric(monkeypatch):
     def fake_train_eval(spec, lr, device):
         return {"status": "ok", "lr": lr, **fake[lr]}
 
-    monkeypatch.setattr("synthbench.train.train_eval", fake_train_eval)
+    monkeypatch.setattr("synthbench.executors.train_eval", fake_train_eval)
     for metric, best in (("token_acc", 1e-3), ("exact_match", 3e-3)):
         p = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3), select_metric=metric)
         rows = run(spec(protocol=p), CPU)

@@ -24,9 +24,8 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-import synthbench
+from synthbench import provenance
 from synthbench.store import BENCH_DIR, write_atomically
-from synthbench.train import device_name, git_commit
 
 KINDS = ("scaling", "fidelity", "quadrature", "train")
 # the paper's Fig. 2 line-up (001 sec. 3.2), plus spherical Yat, the kernel SLAY linearises
@@ -85,15 +84,7 @@ class BenchFile:
         self.rows: list[dict[str, Any]] = []
 
     def add(self, rows: list[dict[str, Any]], device: torch.device) -> None:
-        stamp = {
-            "kind": self.kind,
-            "bench_id": self.bench_id,
-            "device": device_name(device),
-            "torch_version": torch.__version__,
-            "synthbench_version": synthbench.__version__,
-            "git_commit": git_commit(),
-            "created_at": datetime.now(timezone.utc),
-        }
+        stamp = {"kind": self.kind, "bench_id": self.bench_id, **provenance.stamp(device)}
         self.rows += [{**row, **stamp} for row in rows]
         self._write()
 

@@ -31,8 +31,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from synthbench.bench.common import params_json
 from synthbench.protocols import Protocol
+from synthbench.spec import RunSpec
 from synthbench.task import TASKS
-from synthbench.train import RunSpec, train_eval
+from synthbench.train import train_eval
 
 METRICS = [
     ("task", pa.string()),

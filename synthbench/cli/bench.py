@@ -6,15 +6,14 @@ exact kernel (docs/BENCHMARKS.md).
     synthbench bench train       steps/s and tokens/s of the real training loop
     synthbench bench plot        figures and tables of the stored rows
 
-Rows go to ``<results>/bench/<kind>/<id>.parquet`` (``common``); figures and tables to
-``reports/bench/``. User errors end in one line and exit status 2 through the main command
-line's own handling (``synthbench.cli._guard``).
+The measurements live in synthbench/bench; this module only parses options and prints.
+Rows go to ``<results>/bench/<kind>/<id>.parquet`` (``synthbench.bench.common``); figures and
+tables to ``reports/bench/``.
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
 from pathlib import Path
 from typing import Annotated
 
@@ -25,67 +24,39 @@ import typer
 from synthbench.bench import fidelity, plots, scaling, throughput
 from synthbench.bench.common import DEFAULT_MECHS, BenchFile, load_bench, new_bench_id
 from synthbench.bench.memory import available_memory
-from synthbench.mechanism import MECHANISMS
+from synthbench.cli.common import (
+    DeviceOption,
+    PluginOption,
+    echo,
+    fail,
+    guard,
+    load_plugins,
+    select_mechanisms,
+    select_tasks,
+    split,
+)
+from synthbench.devices import resolve_device
 from synthbench.mechanisms.slay import MAX_QUAD_NODES
 from synthbench.protocols import PROTOCOLS
 from synthbench.report import to_markdown
 from synthbench.task import TASKS
-from synthbench.train import resolve_device
-
-__all__ = ["bench_app"]
 
 bench_app = typer.Typer(
     no_args_is_help=True,
     help="Cost and fidelity benchmarks of the mechanisms (docs/BENCHMARKS.md).",
 )
 
-PluginOption = Annotated[
-    list[Path] | None,
-    typer.Option("--plugin", help="Python file that registers tasks or mechanisms (repeatable)."),
-]
 ResultsOption = Annotated[
     Path, typer.Option("--results", help="Results tree (rows go to <results>/bench/<kind>/).")
 ]
 OutOption = Annotated[Path, typer.Option("--out", help="Where figures and tables go.")]
-DeviceOption = Annotated[str, typer.Option(help="auto, cpu or cuda.")]
 DEFAULT_OUT = Path("reports/bench")
 FIGURE_FORMATS = ("png", "pdf")
 
 
-def _cli():
-    """The main command line module, looked up when a command runs: it imports this package,
-    so importing it here at load time would be circular."""
-    from synthbench import cli
-
-    return cli
-
-
-def _guarded(command):
-    """Run ``command`` under the main command line's error handling (one line, exit 2)."""
-
-    @functools.wraps(command)
-    def wrapper(*args, **kwargs):
-        return _cli()._guard(command)(*args, **kwargs)
-
-    return wrapper
-
-
-def echo(line: str = "") -> None:
-    _cli().out.print(line, highlight=False, markup=False)
-
-
-def _mechanisms(value: str, option: str = "--mech") -> list[str]:
-    """'all' or comma-separated names -> canonical names, each once."""
-    names = MECHANISMS.names() if value == "all" else _cli()._split(value)
-    mechs = list(dict.fromkeys(MECHANISMS.canonical(m) for m in names))
-    if not mechs:
-        raise ValueError(f"{option} names no mechanism")
-    return mechs
-
-
 def _choose(option: str, value: str, known) -> list[str]:
     """Comma-separated choices out of ``known``; a ValueError names an unknown one."""
-    chosen = _cli()._split(value)
+    chosen = split(value)
     for name in chosen:
         if name not in known:
             close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
@@ -97,7 +68,7 @@ def _choose(option: str, value: str, known) -> list[str]:
 
 
 def _interrupted(file: BenchFile):
-    return _cli()._fail(f"interrupted; the rows measured so far are in {file.path}", 130)
+    return fail(f"interrupted; the rows measured so far are in {file.path}", 130)
 
 
 def _wrote(paths: list[Path]) -> None:
@@ -109,7 +80,7 @@ def _wrote(paths: list[Path]) -> None:
 
 
 @bench_app.command("scaling")
-@_guarded
+@guard
 def scaling_command(
     mech: Annotated[str, typer.Option(help="'all' or comma-separated mechanism names.")] = (
         ",".join(DEFAULT_MECHS)
@@ -143,9 +114,8 @@ def scaling_command(
     plugin: PluginOption = None,
 ) -> None:
     """Latency, peak memory and throughput of one causal attention layer against length."""
-    cli = _cli()
-    cli._load_plugins(plugin)
-    names = _mechanisms(mech)
+    load_plugins(plugin)
+    names = select_mechanisms(mech)
     dev = resolve_device(device)
     if memory_limit_gb is not None:
         limit = int(memory_limit_gb * 2**30)
@@ -188,7 +158,7 @@ def scaling_command(
 
 
 @bench_app.command("fidelity")
-@_guarded
+@guard
 def fidelity_command(
     variants: Annotated[str, typer.Option(help="Comma-separated SLAY variants.")] = (
         ",".join(fidelity.VARIANTS)
@@ -217,8 +187,8 @@ def fidelity_command(
     plugin: PluginOption = None,
 ) -> None:
     """SLAY variants against exact spherical Yat (001 Table 6, Fig. 7); quadrature (Fig. 9)."""
-    _cli()._load_plugins(plugin)
-    names = _mechanisms(variants, "--variants")
+    load_plugins(plugin)
+    names = select_mechanisms(variants, "--variants")
     budgets = [fidelity.BUDGETS[b] for b in _choose("budget", budget, fidelity.BUDGETS)]
     if not 1 <= max_nodes <= MAX_QUAD_NODES:
         raise ValueError(f"--max-nodes must be in [1, {MAX_QUAD_NODES}], got {max_nodes}")
@@ -261,7 +231,7 @@ def fidelity_command(
 
 
 @bench_app.command("train")
-@_guarded
+@guard
 def train_command(
     protocol: Annotated[str, typer.Option(help="Protocol (synthbench list protocols).")] = "quick",
     task: Annotated[str, typer.Option(help="'all' or comma-separated task names.")] = "all",
@@ -274,11 +244,10 @@ def train_command(
     plugin: PluginOption = None,
 ) -> None:
     """Steps/s and tokens/s of the real training loop; predicted time of `run --task all`."""
-    cli = _cli()
-    cli._load_plugins(plugin)
+    load_plugins(plugin)
     proto = PROTOCOLS.get(protocol)
-    tasks = cli._select_tasks(task, None)
-    names = _mechanisms(mech)
+    tasks = select_tasks(task, None)
+    names = select_mechanisms(mech)
     if steps < 2:
         raise ValueError(f"--steps must be >= 2, got {steps}")
     dev = resolve_device(device)
@@ -307,7 +276,7 @@ def train_command(
 
 
 @bench_app.command("plot")
-@_guarded
+@guard
 def plot_command(
     results: ResultsOption = Path("results"),
     out: OutOption = DEFAULT_OUT,

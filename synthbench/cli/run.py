@@ -1,0 +1,245 @@
+"""``synthbench run``: parse the options, hand the runs to the runner, render its progress."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from synthbench import runner
+from synthbench.cli.common import (
+    DeviceOption,
+    PluginOption,
+    ResultsOption,
+    UsageError,
+    fail,
+    load_plugins,
+    out,
+    select_mechanisms,
+    select_tasks,
+    warn,
+)
+from synthbench.cli.progress import Eta, EtaColumn
+from synthbench.devices import default_jobs, resolve_device, worker_devices
+from synthbench.executors import EXECUTORS, InProcess, LocalPool, RayPool
+from synthbench.params import parse_assignments
+from synthbench.protocols import PROTOCOLS
+from synthbench.runner import Unit, run_status
+from synthbench.spec import MAX_THREADS, RunSpec
+from synthbench.store import ResultStore
+
+
+def run_command(
+    task: Annotated[str, typer.Option(help="'all' or comma-separated task names.")] = "all",
+    category: Annotated[str | None, typer.Option(help="Only the tasks of this category.")] = None,
+    mech: Annotated[
+        str, typer.Option(help="'all' or comma-separated mechanism names.")
+    ] = "softmax",
+    seeds: Annotated[
+        int | None, typer.Option(help="Seeds 0..N-1 (default: the protocol's).")
+    ] = None,
+    protocol: Annotated[
+        str, typer.Option(help="Protocol preset (synthbench list protocols).")
+    ] = "quick",
+    device: DeviceOption = "auto",
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            help="Trainings at once. Local: worker processes (default: one per core on the CPU, "
+            "up to 4 per GPU); 1 trains in this process. Ray: at most this many tasks."
+        ),
+    ] = None,
+    threads: Annotated[
+        int,
+        typer.Option(help="Torch threads per training (part of the run's config: it changes "
+        "the floating-point sums)."),
+    ] = 1,  # fmt: skip
+    executor: Annotated[
+        str, typer.Option(help="local (this machine) or ray (a Ray cluster).")
+    ] = "local",
+    ray_address: Annotated[
+        str | None,
+        typer.Option(help="Join this Ray cluster (e.g. ray://head:10001, auto); default: a "
+        "local Ray instance."),
+    ] = None,  # fmt: skip
+    cpus_per_run: Annotated[
+        float | None, typer.Option(help="Ray: CPUs a training asks for (default: --threads).")
+    ] = None,
+    gpus_per_run: Annotated[
+        float, typer.Option(help="Ray: GPUs a training asks for (a fraction shares one).")
+    ] = 0.0,
+    task_param: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE for every selected task, e.g. n=64 (repeatable)."),
+    ] = None,
+    mech_param: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE for every selected mechanism, e.g. eps=1e-4 (repeatable)."),
+    ] = None,
+    results: ResultsOption = Path("results"),
+    plugin: PluginOption = None,
+    force: Annotated[bool, typer.Option(help="Run again even if already stored.")] = False,
+    eval_length_mult: Annotated[
+        float | None,
+        typer.Option(
+            help="Also test at this multiple of the trained length (tasks with a length "
+            "knob; stored as long_token_acc, long_exact_match)."
+        ),
+    ] = None,
+    pos: Annotated[
+        str | None,
+        typer.Option(
+            help="Positional encoding instead of the protocol's: learned, sinusoidal, none, "
+            "rope, rope-learned or rope-cayley (docs/POSITIONS.md)."
+        ),
+    ] = None,
+    pos_param: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE of the rotation, e.g. rotate_fraction=0.5 (repeatable)."),
+    ] = None,
+) -> None:
+    """Train and evaluate every (task, mechanism, seed); one Parquet file per run."""
+    load_plugins(plugin)
+    proto = PROTOCOLS.get(protocol)
+    if executor not in EXECUTORS:
+        raise UsageError(f"unknown executor '{executor}' ({', '.join(EXECUTORS)})")
+    if not 1 <= threads <= MAX_THREADS:
+        raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {threads}")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {jobs}")
+    n_seeds = proto.seeds if seeds is None else seeds
+    if n_seeds < 1:
+        raise UsageError(f"--seeds must be >= 1, got {n_seeds}")
+    dev = resolve_device(device) if executor == "local" else None
+    specs = runner.plan(
+        select_tasks(task, category),
+        select_mechanisms(mech),
+        proto,
+        n_seeds,
+        task_params=parse_assignments(task_param),
+        mechanism_params=parse_assignments(mech_param),
+        eval_length_mult=eval_length_mult,
+        pos=pos,
+        pos_params=parse_assignments(pos_param),
+        threads=threads,
+    )
+
+    def make_executor(n_units: int):
+        """Built once the plan knows how many trainings there are (none: none built)."""
+        if executor == "ray":
+            return RayPool(ray_address, plugin or [], cpus_per_run or threads, gpus_per_run, jobs)
+        n = min(n_units, jobs or default_jobs(dev, threads))
+        if n <= 1:
+            return InProcess(dev)
+        return LocalPool(worker_devices(dev, n), plugin or [], threads)
+
+    where = f"device {dev}" if dev is not None else f"Ray at {ray_address or 'a local instance'}"
+    view = RunView(specs, results, where, bool(pos is not None or pos_param))
+    try:
+        outcome = runner.execute(
+            specs, ResultStore(results), make_executor, force=force, events=view
+        )
+    except KeyboardInterrupt:
+        raise fail(
+            "interrupted; finished trainings are stored, run the same command to resume", 130
+        ) from None
+    finally:
+        view.close()
+    summary = ", ".join(f"{n} {s}" for s, n in sorted(outcome.statuses.items())) or "nothing new"
+    out.print(f"done: {summary}", highlight=False)
+    if outcome.statuses.get("error"):
+        raise fail(
+            f"{outcome.statuses['error']} run(s) raised; their errors are stored "
+            "(synthbench results --status error) and they rerun next time",
+            1,
+        )
+
+
+class RunView(runner.Events):
+    """The header line, the progress bar (only when there is something to train) and one
+    line per finished run."""
+
+    def __init__(self, specs: list[RunSpec], results: Path, where: str, show_pos: bool):
+        self.specs, self.results, self.where, self.show_pos = specs, results, where, show_pos
+        self.progress: Progress | None = None
+        self.eta: Eta | None = None
+        self.bar = None
+
+    def skipped_file(self, path: Path, reason: str) -> None:
+        warn(f"skipping {path}: {reason}")
+
+    def planned(self, runs: int, stored: int, units: list[Unit], capacity: int) -> None:
+        specs = self.specs
+        tasks = len({s.task for s in specs})
+        mechs = len({s.mechanism for s in specs})
+        seeds = len({s.seed for s in specs})
+        first = specs[0]
+        pos_note = ""
+        if self.show_pos:  # say which positions the user asked for
+            params = ", ".join(f"{k}={v}" for k, v in first.pos_params.items())
+            pos_note = f", pos {first.protocol.pos}" + (f" ({params})" if params else "")
+        workers = f", {capacity} at once" if capacity > 1 else ""
+        out.print(
+            f"{runs} runs ({tasks} tasks x {mechs} mechanisms x {seeds} seeds, protocol "
+            f"{first.protocol.name}{pos_note}, {self.where}, {first.threads} thread(s) per "
+            f"training{workers}); {stored} already stored, {runs - stored} to run "
+            f"({len(units)} trainings) -> {self.results}/",
+            highlight=False,
+        )
+        if not units:
+            return
+        self.eta = Eta(capacity)
+        self.eta.add(units)
+        self.progress = Progress(
+            TextColumn("trainings"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            EtaColumn(self.eta),
+            console=out,
+        )
+        self.progress.start()
+        self.bar = self.progress.add_task("trainings", total=len(units))
+
+    def started(self, unit: Unit) -> None:
+        self.eta.started(unit)
+
+    def finished(self, unit: Unit, row: dict[str, Any]) -> None:
+        self.eta.finished(unit, row["wall_seconds"])
+        self.progress.advance(self.bar)
+
+    def grew(self, units: list[Unit]) -> None:
+        self.eta.add(units)
+        self.progress.update(self.bar, total=self.progress.tasks[0].total + len(units))
+        for unit in units:
+            self.progress.console.print(
+                f"   {unit.spec.label()}: best lr at the grid's edge, adding lr {unit.lr:g}",
+                highlight=False,
+            )
+
+    def run_done(self, spec: RunSpec, rows: list[dict[str, Any]]) -> None:
+        self.progress.console.print(run_line(spec, rows), highlight=False)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def run_line(spec: RunSpec, rows: list[dict[str, Any]]) -> str:
+    best = run_status(rows)
+    seconds = sum(r["wall_seconds"] for r in rows)
+    head = f"{spec.task:<16} {spec.mechanism:<12} seed {spec.seed}"
+    if best["status"] != "ok":
+        reason = escape(str(best.get("error")))
+        return f"[red]x[/] {head}  {best['status']}: {reason}  ({seconds:.1f}s)"
+    long = ""
+    if best.get("long_token_acc") is not None:
+        long = f"  at {spec.eval_length_mult:g}x length {best['long_token_acc']:.3f}"
+    return (
+        f"[green]ok[/] {head}  lr {best['lr']:g}  token_acc {best['token_acc']:.3f}  "
+        f"exact {best['exact_match']:.3f}{long}  ({seconds:.1f}s)"
+    )
+

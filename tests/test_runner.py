@@ -1,0 +1,440 @@
+"""The runner: what it plans, what it skips, how it streams rows and grows sweeps, and that
+every executor (this process, local workers, Ray) stores the same rows."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from synthbench import provenance, runner
+from synthbench.cli import app
+from synthbench.executors import MAX_ATTEMPTS, LocalPool
+from synthbench.mechanism import MECHANISMS
+from synthbench.protocols import PROTOCOLS
+from synthbench.registry import load_plugin_file
+from synthbench.runner import Events, Unit
+from synthbench.spec import RunSpec
+from synthbench.store import ResultStore
+from synthbench.sweep import lr_key
+from synthbench.task import TASKS
+from synthbench.train import blank_row
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+CPU = torch.device("cpu")
+SMOKE = PROTOCOLS.get("smoke")
+GRID = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3, 1e-2))
+ENV = {"COLUMNS": "250"}
+SUBPROCESS_ENV = {**os.environ, **ENV, "OMP_NUM_THREADS": "1"}
+# compared across executors: columns a training computes (wall time and stamps differ)
+RESULT = ["status", "token_acc", "exact_match", "val_token_acc", "val_exact_match",
+          "final_loss", "n_params", "selected", "threads"]  # fmt: skip
+
+# A plugin file with a mechanism and a protocol that trains in a second to mid accuracy:
+# rows that are neither at chance nor saturated, so a difference would show.
+PLUGIN = '''
+import torch.nn.functional as F
+
+from synthbench import MECHANISMS, FeatureMapMechanism
+from synthbench.protocols import PROTOCOLS, Protocol
+
+
+@MECHANISMS.register("relu-runner-test", complexity="linear", family="feature-map",
+                     reference="tests/test_runner.py")
+class ReLUFeatures(FeatureMapMechanism):
+    def feature_map(self, x, is_query):
+        return F.relu(x) + 1e-2
+
+    @property
+    def feature_dim(self):
+        return self.head_dim
+
+
+PROTOCOLS.add("tiny-runner-test", Protocol(
+    name="tiny-runner-test", version=1, description="tests only", d_model=32, n_heads=2,
+    n_layers=1, steps=60, batch_size=16, lrs=(1e-2,), val_examples=32, test_examples=64,
+    eval_batch_size=64, seeds=1))
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("plugin") / "runner_test_plugin.py"
+    path.write_text(PLUGIN)
+    load_plugin_file(path, [TASKS, MECHANISMS])
+    return path
+
+
+def invoke(*args):
+    result = CliRunner().invoke(app, [str(a) for a in args], env=ENV)
+    if result.exception and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return result
+
+
+def fake_row(spec: RunSpec, lr: float, acc: float, status: str = "ok") -> dict:
+    """A complete row as a training would return it, with chosen metrics."""
+    row = blank_row(spec, lr)
+    if status == "ok":
+        row.update(token_acc=acc, exact_match=0.0, val_token_acc=acc, val_exact_match=0.0,
+                   final_loss=1.0, n_params=1, steps_done=spec.protocol.steps)  # fmt: skip
+    return {**row, "status": status, **provenance.stamp(CPU)}
+
+
+class FakeExecutor:
+    """Trains nothing: each unit's row comes from ``accuracy(unit)``; after ``stop_after``
+    rows it raises KeyboardInterrupt (a Ctrl-C in the middle of a suite)."""
+
+    def __init__(self, accuracy, capacity=1, stop_after=None, status=lambda u: "ok"):
+        self.accuracy, self.capacity, self.stop_after = accuracy, capacity, stop_after
+        self.status = status
+        self.queue, self.trained, self.closed = [], [], False
+
+    def submit(self, unit):
+        self.queue.append(unit)
+
+    def wait(self):
+        if self.stop_after is not None and len(self.trained) >= self.stop_after:
+            raise KeyboardInterrupt
+        unit = self.queue.pop(0)
+        self.trained.append(unit.lr)
+        return unit, fake_row(unit.spec, unit.lr, self.accuracy(unit), self.status(unit))
+
+    def close(self):
+        self.closed = True
+
+
+def kv(protocol=SMOKE, seed=0, mech="linear") -> RunSpec:
+    return RunSpec.resolve("kv_recall", mech, protocol, seed, {"pairs": 4})
+
+
+def stored_rows(root: Path) -> pd.DataFrame:
+    report = ResultStore(root).load(warn=False)
+    assert report.skipped == []
+    return report.rows
+
+
+# -- plan -----------------------------------------------------------------------------------
+
+
+def test_plan_resolves_names_once_and_deduplicates_aliases():
+    specs = runner.plan(["mqar", "kv_recall"], ["elu", "linear"], SMOKE, 2, threads=1)
+    assert [(s.task, s.mechanism, s.seed) for s in specs] == [
+        ("kv_recall", "linear", 0),
+        ("kv_recall", "linear", 1),
+    ]
+    assert specs[0].category == "Memory"
+    assert specs[1].run_id == RunSpec.resolve("kv_recall", "linear", SMOKE, 1).run_id
+
+
+@pytest.mark.parametrize("seeds", [0, -1, 1.5, True])
+def test_plan_rejects_bad_seed_counts(seeds):
+    with pytest.raises(ValueError, match="seeds"):
+        runner.plan(["copy"], ["linear"], SMOKE, seeds)
+
+
+def test_threads_are_in_the_run_id_and_the_rows():
+    one, two = kv(), RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"pairs": 4}, threads=2)
+    assert one.run_id != two.run_id and one.config()["threads"] == 1
+    assert blank_row(two, 1e-3)["threads"] == 2
+    with pytest.raises(ValueError, match="threads"):
+        RunSpec.resolve("copy", "linear", SMOKE, 0, threads=0)
+
+
+def test_training_uses_the_specs_thread_count_and_restores_the_callers(monkeypatch):
+    seen = []
+    monkeypatch.setattr(
+        "synthbench.train._train_and_evaluate",
+        lambda spec, lr, device, row: seen.append(torch.get_num_threads()),
+    )
+    spec = RunSpec.resolve("copy", "linear", SMOKE, 0, threads=3)
+    runner.run_sweep(spec, CPU)
+    assert seen == [3] and torch.get_num_threads() == 1
+
+
+# -- execute --------------------------------------------------------------------------------
+
+
+def test_execute_streams_rows_and_skips_what_is_stored(tmp_path):
+    store, specs = ResultStore(tmp_path), [kv(seed=0), kv(seed=1)]
+    executor = FakeExecutor(lambda u: 0.5)
+    outcome = runner.execute(specs, store, lambda n: executor)
+    assert outcome.statuses == {"ok": 2} and outcome.stored == 0 and executor.closed
+    rows = stored_rows(tmp_path)
+    assert len(rows) == 2 and rows["selected"].all()
+
+    made = []
+    outcome = runner.execute(specs, store, lambda n: made.append(n))
+    assert outcome.stored == 2 and made == []  # nothing to do: no executor is even built
+
+
+def test_a_grid_is_split_into_trainings_and_the_best_lr_selected(tmp_path):
+    accuracy = {1e-3: 0.2, 3e-3: 0.7, 1e-2: 0.4}
+    executor = FakeExecutor(lambda u: accuracy[u.lr], capacity=3)
+    runner.execute([kv(GRID)], ResultStore(tmp_path), lambda n: executor)
+    rows = stored_rows(tmp_path).sort_values("lr")
+    assert rows["lr"].tolist() == [1e-3, 3e-3, 1e-2]
+    assert rows["selected"].tolist() == [False, True, False]
+
+
+def test_a_sweep_grows_while_its_best_lr_sits_at_the_edge(tmp_path):
+    growing = dataclasses.replace(GRID, lr_extend=3)
+    # accuracy peaks at 0.1: two steps past the grid's top edge
+    executor = FakeExecutor(lambda u: 1 - abs(u.lr - 0.1))
+
+    class Seen(Events):
+        grown: list = []
+
+        def grew(self, units):
+            self.grown += [u.lr for u in units]
+
+    seen = Seen()
+    outcome = runner.execute([kv(growing)], ResultStore(tmp_path), lambda n: executor, events=seen)
+    up = [1e-2]
+    for _ in range(3):  # 0.033 (0.93), 0.11 (0.99), 0.37 (0.73): the best is inside again
+        up.append(lr_key(up[-1] * up[-1] / (up[-2] if len(up) > 1 else 3e-3)))
+    assert seen.grown == up[1:]
+    rows = stored_rows(tmp_path).sort_values("lr")
+    assert rows["lr"].tolist() == [1e-3, 3e-3, *up] and outcome.trainings == 6
+    assert rows.loc[rows["selected"], "lr"].tolist() == [up[2]]
+
+
+def test_an_interrupted_sweep_keeps_its_rows_unselected_and_resumes(tmp_path):
+    store, spec = ResultStore(tmp_path), kv(GRID)
+    accuracy = {1e-3: 0.2, 3e-3: 0.7, 1e-2: 0.4}
+    first = FakeExecutor(lambda u: accuracy[u.lr], stop_after=1)
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute([spec], store, lambda n: first)
+    assert first.closed
+    rows = stored_rows(tmp_path)
+    assert len(rows) == 1 and not rows["selected"].any()  # stored, not yet a result
+
+    second = FakeExecutor(lambda u: accuracy[u.lr])
+    runner.execute([spec], store, lambda n: second)
+    assert sorted(second.trained) == [3e-3, 1e-2]  # only what was missing
+    rows = stored_rows(tmp_path).sort_values("lr")
+    assert rows["lr"].tolist() == [1e-3, 3e-3, 1e-2]
+    assert rows["selected"].tolist() == [False, True, False]
+    assert not list(tmp_path.rglob(".tmp-*"))
+
+
+def test_an_lr_stored_as_an_error_trains_again(tmp_path):
+    store, spec = ResultStore(tmp_path), kv(GRID)
+    failing = FakeExecutor(lambda u: 0.5, status=lambda u: "error" if u.lr == 3e-3 else "ok")
+    outcome = runner.execute([spec], store, lambda n: failing)
+    assert outcome.statuses == {"ok": 1}  # selected among the lrs that worked
+    again = FakeExecutor(lambda u: 0.9)
+    runner.execute([spec], store, lambda n: again)
+    assert again.trained == [3e-3]
+    rows = stored_rows(tmp_path)
+    assert (rows["status"] == "ok").all() and len(rows) == 3
+    assert rows.loc[rows["selected"], "lr"].tolist() == [3e-3]
+
+
+def test_force_keeps_the_stored_result_until_the_new_one_is_complete(tmp_path):
+    store, spec = ResultStore(tmp_path), kv(GRID)
+    runner.execute([spec], store, lambda n: FakeExecutor(lambda u: 0.5))
+    (path,) = store.files()
+    before = path.read_bytes()
+    interrupted = FakeExecutor(lambda u: 0.9, stop_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute([spec], store, lambda n: interrupted, force=True)
+    assert path.read_bytes() == before
+    runner.execute([spec], store, lambda n: FakeExecutor(lambda u: 0.9), force=True)
+    assert set(stored_rows(tmp_path)["token_acc"]) == {0.9}
+
+
+def test_longest_trainings_go_first_when_workers_share_the_queue(tmp_path):
+    short = RunSpec.resolve("copy", "linear", SMOKE, 0, {"n": 4})
+    long = RunSpec.resolve("copy", "linear", SMOKE, 0, {"n": 32})
+    order = [u.spec.task_params["n"] for u in runner.longest_first(
+        [Unit(short, 1e-3), Unit(long, 1e-3)])]  # fmt: skip
+    assert order == [32, 4]
+
+
+# -- executors: the same rows whatever runs them ---------------------------------------------
+
+MID = ["--task", "copy,sort", "--task-param", "n=4", "--mech", "linear,relu-runner-test",
+       "--protocol", "tiny-runner-test", "--seeds", "1"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sequential_rows(plugin, tmp_path_factory):
+    root = tmp_path_factory.mktemp("sequential")
+    result = invoke("run", *MID, "--plugin", plugin, "--results", root, "--jobs", 1)
+    assert result.exit_code == 0, result.output
+    assert "at once" not in result.output  # one training at a time, in this process
+    rows = stored_rows(root).set_index("run_id").sort_index()
+    assert len(rows) == 4
+    mid = rows[(rows["token_acc"] > 0.2) & (rows["token_acc"] < 0.99)]
+    assert "relu-runner-test" in set(mid["mechanism"]), rows[["mechanism", "token_acc"]]
+    return rows
+
+
+def test_local_workers_store_the_same_rows_as_one_process(plugin, sequential_rows, tmp_path):
+    result = invoke("run", *MID, "--plugin", plugin, "--results", tmp_path, "--jobs", 2)
+    assert result.exit_code == 0, result.output
+    assert "2 at once" in result.output
+    rows = stored_rows(tmp_path).set_index("run_id").sort_index()
+    pd.testing.assert_frame_equal(rows[RESULT], sequential_rows[RESULT])
+
+
+def test_ray_stores_the_same_rows_as_one_process(plugin, sequential_rows, tmp_path):
+    pytest.importorskip("ray", reason='the Ray extra: pip install "synthbench[ray]"')
+    result = invoke(
+        "run", *MID, "--plugin", plugin, "--results", tmp_path, "--executor", "ray", "--jobs", 2
+    )
+    assert result.exit_code == 0, result.output
+    rows = stored_rows(tmp_path).set_index("run_id").sort_index()
+    pd.testing.assert_frame_equal(rows[RESULT], sequential_rows[RESULT])
+
+
+DIES = '''
+import os, pathlib, signal
+import torch.nn.functional as F
+from synthbench import MECHANISMS, FeatureMapMechanism
+
+DIED = pathlib.Path(__file__).with_suffix(".died")
+
+
+class Features(FeatureMapMechanism):
+    def feature_map(self, x, is_query):
+        return F.elu(x) + 1
+
+    @property
+    def feature_dim(self):
+        return self.head_dim
+
+
+@MECHANISMS.register("dies-once-test", complexity="linear", family="test", reference="test")
+class DiesOnce(Features):
+    def feature_map(self, x, is_query):
+        if not DIED.exists():  # the first training anywhere kills its own process
+            DIED.write_text("")
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().feature_map(x, is_query)
+
+
+@MECHANISMS.register("always-dies-test", complexity="linear", family="test", reference="test")
+class AlwaysDies(Features):
+    def feature_map(self, x, is_query):
+        os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def test_a_lost_worker_is_replaced_and_its_training_retried(tmp_path):
+    plugin = tmp_path / "dies.py"
+    plugin.write_text(DIES)
+    load_plugin_file(plugin, [TASKS, MECHANISMS])
+    once = RunSpec.resolve("copy", "dies-once-test", SMOKE, 0, {"n": 4})
+    always = RunSpec.resolve("copy", "always-dies-test", SMOKE, 0, {"n": 4})
+    store = ResultStore(tmp_path / "results")
+    outcome = runner.execute(
+        [once, always], store, lambda n: LocalPool([CPU, CPU], [plugin])
+    )
+    assert (tmp_path / "dies.died").exists()  # it did die once
+    rows = stored_rows(tmp_path / "results").set_index("mechanism")
+    assert len(rows) == 2  # one row each: no duplicate from the retry
+    assert rows.loc["dies-once-test", "status"] == "ok"
+    lost = rows.loc["always-dies-test"]
+    assert lost["status"] == "error"
+    assert f"died (signal 9) {MAX_ATTEMPTS} times" in lost["error"]
+    assert outcome.statuses == {"ok": 1, "error": 1}
+
+
+# -- SIGKILL of the driver -------------------------------------------------------------------
+
+SLOW = '''
+import time
+import torch.nn.functional as F
+from synthbench import MECHANISMS, FeatureMapMechanism
+
+
+@MECHANISMS.register("slow-runner-test", complexity="linear", family="test", reference="test")
+class Slow(FeatureMapMechanism):
+    def feature_map(self, x, is_query):
+        time.sleep(0.01)
+        return F.elu(x) + 1
+
+    @property
+    def feature_dim(self):
+        return self.head_dim
+'''
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_sigkill_of_the_driver_then_the_same_command_resumes(tmp_path, executor):
+    if executor == "ray":
+        pytest.importorskip("ray", reason='the Ray extra: pip install "synthbench[ray]"')
+    plugin, root = tmp_path / "slow.py", tmp_path / "results"
+    plugin.write_text(SLOW)
+    command = [sys.executable, "-m", "synthbench.cli", "run", "--task", "copy,sort",
+               "--task-param", "n=4", "--mech", "slow-runner-test", "--protocol", "smoke",
+               "--seeds", "4", "--plugin", str(plugin), "--results", str(root),
+               "--executor", executor, "--jobs", "2"]  # fmt: skip
+    proc = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=SUBPROCESS_ENV
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while len(ResultStore(root).files()) < 2:
+            assert proc.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline, "no results appeared"
+            time.sleep(0.01)
+        workers = children(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    n_before = len(ResultStore(root).files())
+    assert 2 <= n_before < 8
+    if executor == "local":  # the workers notice and exit
+        deadline = time.monotonic() + 10
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(pid) for pid in workers)
+
+    resumed = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV,
+                             timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"{n_before} already stored, {8 - n_before} to run" in resumed.stdout
+    files = ResultStore(root).files()
+    assert len(files) == 8 and not list(root.rglob(".tmp-*"))
+    for path in files:
+        rows = pq.read_table(path).to_pandas()
+        assert len(rows) == 1 and (rows["run_id"] == path.stem).all(), path
+    rows = stored_rows(root)
+    assert rows["run_id"].is_unique and (rows["status"] == "ok").all()

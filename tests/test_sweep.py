@@ -1,0 +1,107 @@
+"""The learning-rate sweep of one run: what is still to train, when it grows, what it selects."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from synthbench.protocols import PROTOCOLS
+from synthbench.sweep import lr_key, mark_selected, sweep_state
+
+GRID = dataclasses.replace(PROTOCOLS.get("smoke"), lrs=(1e-3, 3e-3, 1e-2))
+GROWING = dataclasses.replace(GRID, lr_extend=2)
+
+
+def row(lr, acc=0.5, status="ok", exact=0.0):
+    ok = status == "ok"
+    return {
+        "lr": lr,
+        "status": status,
+        "val_token_acc": acc if ok else None,
+        "val_exact_match": exact if ok else None,
+    }
+
+
+def test_nothing_stored_needs_the_whole_grid():
+    state = sweep_state(GRID, [])
+    assert state.pending == (1e-3, 3e-3, 1e-2) and not state.complete
+    assert state.selected is None
+
+
+def test_only_the_missing_lrs_are_pending():
+    state = sweep_state(GRID, [row(3e-3), row(1e-3, status="error")])
+    assert state.pending == (1e-2,) and not state.complete
+
+
+def test_complete_grid_selects_the_best_validation_lr():
+    state = sweep_state(GRID, [row(1e-3, 0.2), row(3e-3, 0.9), row(1e-2, 0.4)])
+    assert state.complete and state.pending == () and state.selected == 3e-3
+
+
+def test_ties_select_the_lowest_lr():
+    state = sweep_state(GRID, [row(1e-3, 0.2), row(3e-3, 0.9), row(1e-2, 0.9)])
+    assert state.selected == 3e-3
+
+
+def test_selection_uses_the_protocols_metric():
+    rows = [row(1e-3, 0.9, exact=0.1), row(3e-3, 0.5, exact=0.4), row(1e-2, 0.1, exact=0.0)]
+    assert sweep_state(GRID, rows).selected == 1e-3
+    by_exact = dataclasses.replace(GRID, select_metric="exact_match")
+    assert sweep_state(by_exact, rows).selected == 3e-3
+
+
+def test_failed_lrs_are_never_selected_and_all_failed_selects_none():
+    rows = [row(1e-3, status="diverged"), row(3e-3, 0.1), row(1e-2, status="error")]
+    assert sweep_state(GRID, rows).selected == 3e-3
+    failed = [row(lr, status="diverged") for lr in GRID.lrs]
+    state = sweep_state(GRID, failed)
+    assert state.complete and state.selected is None
+
+
+def test_best_at_the_top_edge_grows_the_grid_one_step_at_a_time():
+    rows = [row(1e-3, 0.1), row(3e-3, 0.5), row(1e-2, 0.8)]
+    assert sweep_state(GRID, rows).selected == 1e-2  # no growth without lr_extend
+    state = sweep_state(GROWING, rows)
+    step = lr_key(1e-2 * 1e-2 / 3e-3)
+    assert state.pending == (step,) and not state.complete
+    rows.append(row(step, 0.9))  # best again: one more step, the last one allowed
+    state = sweep_state(GROWING, rows)
+    (second,) = state.pending
+    assert second == lr_key(step * step / 1e-2)
+    rows.append(row(second, 0.95))
+    state = sweep_state(GROWING, rows)  # best at the edge again, but lr_extend is spent
+    assert state.complete and state.selected == second
+
+
+def test_best_at_the_bottom_edge_grows_downwards_and_stops_when_it_falls():
+    rows = [row(1e-3, 0.8), row(3e-3, 0.5), row(1e-2, 0.1)]
+    state = sweep_state(GROWING, rows)
+    below = lr_key(1e-3 * 1e-3 / 3e-3)
+    assert state.pending == (below,)
+    rows.append(row(below, 0.3))  # worse: the optimum is inside, the sweep ends
+    state = sweep_state(GROWING, rows)
+    assert state.complete and state.selected == 1e-3
+
+
+@pytest.mark.parametrize("accs", [(0.1, 0.8, 0.8), (1.0, 1.0, 1.0), (0.1, 0.9, 0.2)])
+def test_no_growth_when_the_edge_is_not_alone_at_the_top(accs):
+    rows = [row(lr, acc) for lr, acc in zip(GRID.lrs, accs, strict=True)]
+    assert sweep_state(GROWING, rows).complete
+
+
+def test_an_lr_read_back_from_a_file_matches_the_computed_step():
+    step = 1e-2 * 1e-2 / 3e-3  # 0.0333...: float division
+    stored = float(f"{lr_key(step)!r}")  # what Parquet gives back
+    rows = [row(1e-3, 0.1), row(3e-3, 0.5), row(1e-2, 0.8), row(stored, 0.2)]
+    state = sweep_state(GROWING, rows)
+    assert state.complete and state.selected == 1e-2
+
+
+def test_mark_selected_marks_exactly_the_selected_row_once_complete():
+    rows = [row(1e-3, 0.2), row(3e-3, 0.9)]
+    assert not mark_selected(GRID, rows)
+    assert not any(r["selected"] for r in rows)  # incomplete: nothing selected yet
+    rows.append(row(1e-2, 0.1))
+    assert mark_selected(GRID, rows)
+    assert [r["selected"] for r in rows] == [False, True, False]
