@@ -230,15 +230,6 @@ class ResultStore:
         rows = pa.concat_tables(tables).to_pandas() if tables else pd.DataFrame(columns=read)
         return LoadReport(rows[names], skipped)
 
-    def done_run_ids(self, loaded: LoadReport | None = None) -> set[str]:
-        """Runs that need not run again: stored with a result (ok or diverged).
-
-        Runs stored with status ``error`` are retried, and a corrupt file is rewritten.
-        ``loaded`` reuses a ``load`` that read at least run_id and status.
-        """
-        rows = (loaded or self.load(columns=["run_id", "status"], warn=False)).rows
-        return set(rows.loc[rows["status"] != "error", "run_id"])
-
     def remove_stale_temporaries(self) -> int:
         """Delete temporary files left behind by processes that no longer exist."""
         removed = 0

@@ -102,6 +102,7 @@ def test_run_again_stores_nothing_new(results):
     assert result.exit_code == 0, result.output
     assert "8 already stored, 0 to run" in result.stdout
     assert "nothing new" in result.stdout
+    assert "━" not in result.stdout  # no empty progress bar
     assert snapshot(results) == before
 
 
@@ -220,6 +221,14 @@ BAD_RUNS = {
     "negative-seeds": (["--seeds", "-2"], "--seeds"),
     "bad-device": (["--device", "gpu"], "'gpu'"),
     "missing-plugin": (["--plugin", "no_such_plugin.py"], "no_such_plugin.py"),
+    "zero-jobs": (["--jobs", "0"], "--jobs"),
+    "zero-threads": (["--threads", "0"], "--threads"),
+    "too-many-threads": (["--threads", "100000"], "--threads"),
+    "unknown-executor": (["--executor", "dask"], "'dask'"),
+    "zero-cpus-per-run": (["--executor", "ray", "--cpus-per-run", "0"], "--cpus-per-run"),
+    "negative-gpus-per-run": (["--executor", "ray", "--gpus-per-run", "-1"], "--gpus-per-run"),
+    "bad-device-index": (["--device", "cuda:x"], "'cuda:x'"),
+    "absent-device": (["--device", "cuda"], "torch sees no cuda device"),
 }
 
 
@@ -276,7 +285,8 @@ def test_erroring_run_exits_1_and_is_stored(tmp_path):
     assert rows["status"].tolist() == ["error"]
     assert "RuntimeError: kaboom" in rows["error"].iloc[0]
     assert rows["token_acc"].isna().all()
-    assert ResultStore(root).done_run_ids() == set()  # it runs again next time
+    again = invoke(*args)  # it runs again next time
+    assert "0 already stored, 1 to run" in again.stdout and again.exit_code == 1
 
 
 # -- a corrupt file in the tree -----------------------------------------------------------

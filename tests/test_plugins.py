@@ -2,7 +2,7 @@
 
 - a local file (``--plugin``): examples/synthbench-example-plugin/local_plugin.py;
 - an installed package (entry point): examples/synthbench-example-plugin, pip-installed
-  offline into a throw-away venv that sees the system site-packages (synthbench, setuptools);
+  offline into a folder that the commands put on their path;
 - broken plugins: a local file that raises or takes a built-in's name stops the command with
   exit status 2 and one line, touching nothing stored; a broken entry point is one warning
   line and the built-ins still work.
@@ -146,32 +146,28 @@ def _setuptools_version() -> tuple[int, ...]:
     importlib.util.find_spec("pip") is None or _setuptools_version() < (77,),
     reason="needs pip and setuptools >= 77 in this interpreter to build the example offline",
 )
-def test_entry_point_plugin_installed_in_a_venv(tmp_path: Path) -> None:
+def test_entry_point_plugin_installed_as_a_package(tmp_path: Path) -> None:
     # Build from a copy so the checkout gets no build/ or *.egg-info.
     src = tmp_path / "synthbench-example-plugin"
     shutil.copytree(
         EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
     )
-    venv = tmp_path / "venv"
-    # --without-pip: a venv's own pip/setuptools would shadow the system's (Python 3.11 still
-    # seeds setuptools 65, too old for PEP 639 `license = "MIT"`); the system pip and
-    # setuptools are visible through --system-site-packages and install into the venv.
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv],
-        check=True,
-    )
-    python = venv / ("Scripts/python.exe" if os.name == "nt" else "bin/python")
+    # Installed with this interpreter's pip into a folder of its own, which the commands
+    # below put on their path: the same interpreter and packages as the test run, whether
+    # that is the system's or a virtual environment's (a nested venv would see the base
+    # interpreter's packages instead, not this environment's).
+    site = tmp_path / "site"
     ok(
         subprocess.run(
             [
-                python, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
-                "--no-index", "--disable-pip-version-check", "--quiet", src,
+                sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation",
+                "--no-index", "--disable-pip-version-check", "--quiet", "--target", site, src,
             ],
             capture_output=True, text=True, cwd=tmp_path, timeout=300,
         )
     )  # fmt: skip
 
-    listed = ok(cli("list", "mechs", python=python, cwd=tmp_path))
+    listed = ok(cli("list", "mechs", cwd=tmp_path, pythonpath=site))
     rows = table_rows(listed.stdout)
     assert set(BUILTINS) <= set(rows)
     _name, complexity, family, state, _aliases, _reference, source = rows["relu-linear"]
@@ -182,14 +178,14 @@ def test_entry_point_plugin_installed_in_a_venv(tmp_path: Path) -> None:
 
     results = tmp_path / "results"
     proc = ok(
-        cli("run", "--mech", "relu-linear", *SMOKE, "--results", results, python=python,
-            cwd=tmp_path)
+        cli("run", "--mech", "relu-linear", *SMOKE, "--results", results, cwd=tmp_path,
+            pythonpath=site)
     )  # fmt: skip
     assert "done: 1 ok" in proc.stdout
     stored = assert_one_run_stored(results, "relu-linear")
     assert {json.loads(p)["offset"] for p in stored["mechanism_params"]} == {0.01}
 
-    # installed into the venv only: this interpreter does not see the plugin
+    # installed into that folder only: without it on the path, the plugin is not there
     assert "relu-linear" not in table_rows(ok(cli("list", "mechs", cwd=tmp_path)).stdout)
 
 

@@ -43,7 +43,7 @@ RESULT = ["status", "token_acc", "exact_match", "val_token_acc", "val_exact_matc
 
 # A plugin file with a mechanism and a protocol that trains in a second to mid accuracy:
 # rows that are neither at chance nor saturated, so a difference would show.
-PLUGIN = '''
+PLUGIN = """
 import torch.nn.functional as F
 
 from synthbench import MECHANISMS, FeatureMapMechanism
@@ -65,7 +65,7 @@ PROTOCOLS.add("tiny-runner-test", Protocol(
     name="tiny-runner-test", version=1, description="tests only", d_model=32, n_heads=2,
     n_layers=1, steps=60, batch_size=16, lrs=(1e-2,), val_examples=32, test_examples=64,
     eval_batch_size=64, seeds=1))
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -300,7 +300,7 @@ def test_ray_stores_the_same_rows_as_one_process(plugin, sequential_rows, tmp_pa
     pd.testing.assert_frame_equal(rows[RESULT], sequential_rows[RESULT])
 
 
-DIES = '''
+DIES = """
 import os, pathlib, signal
 import torch.nn.functional as F
 from synthbench import MECHANISMS, FeatureMapMechanism
@@ -330,7 +330,7 @@ class DiesOnce(Features):
 class AlwaysDies(Features):
     def feature_map(self, x, is_query):
         os.kill(os.getpid(), signal.SIGKILL)
-'''
+"""
 
 
 def test_a_lost_worker_is_replaced_and_its_training_retried(tmp_path):
@@ -340,9 +340,7 @@ def test_a_lost_worker_is_replaced_and_its_training_retried(tmp_path):
     once = RunSpec.resolve("copy", "dies-once-test", SMOKE, 0, {"n": 4})
     always = RunSpec.resolve("copy", "always-dies-test", SMOKE, 0, {"n": 4})
     store = ResultStore(tmp_path / "results")
-    outcome = runner.execute(
-        [once, always], store, lambda n: LocalPool([CPU, CPU], [plugin])
-    )
+    outcome = runner.execute([once, always], store, lambda n: LocalPool([CPU, CPU], [plugin]))
     assert (tmp_path / "dies.died").exists()  # it did die once
     rows = stored_rows(tmp_path / "results").set_index("mechanism")
     assert len(rows) == 2  # one row each: no duplicate from the retry
@@ -355,7 +353,7 @@ def test_a_lost_worker_is_replaced_and_its_training_retried(tmp_path):
 
 # -- SIGKILL of the driver -------------------------------------------------------------------
 
-SLOW = '''
+SLOW = """
 import time
 import torch.nn.functional as F
 from synthbench import MECHANISMS, FeatureMapMechanism
@@ -370,7 +368,7 @@ class Slow(FeatureMapMechanism):
     @property
     def feature_dim(self):
         return self.head_dim
-'''
+"""
 
 
 def children(pid: int) -> list[int]:
@@ -384,6 +382,14 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return found
+
+
+def all_gone(pids: list[int], timeout: float = 10) -> bool:
+    """Whether every one of ``pids`` has exited within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while any(alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not any(alive(pid) for pid in pids)
 
 
 def alive(pid: int) -> bool:
@@ -422,10 +428,7 @@ def test_sigkill_of_the_driver_then_the_same_command_resumes(tmp_path, executor)
     n_before = len(ResultStore(root).files())
     assert 2 <= n_before < 8
     if executor == "local":  # the workers notice and exit
-        deadline = time.monotonic() + 10
-        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not any(alive(pid) for pid in workers)
+        assert workers and all_gone(workers)
 
     resumed = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV,
                              timeout=300)  # fmt: skip
@@ -438,3 +441,58 @@ def test_sigkill_of_the_driver_then_the_same_command_resumes(tmp_path, executor)
         assert len(rows) == 1 and (rows["run_id"] == path.stem).all(), path
     rows = stored_rows(root)
     assert rows["run_id"].is_unique and (rows["status"] == "ok").all()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
+def test_ctrl_c_stops_the_workers_keeps_finished_runs_and_resumes(tmp_path):
+    plugin, root = tmp_path / "slow.py", tmp_path / "results"
+    plugin.write_text(SLOW)
+    command = [
+        sys.executable,
+        "-m",
+        "synthbench.cli",
+        "run",
+        "--task",
+        "copy,sort",
+        "--task-param",
+        "n=4",
+        "--mech",
+        "slow-runner-test",
+        "--protocol",
+        "smoke",
+        "--seeds",
+        "4",
+        "--plugin",
+        str(plugin),
+        "--results",
+        str(root),
+        "--jobs",
+        "2",
+    ]
+    # a terminal's Ctrl-C goes to the whole foreground process group: workers too
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=SUBPROCESS_ENV, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while len(ResultStore(root).files()) < 2:
+            assert proc.poll() is None, "the run ended before it could be interrupted"
+            assert time.monotonic() < deadline, "no results appeared"
+            time.sleep(0.01)
+        workers = children(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert stderr.strip().splitlines() == [
+        "error: interrupted; finished trainings are stored, run the same command to resume"
+    ]
+    assert workers and all_gone(workers)
+    assert not list(root.rglob(".tmp-*"))
+    n_before = len(ResultStore(root).files())
+    resumed = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV,
+                             timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"{n_before} already stored, {8 - n_before} to run" in resumed.stdout
+    rows = stored_rows(root)
+    assert len(rows) == 8 and rows["run_id"].is_unique and (rows["status"] == "ok").all()

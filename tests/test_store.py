@@ -20,12 +20,14 @@ from synthbench.protocols import PROTOCOLS
 from synthbench.runner import run_sweep
 from synthbench.spec import RunSpec
 from synthbench.store import (
+    ADDED_IN,
     COLUMNS,
     PARTITIONS,
     SCHEMA,
     SCHEMA_VERSION,
     CorruptResultWarning,
     ResultStore,
+    SchemaError,
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -273,22 +275,8 @@ def test_corrupt_file_is_skipped_and_reported(tmp_path, runs, case):
         warnings.simplefilter("error", CorruptResultWarning)
         quiet = store.load(warn=False)
         assert quiet.skipped == report.skipped
-        assert store.done_run_ids() == good_ids
+        assert set(quiet.rows["run_id"]) == good_ids
     assert bad.exists()  # reported, never deleted
-
-
-def test_done_run_ids(tmp_path, runs):
-    store = ResultStore(tmp_path)
-    store.write(runs["a"])  # ok
-    store.write(rows_of(runs, "b", status="error", error="RuntimeError: x"))
-    store.write(rows_of(runs, "c", status="diverged", error="non-finite loss"))
-    assert store.done_run_ids() == {runs["a"][0]["run_id"], runs["c"][0]["run_id"]}
-    _truncated(store, {"b": runs["a"]})  # a's file cut in half: no longer done
-    assert store.done_run_ids() == {runs["c"][0]["run_id"]}
-
-
-def test_done_run_ids_of_empty_store(tmp_path):
-    assert ResultStore(tmp_path / "absent").done_run_ids() == set()
 
 
 # -- temporaries --------------------------------------------------------------------------
@@ -323,3 +311,31 @@ def test_schema_and_columns_agree():
     assert COLUMNS[:2] == list(PARTITIONS)
     assert len(set(COLUMNS)) == len(COLUMNS)
     assert isinstance(SCHEMA, pa.Schema)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda r: {**r, "accuracy": 1.0}, "unknown accuracy"),
+        (lambda r: {k: v for k, v in r.items() if k != "threads"}, "missing threads"),
+        (lambda r: {**r, "schema_version": 3}, "unknown schema_version"),  # the store's own
+    ],
+)
+def test_write_refuses_rows_with_unknown_or_missing_columns(tmp_path, runs, change, message):
+    store = ResultStore(tmp_path)
+    with pytest.raises(SchemaError, match=message):
+        store.write([change(r) for r in runs["a"]])
+    assert store.files() == []  # nothing written, not even part of the run
+
+
+@pytest.mark.parametrize("version", range(1, SCHEMA_VERSION))
+def test_files_of_older_schema_versions_are_read_with_later_columns_null(tmp_path, runs, version):
+    store = ResultStore(tmp_path)
+    path = store.write(runs["a"])
+    later = sorted(c for v, cols in ADDED_IN.items() if v > version for c in cols)
+    table = pq.read_table(path).drop_columns(later)
+    pq.write_table(table.replace_schema_metadata({b"synthbench_schema_version": str(version)}), path)
+    report = store.load()
+    assert report.skipped == [] and len(report.rows) == len(runs["a"])
+    assert report.rows[later].isna().all().all()
+    assert report.rows["token_acc"].tolist() == [r["token_acc"] for r in runs["a"]]

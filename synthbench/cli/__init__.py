@@ -1,9 +1,9 @@
 """The ``synthbench`` command line: one module per command group, sharing ``common``.
 
-    run                 cli/run.py       (the runner: synthbench/runner.py)
-    list, show-task     cli/catalog.py
-    results, report     cli/results.py
-    bench ...           cli/bench.py     (the measurements: synthbench/bench)
+run                 cli/run.py       (the runner: synthbench/runner.py)
+list, show-task     cli/catalog.py
+results, report     cli/results.py
+bench ...           cli/bench.py     (the measurements: synthbench/bench)
 """
 
 import typer

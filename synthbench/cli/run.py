@@ -54,16 +54,20 @@ def run_command(
     ] = None,
     threads: Annotated[
         int,
-        typer.Option(help="Torch threads per training (part of the run's config: it changes "
-        "the floating-point sums)."),
+        typer.Option(
+            help="Torch threads per training (part of the run's config: it changes "
+            "the floating-point sums)."
+        ),
     ] = 1,  # fmt: skip
     executor: Annotated[
         str, typer.Option(help="local (this machine) or ray (a Ray cluster).")
     ] = "local",
     ray_address: Annotated[
         str | None,
-        typer.Option(help="Join this Ray cluster (e.g. ray://head:10001, auto); default: a "
-        "local Ray instance."),
+        typer.Option(
+            help="Join this Ray cluster (e.g. ray://head:10001, auto); default: a "
+            "local Ray instance."
+        ),
     ] = None,  # fmt: skip
     cpus_per_run: Annotated[
         float | None, typer.Option(help="Ray: CPUs a training asks for (default: --threads).")
@@ -110,6 +114,10 @@ def run_command(
         raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {threads}")
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {jobs}")
+    if cpus_per_run is not None and not cpus_per_run > 0:
+        raise UsageError(f"--cpus-per-run must be > 0, got {cpus_per_run:g}")
+    if not gpus_per_run >= 0:
+        raise UsageError(f"--gpus-per-run must be >= 0, got {gpus_per_run:g}")
     n_seeds = proto.seeds if seeds is None else seeds
     if n_seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {n_seeds}")
@@ -242,4 +250,3 @@ def run_line(spec: RunSpec, rows: list[dict[str, Any]]) -> str:
         f"[green]ok[/] {head}  lr {best['lr']:g}  token_acc {best['token_acc']:.3f}  "
         f"exact {best['exact_match']:.3f}{long}  ({seconds:.1f}s)"
     )
-
