@@ -118,6 +118,8 @@ def run_command(
         raise UsageError(f"--cpus-per-run must be > 0, got {cpus_per_run:g}")
     if not gpus_per_run >= 0:
         raise UsageError(f"--gpus-per-run must be >= 0, got {gpus_per_run:g}")
+    if executor == "ray" and device not in ("auto", "cpu"):
+        raise UsageError("with --executor ray the device follows --gpus-per-run, not --device")
     n_seeds = proto.seeds if seeds is None else seeds
     if n_seeds < 1:
         raise UsageError(f"--seeds must be >= 1, got {n_seeds}")
