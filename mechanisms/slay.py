@@ -144,6 +144,24 @@ class _SLAYBase(FeatureMapMechanism):
     def feature_dim(self) -> int:
         return self.quad_nodes * self.poly_dim * self.prf_features
 
+    # -- the factorised kernel, for short sequences (FeatureMapMechanism.forward) -----------
+
+    def scores(self, q, k):
+        """phi(q) . phi(k) without the R*P*M features: per node they are a tensor product, so
+        phi(u) . phi(v) = (poly(u) . poly(v)) * sum_r prf_r(u) . prf_r(v), and the sum over
+        the nodes is one product of the flattened (R*M) PRF features."""
+        u_q, u_k = self.unit(q), self.unit(k)
+        return self.polynomial_scores(u_q, u_k) * self.prf_scores(u_q, u_k)
+
+    def polynomial_scores(self, u_q: torch.Tensor, u_k: torch.Tensor) -> torch.Tensor:
+        """poly(u_q) . poly(u_k), (..., L, L)."""
+        return self.polynomial(u_q) @ self.polynomial(u_k).mT
+
+    def prf_scores(self, u_q: torch.Tensor, u_k: torch.Tensor) -> torch.Tensor:
+        """sum_r prf_r(u_q) . prf_r(u_k), (..., L, L)."""
+        prf_q = self.prf(self.projection(u_q)).flatten(-2)
+        return prf_q @ self.prf(self.projection(u_k)).flatten(-2).mT
+
 
 @MECHANISMS.register(
     "slay",
@@ -229,6 +247,9 @@ class SLAYExactPoly(_SLAYWithoutPolySize):
     def polynomial(self, u):
         return u[..., self.poly_rows] * u[..., self.poly_cols] * self.poly_scale.to(u.dtype)
 
+    def polynomial_scores(self, u_q, u_k):
+        return (u_q @ u_k.mT).square()  # the d(d+1)/2 features' inner product, directly
+
 
 @MECHANISMS.register(
     "slay-laplace",
@@ -251,6 +272,9 @@ class SLAYLaplace(_SLAYWithoutPolySize):
 
     def feature_map(self, x, is_query):
         return self.prf(self.projection(self.unit(x))).flatten(-2)  # (..., R*M)
+
+    def scores(self, q, k):
+        return self.prf_scores(self.unit(q), self.unit(k))
 
 
 @MECHANISMS.register(
@@ -280,6 +304,8 @@ class SLAYHadamard(_SLAYWithoutPolySize):
     def feature_map(self, x, is_query):
         projection = self.projection(self.unit(x))  # (..., M)
         return (self.prf(projection) * projection.square().unsqueeze(-2)).flatten(-2)
+
+    scores = FeatureMapMechanism.scores  # the fusion is elementwise: no factorisation
 
 
 @MECHANISMS.register(

@@ -142,13 +142,17 @@ class LocalPool:
         self.capacity = len(devices)
         self._files = [str(Path(p).resolve()) for p in plugin_files]
         self._context = multiprocessing.get_context("spawn")  # fork would copy torch's threads
+        self._threads = threads
         self._attempts: dict = {}
         self._waiting: deque = deque()
-        # the workers' OpenMP pools are sized when torch loads in them, from the environment
+        self._workers = [self._spawn(d) for d in devices]
+
+    def _spawn(self, device: torch.device) -> _Worker:
+        # a worker's OpenMP pool is sized when torch loads in it, from the environment
         previous = os.environ.get("OMP_NUM_THREADS")
-        os.environ["OMP_NUM_THREADS"] = str(threads)
+        os.environ["OMP_NUM_THREADS"] = str(self._threads)
         try:
-            self._workers = [_Worker(self._context, d, self._files) for d in devices]
+            return _Worker(self._context, device, self._files)
         finally:
             if previous is None:
                 del os.environ["OMP_NUM_THREADS"]
@@ -160,12 +164,18 @@ class LocalPool:
         self._dispatch()
 
     def _dispatch(self) -> None:
-        for worker in self._workers:
+        for i, worker in enumerate(self._workers):
             if not self._waiting:
                 return
-            if worker.unit is None:
-                worker.unit = self._waiting.popleft()
-                worker.conn.send(worker.unit)
+            if worker.unit is not None:
+                continue
+            try:
+                worker.conn.send(self._waiting[0])
+            except OSError:  # it died while idle: a new one takes the unit
+                worker.stop()
+                worker = self._workers[i] = self._spawn(worker.device)
+                worker.conn.send(self._waiting[0])
+            worker.unit = self._waiting.popleft()
 
     def wait(self) -> tuple[Any, dict[str, Any]]:
         while True:
@@ -197,7 +207,7 @@ class LocalPool:
         unit, worker.unit = worker.unit, None
         index = self._workers.index(worker)
         worker.stop()
-        self._workers[index] = _Worker(self._context, worker.device, self._files)
+        self._workers[index] = self._spawn(worker.device)
         attempts = self._attempts[unit.key] = self._attempts.get(unit.key, 0) + 1
         how = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
         if attempts >= MAX_ATTEMPTS:

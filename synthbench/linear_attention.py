@@ -18,7 +18,8 @@ chunks. Two exact strategies compute it; ``strategy="auto"`` picks by device:
 
 Neither builds an L x L matrix nor an (L, features, head_dim) cumulative tensor. Sums run in
 at least float32. ``linear_attention_reference`` is the readable quadratic form the tests
-compare against.
+compare against; ``attend_to_scores`` is its second half, which feature-map mechanisms use
+directly on short sequences (synthbench/mechanism.py).
 
 Features that can be negative (``signed=True``: random Fourier features, the signed
 polynomial sketches of SLAY) can drive the denominator to 0 or below. There the
@@ -191,6 +192,22 @@ class _CausalScan(torch.autograd.Function):
         return dq, dk, dv, None, None
 
 
+def attend_to_scores(
+    scores: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = True,
+    eps: float = 1e-6,
+    signed: bool = False,
+) -> torch.Tensor:
+    """The kernel-normalised output from explicit (B, H, L, L) scores phi_q . phi_k: what
+    the core computes without them. In at least float32; returned in v's dtype."""
+    dtype = compute_dtype(scores, v)
+    scores = scores.to(dtype)
+    if causal:
+        scores = scores.tril()  # zero every score of a key after its query
+    return normalise(scores @ v.to(dtype), scores.sum(dim=-1), eps, signed).to(v.dtype)
+
+
 def linear_attention_reference(
     phi_q: torch.Tensor,
     phi_k: torch.Tensor,
@@ -200,7 +217,4 @@ def linear_attention_reference(
     signed: bool = False,
 ) -> torch.Tensor:
     """The same quantity through the explicit (masked) L x L kernel matrix."""
-    scores = phi_q @ phi_k.transpose(-1, -2)  # (B, H, L, L)
-    if causal:
-        scores = scores.tril()  # zero every score of a key after its query
-    return normalise(scores @ v, scores.sum(dim=-1), eps, signed)
+    return attend_to_scores(phi_q @ phi_k.transpose(-1, -2), v, causal, eps, signed)

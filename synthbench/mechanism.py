@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from synthbench.linear_attention import linear_attention
+from synthbench.linear_attention import attend_to_scores, compute_dtype, linear_attention
 from synthbench.params import check_int, constructor_params
 from synthbench.registry import Registry
 
@@ -48,6 +48,11 @@ class FeatureMapMechanism(Mechanism):
     Subclasses implement ``feature_map(x, is_query)`` returning features of shape
     (batch, heads, length, features) and ``feature_dim``. Features are non-negative unless
     the class sets ``signed = True``, which switches the core to its guarded denominator.
+
+    Causal sequences no longer than ``feature_dim`` take an exact shortcut: the (L x L)
+    scores, then the same normalisation (``attend_to_scores``). There the scores are
+    smaller than the (features x head_dim) state of the core, and a mechanism whose kernel
+    factorises overrides ``scores`` to compute them without forming the features at all.
     """
 
     signed: ClassVar[bool] = False
@@ -70,7 +75,15 @@ class FeatureMapMechanism(Mechanism):
         """The running (features x d) state and the (features) normaliser, whatever L."""
         return self.feature_dim * (self.head_dim + 1)
 
+    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """phi(q) phi(k)^T: (batch, heads, L, L) in at least float32."""
+        phi_q, phi_k = self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)
+        dtype = compute_dtype(phi_q, phi_k)
+        return phi_q.to(dtype) @ phi_k.to(dtype).mT
+
     def forward(self, q, k, v, causal: bool = True):
+        if causal and q.shape[-2] <= self.feature_dim:
+            return attend_to_scores(self.scores(q, k), v, causal, self.eps, self.signed)
         phi_q, phi_k = self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)
         return linear_attention(
             phi_q, phi_k, v, causal, eps=self.eps, chunk_size=self.chunk_size, signed=self.signed

@@ -234,6 +234,35 @@ def test_feature_map_mechanism_matches_reference_on_its_features(name, causal, l
     assert out.dtype == torch.float64
 
 
+@pytest.mark.parametrize("offset", [0, 1], ids=["L=F-scores", "L=F+1-core"])
+@pytest.mark.parametrize("name", FEATURE_MAP_MECHANISMS)
+def test_causal_paths_either_side_of_the_feature_count(name, offset, monkeypatch):
+    """Up to L = feature_dim the causal output comes from the (L x L) scores (a factorised
+    kernel's own ``scores``), past it from the chunked core: both equal the reference on
+    the explicit features, forward and backward, float64."""
+    mechanism = build(name)
+    mechanism.chunk_size = 16
+    calls = []
+    scores = mechanism.scores
+    monkeypatch.setattr(mechanism, "scores", lambda q, k: calls.append(1) or scores(q, k))
+    length = mechanism.feature_dim + offset
+    assert_matches_reference(
+        mechanism,
+        lambda q, k, v, causal: features_and_reference(mechanism, q, k, v, causal),
+        True,
+        inputs=tuple(t[:1, :1].detach().requires_grad_() for t in qkv(length, seed=4)),
+    )
+    assert len(calls) == (offset == 0)
+
+
+@pytest.mark.parametrize("name", FEATURE_MAP_MECHANISMS)
+def test_scores_are_the_product_of_the_features(name):
+    mechanism = build(name)
+    q, k, _ = qkv(length=9, seed=5)
+    phi_q, phi_k = mechanism.feature_map(q, is_query=True), mechanism.feature_map(k, False)
+    torch.testing.assert_close(mechanism.scores(q, k), phi_q @ phi_k.mT, **TIGHT)
+
+
 @pytest.mark.parametrize("name", FEATURE_MAP_MECHANISMS)
 def test_feature_dim_matches_the_features(name):
     mechanism = build(name)

@@ -371,6 +371,42 @@ class Slow(FeatureMapMechanism):
 """
 
 
+def slow_suite(tmp_path: Path, executor: str = "local") -> tuple[list[str], Path]:
+    """The command of 8 slow smoke runs on 2 workers, and its results tree."""
+    plugin, root = tmp_path / "slow.py", tmp_path / "results"
+    plugin.write_text(SLOW)
+    command = [sys.executable, "-m", "synthbench.cli", "run", "--task", "copy,sort",
+               "--task-param", "n=4", "--mech", "slow-runner-test", "--protocol", "smoke",
+               "--seeds", "4", "--plugin", str(plugin), "--results", str(root),
+               "--executor", executor, "--jobs", "2"]  # fmt: skip
+    return command, root
+
+
+def wait_for_files(proc: subprocess.Popen, root: Path, n: int = 2) -> list[int]:
+    """Wait until ``n`` runs are stored; return the driver's child processes then."""
+    deadline = time.monotonic() + 180
+    while len(ResultStore(root).files()) < n:
+        assert proc.poll() is None, "the run ended before it could be stopped"
+        assert time.monotonic() < deadline, "no results appeared"
+        time.sleep(0.01)
+    return children(proc.pid)
+
+
+def resume_completes(command: list[str], root: Path, n_before: int) -> None:
+    """The same command again stores the rest: every run once, no temporary left."""
+    resumed = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV,
+                             timeout=300)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert f"{n_before} already stored, {8 - n_before} to run" in resumed.stdout
+    files = ResultStore(root).files()
+    assert len(files) == 8 and not list(root.rglob(".tmp-*"))
+    for path in files:
+        rows = pq.read_table(path).to_pandas()
+        assert len(rows) == 1 and (rows["run_id"] == path.stem).all(), path
+    rows = stored_rows(root)
+    assert rows["run_id"].is_unique and (rows["status"] == "ok").all()
+
+
 def children(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (Linux /proc)."""
     found = []
@@ -405,22 +441,12 @@ def alive(pid: int) -> bool:
 def test_sigkill_of_the_driver_then_the_same_command_resumes(tmp_path, executor):
     if executor == "ray":
         pytest.importorskip("ray", reason='the Ray extra: pip install "synthbench[ray]"')
-    plugin, root = tmp_path / "slow.py", tmp_path / "results"
-    plugin.write_text(SLOW)
-    command = [sys.executable, "-m", "synthbench.cli", "run", "--task", "copy,sort",
-               "--task-param", "n=4", "--mech", "slow-runner-test", "--protocol", "smoke",
-               "--seeds", "4", "--plugin", str(plugin), "--results", str(root),
-               "--executor", executor, "--jobs", "2"]  # fmt: skip
+    command, root = slow_suite(tmp_path, executor)
     proc = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=SUBPROCESS_ENV
     )
     try:
-        deadline = time.monotonic() + 180
-        while len(ResultStore(root).files()) < 2:
-            assert proc.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "no results appeared"
-            time.sleep(0.01)
-        workers = children(proc.pid)
+        workers = wait_for_files(proc, root)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.kill()
@@ -429,56 +455,17 @@ def test_sigkill_of_the_driver_then_the_same_command_resumes(tmp_path, executor)
     assert 2 <= n_before < 8
     if executor == "local":  # the workers notice and exit
         assert workers and all_gone(workers)
-
-    resumed = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV,
-                             timeout=300)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"{n_before} already stored, {8 - n_before} to run" in resumed.stdout
-    files = ResultStore(root).files()
-    assert len(files) == 8 and not list(root.rglob(".tmp-*"))
-    for path in files:
-        rows = pq.read_table(path).to_pandas()
-        assert len(rows) == 1 and (rows["run_id"] == path.stem).all(), path
-    rows = stored_rows(root)
-    assert rows["run_id"].is_unique and (rows["status"] == "ok").all()
+    resume_completes(command, root, n_before)
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
 def test_ctrl_c_stops_the_workers_keeps_finished_runs_and_resumes(tmp_path):
-    plugin, root = tmp_path / "slow.py", tmp_path / "results"
-    plugin.write_text(SLOW)
-    command = [
-        sys.executable,
-        "-m",
-        "synthbench.cli",
-        "run",
-        "--task",
-        "copy,sort",
-        "--task-param",
-        "n=4",
-        "--mech",
-        "slow-runner-test",
-        "--protocol",
-        "smoke",
-        "--seeds",
-        "4",
-        "--plugin",
-        str(plugin),
-        "--results",
-        str(root),
-        "--jobs",
-        "2",
-    ]
+    command, root = slow_suite(tmp_path)
     # a terminal's Ctrl-C goes to the whole foreground process group: workers too
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=SUBPROCESS_ENV, start_new_session=True)  # fmt: skip
     try:
-        deadline = time.monotonic() + 180
-        while len(ResultStore(root).files()) < 2:
-            assert proc.poll() is None, "the run ended before it could be interrupted"
-            assert time.monotonic() < deadline, "no results appeared"
-            time.sleep(0.01)
-        workers = children(proc.pid)
+        workers = wait_for_files(proc, root)
         os.killpg(proc.pid, signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     finally:
@@ -489,10 +476,4 @@ def test_ctrl_c_stops_the_workers_keeps_finished_runs_and_resumes(tmp_path):
     ]
     assert workers and all_gone(workers)
     assert not list(root.rglob(".tmp-*"))
-    n_before = len(ResultStore(root).files())
-    resumed = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV,
-                             timeout=300)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"{n_before} already stored, {8 - n_before} to run" in resumed.stdout
-    rows = stored_rows(root)
-    assert len(rows) == 8 and rows["run_id"].is_unique and (rows["status"] == "ok").all()
+    resume_completes(command, root, len(ResultStore(root).files()))

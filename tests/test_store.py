@@ -334,7 +334,9 @@ def test_files_of_older_schema_versions_are_read_with_later_columns_null(tmp_pat
     path = store.write(runs["a"])
     later = sorted(c for v, cols in ADDED_IN.items() if v > version for c in cols)
     table = pq.read_table(path).drop_columns(later)
-    pq.write_table(table.replace_schema_metadata({b"synthbench_schema_version": str(version)}), path)
+    pq.write_table(
+        table.replace_schema_metadata({b"synthbench_schema_version": str(version)}), path
+    )
     report = store.load()
     assert report.skipped == [] and len(report.rows) == len(runs["a"])
     assert report.rows[later].isna().all().all()
