@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from synthbench.allocator import reuse_freed_memory
 from synthbench.mechanism import MECHANISMS
 from synthbench.registry import PluginWarning, load_plugin_file
 from synthbench.task import TASKS
@@ -49,12 +50,16 @@ class ExecutorError(RuntimeError):
 
 
 class InProcess:
-    """One training after another, in this process."""
+    """One training after another, in this process. ``own_process``: the process is there
+    to train (the command line), so its allocator is set for training
+    (``allocator.reuse_freed_memory``), which a caller that measures memory would not want."""
 
     capacity = 1
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, own_process: bool = False) -> None:
         self.device = device
+        if own_process:
+            reuse_freed_memory()
         self._queue: deque = deque()
 
     def submit(self, unit) -> None:
@@ -97,6 +102,7 @@ def _worker_main(conn: Connection, device: str, plugin_files: list[str], parent:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
     _exit_with_parent(parent)
     warnings.simplefilter("ignore", PluginWarning)  # the driver reported them already
+    reuse_freed_memory()
     try:
         load_plugins(plugin_files)
     except Exception as exc:
@@ -253,6 +259,7 @@ def _load_plugin_sources(sources: list[tuple[str, str]]) -> None:
 
 
 def _ray_train(spec, lr: float, device: str, sources: list[tuple[str, str]]) -> dict[str, Any]:
+    reuse_freed_memory()
     _load_plugin_sources(sources)
     return train_eval(spec, lr, torch.device(device))
 

@@ -7,9 +7,9 @@ CPU: torch keeps no allocator statistics, so the work runs in a fresh process an
 far the process's resident set size peaks above its level just before the work. On Linux the
 kernel's peak (VmHWM in /proc/self/status) is reset by writing "5" to /proc/self/clear_refs;
 elsewhere ``resource.getrusage(...).ru_maxrss`` stands in, which also counts earlier peaks
-(then the figure is a lower bound). ``fix_mmap_threshold`` makes glibc map every allocation
-of 64 KiB or more with mmap and unmap it when freed, so that the RSS follows the live tensors
-instead of memory that malloc keeps for reuse.
+(then the figure is a lower bound). ``synthbench.allocator.map_large_blocks`` makes glibc
+map every allocation of 64 KiB or more with mmap and unmap it when freed, so that the RSS
+follows the live tensors instead of memory that malloc keeps for reuse.
 
 The limit: ``limit_data`` caps the process's data segment (RLIMIT_DATA, which on Linux >= 4.7
 counts every private writable mapping, so every tensor) at its current size plus the
@@ -19,17 +19,12 @@ allowance; an allocation past it fails with torch's "can't allocate memory" erro
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import resource
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-MMAP_THRESHOLD = 64 * 1024  # bytes; glibc's default starts at 128 KiB and then floats upward
-_M_MMAP_THRESHOLD = -3  # mallopt parameter number (malloc.h)
 
 
 def proc_status_bytes(key: str) -> int:
@@ -74,16 +69,6 @@ def peak_bytes(work: Callable[[], object], device: torch.device) -> int:
     before = reset_peak_rss()
     work()
     return peak_rss() - before
-
-
-def fix_mmap_threshold() -> bool:
-    """glibc only: mmap every allocation of MMAP_THRESHOLD bytes or more (fixed, not floating),
-    so that freed tensors leave the RSS. False where there is no mallopt."""
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
-    except (OSError, AttributeError):
-        return False
 
 
 def limit_data(allowance: int) -> bool:

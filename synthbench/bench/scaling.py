@@ -38,10 +38,10 @@ import pyarrow as pa
 import torch
 from torch import nn
 
+from synthbench.allocator import map_large_blocks
 from synthbench.bench.common import feature_dim, params_json, timed_ms
 from synthbench.bench.memory import (
     cpu_method,
-    fix_mmap_threshold,
     is_out_of_memory,
     limit_cuda,
     limit_data,
@@ -256,7 +256,7 @@ def _measure(series: Series, setup: Setup, seq_len: int, what: str) -> dict[str,
         load_plugin_file(path, [MECHANISMS])
     device = torch.device(setup.device)
     if what == "memory" and device.type == "cpu":
-        fix_mmap_threshold()
+        map_large_blocks()
     torch.manual_seed(0)
     mechanism = build_mechanism(series, setup.head_dim, setup.heads, seq_len)
     layer = MultiHeadAttention(setup.d_model, setup.heads, mechanism).to(device)

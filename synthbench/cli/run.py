@@ -143,7 +143,7 @@ def run_command(
             return RayPool(ray_address, plugin or [], cpus_per_run or threads, gpus_per_run, jobs)
         n = min(n_units, jobs or default_jobs(dev, threads))
         if n <= 1:
-            return InProcess(dev)
+            return InProcess(dev, own_process=True)
         return LocalPool(worker_devices(dev, n), plugin or [], threads)
 
     where = f"device {dev}" if dev is not None else f"Ray at {ray_address or 'a local instance'}"
