@@ -22,6 +22,8 @@ from synthbench.spec import TEST_SEED, VAL_SEED, RunSpec
 from synthbench.store import RESULT_METRICS
 from synthbench.task import IGNORE, Batch, Task
 
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW
+
 
 def lr_schedule(protocol: Protocol):
     """Linear warm-up to 1, then cosine decay to ``min_lr_frac`` (a multiplier per step)."""
@@ -93,7 +95,12 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
     model = build_model(spec, task, *([long_task] if long_task else [])).to(device)
     row["n_params"] = sum(t.numel() for t in model.parameters())
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=lr, betas=p.betas, weight_decay=p.weight_decay
+        model.parameters(),
+        lr=lr,
+        betas=p.betas,
+        weight_decay=p.weight_decay,
+        # one kernel for all parameters: 3x less optimizer time on these small models
+        fused=device.type in FUSED_ADAMW_DEVICES or None,
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(p))
     train_gen = torch.Generator().manual_seed(spec.seed)
@@ -110,9 +117,12 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
             raise Diverged(f"non-finite loss at step {step}")
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), p.grad_clip or math.inf)
+        grads = [q.grad for q in model.parameters() if q.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)
         if not torch.isfinite(grad_norm):
             raise Diverged(f"non-finite gradient at step {step}")
+        if p.grad_clip:
+            torch.nn.utils.clip_grads_with_norm_(model.parameters(), p.grad_clip, grad_norm)
         optimizer.step()
         scheduler.step()
         recent = (recent + [loss.item()])[-20:]

@@ -21,6 +21,7 @@ import pandas as pd
 import torch
 import typer
 
+from synthbench.allocator import reuse_freed_memory
 from synthbench.bench import fidelity, plots, scaling, throughput
 from synthbench.bench.common import DEFAULT_MECHS, BenchFile, load_bench, new_bench_id
 from synthbench.bench.memory import available_memory
@@ -245,6 +246,7 @@ def train_command(
 ) -> None:
     """Steps/s and tokens/s of the real training loop; predicted time of `run --task all`."""
     load_plugins(plugin)
+    reuse_freed_memory()  # as `synthbench run` trains
     proto = PROTOCOLS.get(protocol)
     tasks = select_tasks(task, None)
     names = select_mechanisms(mech)
