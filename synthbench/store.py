@@ -17,12 +17,14 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+
+if TYPE_CHECKING:  # pandas loads only where rows are read (workers only write)
+    import pandas as pd
 
 SCHEMA_VERSION = 3
 # Columns each schema version added; a file of an older version is read with them null.
@@ -227,6 +229,8 @@ class ResultStore:
                 if warn:
                     warnings.warn(f"skipping {path}: {exc}", CorruptResultWarning, stacklevel=2)
         # one conversion to pandas for the whole tree: per file, it would dominate the load
+        import pandas as pd
+
         rows = pa.concat_tables(tables).to_pandas() if tables else pd.DataFrame(columns=read)
         return LoadReport(rows[names], skipped)
 

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from synthbench import provenance, runner
 from synthbench.cli import app
-from synthbench.executors import MAX_ATTEMPTS, LocalPool
+from synthbench.executors import MAX_ATTEMPTS, LocalPool, RayPool
 from synthbench.mechanism import MECHANISMS
 from synthbench.protocols import PROTOCOLS
 from synthbench.registry import load_plugin_file
@@ -305,7 +305,7 @@ import os, pathlib, signal
 import torch.nn.functional as F
 from synthbench import MECHANISMS, FeatureMapMechanism
 
-DIED = pathlib.Path(__file__).with_suffix(".died")
+DIED = pathlib.Path({marker!r})
 
 
 class Features(FeatureMapMechanism):
@@ -317,7 +317,7 @@ class Features(FeatureMapMechanism):
         return self.head_dim
 
 
-@MECHANISMS.register("dies-once-test", complexity="linear", family="test", reference="test")
+@MECHANISMS.register("dies-once{suffix}", complexity="linear", family="test", reference="test")
 class DiesOnce(Features):
     def feature_map(self, x, is_query):
         if not DIED.exists():  # the first training anywhere kills its own process
@@ -326,28 +326,41 @@ class DiesOnce(Features):
         return super().feature_map(x, is_query)
 
 
-@MECHANISMS.register("always-dies-test", complexity="linear", family="test", reference="test")
+@MECHANISMS.register("always-dies{suffix}", complexity="linear", family="test",
+                     reference="test")
 class AlwaysDies(Features):
     def feature_map(self, x, is_query):
         os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_a_lost_worker_is_replaced_and_its_training_retried(tmp_path):
-    plugin = tmp_path / "dies.py"
-    plugin.write_text(DIES)
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_a_lost_worker_is_replaced_and_its_training_retried(tmp_path, executor):
+    """A worker killed (SIGKILL) in the middle of a training: the training runs again, and
+    is stored once; one that kills every worker it runs on ends as an error row."""
+    if executor == "ray":
+        pytest.importorskip("ray", reason='the Ray extra: pip install "synthbench[ray]"')
+    plugin, marker, suffix = tmp_path / "dies.py", tmp_path / "died", f"-{executor}-test"
+    plugin.write_text(DIES.format(marker=str(marker), suffix=suffix))
     load_plugin_file(plugin, [TASKS, MECHANISMS])
-    once = RunSpec.resolve("copy", "dies-once-test", SMOKE, 0, {"n": 4})
-    always = RunSpec.resolve("copy", "always-dies-test", SMOKE, 0, {"n": 4})
+    once = RunSpec.resolve("copy", f"dies-once{suffix}", SMOKE, 0, {"n": 4})
+    always = RunSpec.resolve("copy", f"always-dies{suffix}", SMOKE, 0, {"n": 4})
     store = ResultStore(tmp_path / "results")
-    outcome = runner.execute([once, always], store, lambda n: LocalPool([CPU, CPU], [plugin]))
-    assert (tmp_path / "dies.died").exists()  # it did die once
+    if executor == "local":
+        pool = LocalPool([CPU, CPU], [plugin])
+    else:
+        pool = RayPool(None, [plugin], cpus=1, jobs=2)
+    outcome = runner.execute([once, always], store, lambda n: pool)
+    assert marker.exists()  # it did die once
     rows = stored_rows(tmp_path / "results").set_index("mechanism")
     assert len(rows) == 2  # one row each: no duplicate from the retry
-    assert rows.loc["dies-once-test", "status"] == "ok"
-    lost = rows.loc["always-dies-test"]
+    assert rows.loc[f"dies-once{suffix}", "status"] == "ok"
+    lost = rows.loc[f"always-dies{suffix}"]
     assert lost["status"] == "error"
-    assert f"died (signal 9) {MAX_ATTEMPTS} times" in lost["error"]
+    if executor == "local":
+        assert f"died (signal 9) {MAX_ATTEMPTS} times" in lost["error"]
+    else:
+        assert "WorkerCrashedError" in lost["error"] or "died" in lost["error"], lost["error"]
     assert outcome.statuses == {"ok": 1, "error": 1}
 
 

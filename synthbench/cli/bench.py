@@ -22,7 +22,7 @@ import torch
 import typer
 
 from synthbench.allocator import reuse_freed_memory
-from synthbench.bench import fidelity, plots, scaling, throughput
+from synthbench.bench import fidelity, scaling, throughput
 from synthbench.bench.common import DEFAULT_MECHS, BenchFile, load_bench, new_bench_id
 from synthbench.bench.memory import available_memory
 from synthbench.cli.common import (
@@ -66,6 +66,14 @@ def _choose(option: str, value: str, known) -> list[str]:
     if not chosen:
         raise ValueError(f"--{option} names nothing")
     return list(dict.fromkeys(chosen))
+
+
+def _plots():
+    """The figures module, imported by the commands that draw: matplotlib takes a second
+    to load, which every other command of the line would pay."""
+    from synthbench.bench import plots
+
+    return plots
 
 
 def _interrupted(file: BenchFile):
@@ -152,7 +160,7 @@ def scaling_command(
     for line in scaling.summary_lines(rows):
         echo(line)
     if plot:
-        _wrote(plots.scaling_figure(rows, out / "scaling", [f".{f}" for f in FIGURE_FORMATS]))
+        _wrote(_plots().scaling_figure(rows, out / "scaling", [f".{f}" for f in FIGURE_FORMATS]))
 
 
 # -- fidelity -------------------------------------------------------------------------------
@@ -224,8 +232,8 @@ def fidelity_command(
     for line in fidelity.quadrature_lines(quad_rows):
         echo(line)
     suffixes = [f".{f}" for f in FIGURE_FORMATS]
-    _wrote(plots.fidelity_tables(rows, out))
-    _wrote(plots.quadrature_figure(quad_rows, out / "quadrature", suffixes))
+    _wrote(_plots().fidelity_tables(rows, out))
+    _wrote(_plots().quadrature_figure(quad_rows, out / "quadrature", suffixes))
 
 
 # -- train ----------------------------------------------------------------------------------
@@ -302,9 +310,9 @@ def plot_command(
         raise ValueError(f"no bench results {what}under {results}/bench/")
     written = []
     if found["scaling"] is not None:
-        written += plots.scaling_figure(found["scaling"], out / "scaling", suffixes)
+        written += _plots().scaling_figure(found["scaling"], out / "scaling", suffixes)
     if found["fidelity"] is not None:
-        written += plots.fidelity_tables(found["fidelity"], out)
+        written += _plots().fidelity_tables(found["fidelity"], out)
     if found["quadrature"] is not None:
-        written += plots.quadrature_figure(found["quadrature"], out / "quadrature", suffixes)
+        written += _plots().quadrature_figure(found["quadrature"], out / "quadrature", suffixes)
     _wrote(written)
