@@ -10,7 +10,7 @@ elsewhere (teacher forcing, loss on answer positions only).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -42,6 +42,17 @@ class Batch:
 
     def to(self, device: torch.device | str) -> Batch:
         return Batch(self.inputs.to(device), self.targets.to(device))
+
+
+@dataclass(frozen=True)
+class ShortcutRule:
+    """A rule that answers without the computation a task tests (``Task.shortcut_rules``):
+    ``predict(inputs)`` gives a token at every position of the (n, L) inputs, each from its
+    causal prefix ``inputs[:, : i + 1]``; ``synthbench audit`` scores it at the answers."""
+
+    name: str
+    description: str
+    predict: Callable[[torch.Tensor], torch.Tensor]
 
 
 def teacher_forced(sequences: torch.Tensor, answer_mask: torch.Tensor) -> Batch:
@@ -173,6 +184,12 @@ class Task:
         """Oracle: the targets of ``inputs``, each computed from its causal prefix
         ``inputs[:, : i + 1]`` alone; IGNORE outside answer positions."""
         raise NotImplementedError
+
+    def shortcut_rules(self) -> Sequence[ShortcutRule]:
+        """The task's own shortcut rules, which ``synthbench audit`` scores beside its
+        generic count-table baselines (synthbench/audit.py): rules a model could follow to
+        answer without the computation the task tests. None by default."""
+        return ()
 
     def token_name(self, token: int) -> str:
         """How a token is shown to a person: a special token by its name, any other by its

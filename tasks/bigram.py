@@ -29,6 +29,7 @@ class BigramParams:
     "bigram",
     category="Patterns",
     description="x T(x) pairs: a fixed random successor table (control, needs no attention)",
+    control=True,  # the audit expects its current-token baseline to solve it
 )
 class Bigram(Task):
     Params = BigramParams

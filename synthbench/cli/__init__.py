@@ -1,7 +1,8 @@
 """The ``synthbench`` command line: one module per command group, sharing ``common``.
 
 run                 cli/run.py       (the runner: synthbench/runner.py)
-list, show-task     cli/catalog.py
+list, show-task,    cli/catalog.py
+audit
 results, report     cli/results.py
 bench ...           cli/bench.py     (the measurements: synthbench/bench)
 """
@@ -20,6 +21,7 @@ app = typer.Typer(
 app.command("run")(guard(run.run_command))
 app.command("list")(guard(catalog.list_command))
 app.command("show-task")(guard(catalog.show_task_command))
+app.command("audit")(guard(catalog.audit_command))
 app.command("results")(guard(results.results_command))
 app.command("report")(guard(results.report_command))
 app.add_typer(bench.bench_app, name="bench")  # cost and fidelity benchmarks

@@ -9,6 +9,7 @@ import torch
 import typer
 from rich.table import Table
 
+from synthbench.audit import MARGIN, MIN_SEEN, TRAIN_ANSWERS, audit, markdown_table
 from synthbench.cli.common import PluginOption, UsageError, load_plugins, out
 from synthbench.mechanism import MECHANISMS, STATE_HEAD_DIM, STATE_LENGTH, state_size_at_defaults
 from synthbench.params import parse_assignments
@@ -126,3 +127,56 @@ def show_task_command(
         highlight=False,
         markup=False,
     )
+
+
+def audit_command(
+    name: Annotated[str, typer.Argument(help="Task name, or 'all' (plugins included).")],
+    difficulty: Annotated[
+        str, typer.Option(help="A preset (easy, default, hard, ...) or 'all' of the task's.")
+    ] = "all",
+    param: Annotated[
+        list[str] | None, typer.Option("--param", help="KEY=VALUE task parameter (repeatable).")
+    ] = None,
+    answers: Annotated[
+        int, typer.Option(min=1000, help="About how many answers the count tables learn from.")
+    ] = TRAIN_ANSWERS,
+    check: Annotated[
+        bool, typer.Option("--check", help="Exit with status 1 if a task has a shortcut.")
+    ] = False,
+    plugin: PluginOption = None,
+) -> None:
+    """Score shortcut baselines on generated data: can a task be answered without the
+    computation it tests? (The method: docs/TASKS.md, "Shortcut audit".)"""
+    load_plugins(plugin)
+    overrides = parse_assignments(param)
+    names = TASKS.names() if name == "all" else [TASKS.canonical(name)]
+    audits = []
+    for task_name in names:
+        presets = ("default", *TASKS.get(task_name).difficulties)
+        if difficulty != "all" and difficulty not in presets:
+            raise UsageError(
+                f"task {task_name} has no difficulty {difficulty!r} (presets: {', '.join(presets)})"
+            )
+        for preset in presets if difficulty == "all" else (difficulty,):
+            audits.append(
+                audit(
+                    task_name,
+                    preset,
+                    train_answers=answers,
+                    test_answers=answers // 10,
+                    **overrides,
+                )
+            )
+    out.print(markdown_table(audits), highlight=False, markup=False)
+    out.print(
+        f"chance: the best constant answer per position; a cell is a baseline's token accuracy "
+        f"on fresh data, (u): fewer than {MIN_SEEN:.0%} of its test contexts seen in training; "
+        f"shortcut: above chance + {MARGIN}.",
+        highlight=False,
+        markup=False,
+    )
+    flagged = [a for a in audits if not a.passed]
+    if flagged:
+        out.print(f"{len(flagged)} of {len(audits)} audited tasks and presets have a shortcut")
+        if check:
+            raise typer.Exit(1)
