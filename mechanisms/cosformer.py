@@ -1,18 +1,21 @@
 """cosFormer (Qin et al. 2022): ReLU features re-weighted by position.
 
-With 0-based positions i and a fixed horizon M (``horizon``, default 1024):
+With 0-based positions i and a horizon M:
     phi(x_i) = [relu(x_i) cos(pi i / (2M)), relu(x_i) sin(pi i / (2M))]      (2d features)
     phi(q_i) . phi(k_j) = (relu(q_i) . relu(k_j)) cos(pi (i - j) / (2M)),
 by cos a cos b + sin a sin b = cos(a - b): a locality bias that decays with the distance
 i - j, kernel-normalised on the shared linear core (eps 1e-6).
 
-The paper takes M as the sequence length; a fixed horizon instead makes a position's
-features independent of how long the sequence is, so a prefix gets the same outputs whether
-or not more tokens follow (needed for exact causal generation and for evaluating at other
-lengths). Positions run 0 .. L-1 and the mechanism refuses sequences longer than M with a
-ValueError: beyond M the cosine turns negative for distant pairs (and wraps around after 4M),
-which would break the non-negativity the unguarded core relies on. Within the horizon every
-feature is >= 0 (relu, and cos, sin >= 0 on [0, pi/2)), and so is every score.
+The paper takes M as the sequence length. By default (``horizon`` None) M is the longest
+sequence the model is built for (``set_max_len``: its training and evaluation lengths), so
+the re-weighting spans the task as published while a position's features stay independent
+of how long the current sequence is: a prefix gets the same outputs whether or not more
+tokens follow, as exact causal generation needs. Used outside a model, M is the length of
+the call. An explicit ``horizon`` fixes M. Positions run 0 .. L-1 and the mechanism refuses
+sequences longer than M with a ValueError: beyond M the cosine turns negative for distant
+pairs (and wraps around after 4M), which would break the non-negativity the unguarded core
+relies on. Within the horizon every feature is >= 0 (relu, and cos, sin >= 0 on
+[0, pi/2)), and so is every score.
 """
 
 from __future__ import annotations
@@ -34,31 +37,40 @@ from synthbench.mechanism import MECHANISMS, FeatureMapMechanism
     reference="Qin et al. 2022, cosFormer: Rethinking Softmax in Attention",
 )
 class CosformerAttention(FeatureMapMechanism):
-    """phi(x_i) = [relu(x_i) cos(pi i / 2M), relu(x_i) sin(pi i / 2M)], M = horizon (1024);
-    sequences longer than the horizon are refused."""
+    """phi(x_i) = [relu(x_i) cos(pi i / 2M), relu(x_i) sin(pi i / 2M)], M = ``horizon``, by
+    default the model's maximum length; sequences longer than M are refused."""
 
     def __init__(
         self,
         head_dim: int,
         n_heads: int,
-        horizon: int = 1024,
+        horizon: int | None = None,
         eps: float = 1e-6,
         chunk_size: int = 64,
     ):
         super().__init__(head_dim, n_heads, eps=eps, chunk_size=chunk_size)
-        if isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1:
-            raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
+        if horizon is not None and (
+            isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1
+        ):
+            raise ValueError(f"horizon must be an integer >= 1 or None, got {horizon!r}")
         self.horizon = horizon
+        self.max_len: int | None = None
+
+    def set_max_len(self, max_len: int) -> None:
+        """The model's longest sequence (Model calls it): M, unless ``horizon`` is given."""
+        self.max_len = max_len
 
     def feature_map(self, x, is_query):
         length = x.shape[-2]
-        if length > self.horizon:
+        horizon = self.horizon or self.max_len or length
+        if length > horizon:
+            name = "horizon" if self.horizon else "the model's max length"
             raise ValueError(
-                f"cosformer: sequence length {length} exceeds horizon={self.horizon}; "
+                f"cosformer: sequence length {length} exceeds {name}={horizon}; "
                 f"build it with horizon >= the longest sequence"
             )
         dtype = compute_dtype(x)
-        angle = torch.arange(length, device=x.device, dtype=dtype) * (math.pi / (2 * self.horizon))
+        angle = torch.arange(length, device=x.device, dtype=dtype) * (math.pi / (2 * horizon))
         r = F.relu(x.to(dtype))
         return torch.cat([r * angle.cos().unsqueeze(-1), r * angle.sin().unsqueeze(-1)], dim=-1)
 

@@ -36,6 +36,11 @@ class Mechanism(nn.Module):
     ) -> torch.Tensor:
         raise NotImplementedError
 
+    def set_max_len(self, max_len: int) -> None:
+        """The model tells each of its mechanisms the longest sequence it will see (training
+        and evaluation lengths); one whose parameters follow it (cosformer's horizon) keeps
+        it. Optional for a plugin: the model calls it only where it exists."""
+
     def state_size(self, seq_len: int) -> int:
         """Numbers a head carries from one token to the next when generating causally.
         A quadratic mechanism keeps its keys and values (2 x L x d, as Zoology counts it)."""

@@ -150,7 +150,7 @@ class Model(nn.Module):
             Block(
                 d_model,
                 n_heads,
-                mechanism(),
+                self._mechanism(mechanism, max_len),
                 arch,
                 make_rotation(pos, head_dim, n_heads, pos_params),
             )
@@ -158,6 +158,13 @@ class Model(nn.Module):
         )
         self.norm = nn.LayerNorm(d_model) if arch == "transformer" else nn.Identity()
         self.head = nn.Linear(d_model, vocab_size)
+
+    @staticmethod
+    def _mechanism(make: Callable[[], nn.Module], max_len: int) -> nn.Module:
+        mechanism = make()
+        if hasattr(mechanism, "set_max_len"):  # optional for plugins (synthbench/mechanism.py)
+            mechanism.set_max_len(max_len)
+        return mechanism
 
     def forward(self, tokens: torch.Tensor, causal: bool = True) -> torch.Tensor:
         """tokens (B, L) int64 -> logits (B, L, vocab)."""

@@ -13,6 +13,7 @@ from test_mechanisms import assert_matches_reference
 
 from synthbench.mechanism import MECHANISMS
 from synthbench.mechanisms.performer import KEY_LOGIT_BOUND, orthogonal_gaussian
+from synthbench.model import Model
 
 B, H, D = 1, 2, 8
 TIGHT = {"atol": 1e-10, "rtol": 1e-10}
@@ -279,16 +280,22 @@ def test_invalid_parameters_are_refused(name, params):
 # -- cosFormer ------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("horizon", [70, 100, 1024])
+@pytest.mark.parametrize(
+    ("horizon", "max_len", "M"),
+    [(None, None, 70), (None, 90, 90), (70, None, 70), (100, 200, 100), (1024, None, 1024)],
+)
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
-def test_cosformer_matches_its_formula(causal, horizon):
-    """relu(q_i) . relu(k_j) cos(pi (i - j) / 2M), normalised with eps; forward and backward."""
+def test_cosformer_matches_its_formula(causal, horizon, max_len, M):
+    """relu(q_i) . relu(k_j) cos(pi (i - j) / 2M), normalised with eps; forward and backward.
+    M is the explicit horizon, else the model's max length, else the call's length (L 70)."""
     mechanism = build("cosformer", horizon=horizon)
+    if max_len is not None:
+        mechanism.set_max_len(max_len)
     inputs = qkv(70, seed=8, requires_grad=True)
 
     def reference(q, k, v, causal):
         i = torch.arange(70, dtype=torch.float64)
-        reweight = torch.cos(math.pi * (i.unsqueeze(1) - i.unsqueeze(0)) / (2 * horizon))
+        reweight = torch.cos(math.pi * (i.unsqueeze(1) - i.unsqueeze(0)) / (2 * M))
         scores = (F.relu(q) @ F.relu(k).transpose(-1, -2)) * reweight
         return normalised(scores, v, causal, eps=mechanism.eps)
 
@@ -299,6 +306,7 @@ def test_cosformer_features_do_not_depend_on_the_length():
     """A position's features, and the causal outputs of a prefix, are the same whatever the
     length of the sequence they come from."""
     mechanism = build("cosformer")
+    mechanism.set_max_len(300)  # as the model does
     q, k, v = qkv(300, seed=9)
     for length in (1, 10, 100):
         short = mechanism.feature_map(q[:, :, :length], is_query=True)
@@ -316,3 +324,20 @@ def test_cosformer_refuses_sequences_beyond_its_horizon():
     q, k, v = qkv(17)
     with pytest.raises(ValueError, match="exceeds horizon=16"):
         mechanism(q, k, v)
+
+
+def test_the_model_gives_cosformer_its_max_length_as_the_horizon():
+    model = Model(8, 48, lambda: build("cosformer"), d_model=16, n_heads=2)
+    assert [b.attn.mechanism.max_len for b in model.blocks] == [48, 48]
+    fixed = Model(8, 48, lambda: build("cosformer", horizon=1024), d_model=16, n_heads=2)
+    mechanism = fixed.blocks[0].attn.mechanism
+    q = torch.rand(1, 2, 48, 8, dtype=torch.float64)
+    angle = mechanism.feature_map(q, True)[..., 8:] / q  # the sin half: sin(pi i / 2M)
+    assert math.isclose(angle[0, 0, 47, 0].item(), math.sin(math.pi * 47 / 2048))
+
+
+def test_cosformer_refuses_sequences_beyond_the_models_length():
+    mechanism = build("cosformer")
+    mechanism.set_max_len(16)
+    with pytest.raises(ValueError, match="exceeds the model's max length=16"):
+        mechanism(*qkv(17))

@@ -167,10 +167,10 @@ def build_mechanism(
     series: Series, head_dim: int, heads: int, seq_len: int | None = None
 ) -> nn.Module:
     """The series' mechanism; a ValueError names it if its parameters do not fit. A
-    mechanism with a positional ``horizon`` (cosformer) gets the sequence length, as its
-    paper sets M = L: its default horizon would refuse the longer points."""
+    mechanism with a positional ``horizon`` (cosformer) gets at least the sequence length,
+    as its paper sets M = L (by default it takes the length of each call)."""
     params = dict(series.params)
-    if seq_len is not None and "horizon" in params:
+    if seq_len is not None and params.get("horizon") is not None:
         params["horizon"] = max(params["horizon"], seq_len)
     try:
         mechanism = MECHANISMS.get(series.mechanism)(head_dim, heads, **params)
