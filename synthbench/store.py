@@ -26,9 +26,13 @@ import pyarrow.parquet as pq
 if TYPE_CHECKING:  # pandas loads only where rows are read (workers only write)
     import pandas as pd
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Columns each schema version added; a file of an older version is read with them null.
-ADDED_IN = {2: ("eval_length_mult", "long_token_acc", "long_exact_match"), 3: ("threads",)}
+ADDED_IN = {
+    2: ("eval_length_mult", "long_token_acc", "long_exact_match"),
+    3: ("threads",),
+    4: ("free_token_acc", "curve_steps", "curve_val_token_acc"),
+}
 PARTITIONS = ("task", "mechanism")
 _TMP_PREFIX = ".tmp-"
 # <root>/bench/: the rows of `synthbench bench` (synthbench/bench), another schema; not task results
@@ -57,6 +61,11 @@ SCHEMA = pa.schema(
         ("exact_match", pa.float64()),
         ("val_token_acc", pa.float64()),
         ("val_exact_match", pa.float64()),
+        # the test answers generated free-running: each answer fed back as the model made it
+        ("free_token_acc", pa.float64()),
+        # learning curve: validation token accuracy after these optimizer steps
+        ("curve_steps", pa.list_(pa.int64())),
+        ("curve_val_token_acc", pa.list_(pa.float64())),
         # length generalisation: the test set of the task with its length knob scaled
         ("eval_length_mult", pa.float64()),
         ("long_token_acc", pa.float64()),
@@ -83,6 +92,9 @@ RESULT_METRICS = (
     "exact_match",
     "val_token_acc",
     "val_exact_match",
+    "free_token_acc",
+    "curve_steps",
+    "curve_val_token_acc",
     "long_token_acc",
     "long_exact_match",
     "final_loss",
@@ -206,9 +218,11 @@ class ResultStore:
         if table.num_rows == 0 or not pc.all(pc.equal(table["run_id"], path.stem)).as_py():
             raise ValueError("its rows do not belong to the run its name gives")
         for name in wanted.names:
-            if name not in stored:
-                value = partitions.get(name)  # a partition column, or a column added later
-                table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()))
+            if name in partitions:
+                column = pa.array([partitions[name]] * table.num_rows, pa.string())
+                table = table.append_column(name, column)
+            elif name not in stored:  # a column added by a later schema version
+                table = table.append_column(name, pa.nulls(table.num_rows, wanted.field(name).type))
         try:
             return table.select(wanted.names).cast(wanted)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:

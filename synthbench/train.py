@@ -23,6 +23,7 @@ from synthbench.store import RESULT_METRICS
 from synthbench.task import IGNORE, Batch, Task
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW
+CURVE_POINTS = 10  # validation evaluations along training (the learning curve)
 
 
 def lr_schedule(protocol: Protocol):
@@ -71,6 +72,58 @@ def evaluate(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
     }
 
 
+@torch.no_grad()
+def free_running_token_acc(model: Model, data: Batch, batch_size: int) -> float:
+    """Token accuracy of answers generated free-running (greedy): every answer token is fed
+    back to the model as the model produced it, not as the data has it.
+
+    Exact: a forward pass over the whole sequence decides every answer up to the first one
+    whose fed-back token disagrees with the prediction (their prefixes are final); that token
+    is replaced by the prediction and the pass repeated, for the examples that changed only.
+    One pass per wrong answer, one in all for an example answered right (whose free-running
+    and teacher-forced answers coincide: so exact match is the same either way).
+    """
+    model.eval()
+    accuracy = []
+    for start in range(0, data.inputs.shape[0], batch_size):
+        inputs = data.inputs[start : start + batch_size].clone()
+        targets = data.targets[start : start + batch_size]
+        answer = targets != IGNORE
+        # an answer predicted at i is read back at i + 1 (the last position reads nothing)
+        fed_back = answer.clone()
+        fed_back[:, -1] = False
+        predicted = torch.empty_like(targets)
+        done_up_to = torch.full((len(inputs),), -1, device=inputs.device)
+        active = torch.arange(len(inputs), device=inputs.device)
+        positions = torch.arange(inputs.shape[1], device=inputs.device)
+        while len(active):
+            guess = model(inputs[active]).argmax(dim=-1)
+            predicted[active] = guess
+            read_back = torch.zeros_like(guess)
+            read_back[:, :-1] = inputs[active, 1:]
+            differs = (
+                fed_back[active]
+                & (guess != read_back)
+                & (positions > done_up_to[active].unsqueeze(1))
+            )
+            changed = differs.any(dim=1)
+            first = differs.float().argmax(dim=1)  # the first disagreeing answer
+            rows, cols = active[changed], first[changed]
+            inputs[rows, cols + 1] = guess[changed, cols]
+            done_up_to[rows] = cols
+            active = rows
+        correct = ((predicted == targets) & answer).sum(dim=1)
+        accuracy.append(correct / answer.sum(dim=1).clamp(min=1))
+    model.train()
+    return torch.cat(accuracy).mean().item()
+
+
+def curve_points(steps: int, points: int = CURVE_POINTS) -> list[int]:
+    """The optimizer steps after which the learning curve is measured: ``points`` evenly
+    spaced, the last one the end of training."""
+    return sorted({max(1, round(steps * k / points)) for k in range(1, points + 1)})
+
+
 def build_model(spec: RunSpec, *tasks: Task) -> Model:
     """The run's model, with vocabulary and positions for every one of ``tasks``."""
     p = spec.protocol
@@ -108,6 +161,8 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
     test = task.generate(p.test_examples, torch.Generator().manual_seed(TEST_SEED), device)
 
     recent: list[float] = []
+    row["curve_steps"], row["curve_val_token_acc"] = [], []
+    measure_at = set(curve_points(p.steps))
     for step in range(p.steps):
         batch = task.generate(p.batch_size, train_gen, device)
         logits = model(batch.inputs)
@@ -126,11 +181,16 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
         optimizer.step()
         scheduler.step()
         recent = (recent + [loss.item()])[-20:]
+        if step + 1 in measure_at:
+            val_metrics = evaluate(model, val, p.eval_batch_size)
+            row["curve_steps"].append(step + 1)
+            row["curve_val_token_acc"].append(val_metrics["token_acc"])
     row["steps_done"] = p.steps
     row["final_loss"] = sum(recent) / len(recent)
 
-    val_metrics = evaluate(model, val, p.eval_batch_size)
+    # val_metrics: the last point of the curve, at the end of training
     row.update(evaluate(model, test, p.eval_batch_size))
+    row["free_token_acc"] = free_running_token_acc(model, test, p.eval_batch_size)
     row.update({f"val_{k}": v for k, v in val_metrics.items()})
     if long_task is not None:
         gen = torch.Generator().manual_seed(TEST_SEED)

@@ -62,6 +62,8 @@ def same(a, b) -> bool:
         return b is None or (isinstance(b, float) and math.isnan(b))
     if isinstance(a, pd.Timestamp):
         a = a.to_pydatetime()
+    if hasattr(a, "tolist"):  # a list column reads back as a numpy array
+        a = a.tolist()
     return a == b
 
 

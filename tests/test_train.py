@@ -14,7 +14,14 @@ from synthbench.protocols import PROTOCOLS
 from synthbench.runner import run_sweep as run
 from synthbench.spec import MAX_SEED, TEST_SEED, VAL_SEED, RunSpec
 from synthbench.task import IGNORE, TASKS
-from synthbench.train import answer_metrics, build_model, evaluate, lr_schedule
+from synthbench.train import (
+    answer_metrics,
+    build_model,
+    curve_points,
+    evaluate,
+    free_running_token_acc,
+    lr_schedule,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -180,6 +187,66 @@ def test_evaluate_does_not_depend_on_eval_batch_size():
     assert model.training  # evaluate hands the model back in training mode
 
 
+@torch.no_grad()
+def free_running_reference(model, inputs, targets):
+    """Greedy generation position by position: the prefix up to i, the prediction at i, and
+    where i is an answer the prediction written into position i + 1. Per-example accuracy."""
+    x = inputs.clone()
+    answer = targets != IGNORE
+    predicted = torch.empty_like(targets)
+    for i in range(x.shape[1]):
+        predicted[:, i] = model(x[:, : i + 1])[:, -1].argmax(dim=-1)
+        if i + 1 < x.shape[1]:
+            x[:, i + 1] = torch.where(answer[:, i], predicted[:, i], x[:, i + 1])
+    return ((predicted == targets) & answer).sum(dim=1) / answer.sum(dim=1)
+
+
+@pytest.mark.parametrize(
+    ("task_name", "params", "fed_back_matters"),
+    [
+        ("copy", {"n": 6}, True),
+        ("sort", {"n": 6, "vocab": 48}, True),
+        ("stack", {"ops": 12}, False),
+    ],
+)
+def test_free_running_matches_greedy_generation_one_position_at_a_time(
+    task_name, params, fed_back_matters
+):
+    """Against the plain reference, on half-trained models (some answers right, some wrong,
+    so both the agreeing and the repeated passes run); copy's and sort's answers are a block
+    after SEP, stack's are interleaved with given tokens."""
+    s = spec(task=task_name, mech="softmax", task_params=params)
+    task = TASKS.get(task_name)(**params)
+    torch.manual_seed(0)
+    model = build_model(s, task).eval()
+    train = task.generate(256, torch.Generator().manual_seed(3))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    data = task.generate(40, torch.Generator().manual_seed(4))
+    for _ in range(30):
+        loss = torch.nn.functional.cross_entropy(
+            model(train.inputs).flatten(0, 1), train.targets.flatten(), ignore_index=IGNORE
+        )
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    expected = free_running_reference(model, data.inputs, data.targets)
+    teacher_forced, all_right = answer_metrics(model(data.inputs), data.targets)
+    assert 0.05 < expected.mean().item() < 0.95
+    if fed_back_matters:  # some examples generate differently from their teacher-forced run
+        assert (expected != teacher_forced).any()
+    for batch_size in (7, 64):
+        got = free_running_token_acc(model, data, batch_size)
+        assert got == pytest.approx(expected.mean().item(), abs=1e-6)
+    # an example all right free-running is all right teacher-forced, and the other way round
+    assert torch.equal(all_right.bool(), expected == 1.0)
+
+
+def test_curve_points_are_even_and_end_at_the_last_step():
+    assert curve_points(1000) == list(range(100, 1001, 100))
+    assert curve_points(25) == [2, 5, 8, 10, 12, 15, 18, 20, 22, 25]
+    assert curve_points(3) == [1, 2, 3]
+
+
 # -- lr schedule --------------------------------------------------------------------------
 
 
@@ -231,6 +298,10 @@ def test_run_smoke(smoke_rows):
     for key in ("token_acc", "exact_match", "val_token_acc", "val_exact_match"):
         assert 0.0 <= row[key] <= 1.0, key
     assert row["steps_done"] == row["steps"] == SMOKE.steps
+    assert 0.0 <= row["free_token_acc"] <= 1.0
+    assert row["curve_steps"] == curve_points(SMOKE.steps)
+    assert len(row["curve_val_token_acc"]) == len(row["curve_steps"])
+    assert row["curve_val_token_acc"][-1] == row["val_token_acc"]  # the last point: the end
     assert row["n_params"] > 0
     assert math.isfinite(row["final_loss"]) and row["final_loss"] > 0
     assert row["wall_seconds"] > 0

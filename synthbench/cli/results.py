@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -52,6 +53,10 @@ def results_command(
     if not all_lrs:  # failed runs have no selected row: keep them so they stay visible
         rows = rows[rows["selected"].astype(bool) | (rows["status"] != "ok")]
     if csv is not None:
+        # list columns (the learning curve) as JSON, one CSV field each
+        rows = rows.assign(
+            **{c: rows[c].map(_as_json) for c in ("curve_steps", "curve_val_token_acc")}
+        )
         if str(csv) == "-":
             rows.to_csv(sys.stdout, index=False)
         else:
@@ -136,3 +141,8 @@ def report_command(
     summary = [p for p in written if p.name == "summary.md"]
     for path in summary:
         out.print(f"\n{path.parent}:\n{path.read_text()}", highlight=False, markup=False)
+
+
+def _as_json(values) -> str | None:
+    """A stored list (a numpy array when read) as a JSON list; None stays empty."""
+    return None if values is None else json.dumps([v.item() for v in values])
