@@ -23,7 +23,7 @@ from synthbench.protocols import Protocol
 from synthbench.task import TASKS, Task
 
 # Bump when a built-in task's generation changes, so stored rows are not reused for it.
-SUITE_VERSION = 1
+SUITE_VERSION = 2
 # Validation and test sets are drawn from these generator seeds, the same for every seed and
 # mechanism; training seeds must stay below MAX_SEED so that they never coincide.
 MAX_SEED = 1_000_000_000

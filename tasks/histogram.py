@@ -1,75 +1,111 @@
-"""histogram: ``x_1 .. x_n SEP x_1 c_1 x_2 c_2 .. x_n c_n``. Each c_i counts x_i in x.
+"""histogram: ``x_1 .. x_n SEP q_1 c_1 .. q_m c_m``. Each c_j counts q_j in x.
 
-After SEP every x_i is repeated and followed by the number of its occurrences in x (the
-answers are the c_i; the repeated x_i are given). Data tokens are 0..vocab-1, SEP = vocab,
-and the number tokens ``vocab + c`` for c = 1..n come last. Each example draws x from its own
-random distribution over the vocabulary (a softmax of Gaussian logits with a large scale), so
-that counts from 1 to n all occur. At the repeated x_i the model must attend to the tokens
-of x (before SEP: the copies after SEP match too) equal to the current one, and turn that
-attention into a count with a sink (SEP, say, given the score of a match): the weight left
-on the sink is 1 / (1 + c), which an MLP can read off.
+After SEP, m distinct tokens q_j (``queries``, drawn uniformly from the vocabulary, so a
+queried token may be absent from x) are each followed by the number of its occurrences in x
+(the answers are the c_j; the q_j are given). Data tokens are 0..vocab-1, SEP = vocab, and
+the number tokens ``vocab + 1 + c`` for c = 0..n come last. Each example draws x from its
+own distribution over the vocabulary, a softmax of Gaussian logits times a scale drawn
+uniformly from [0, MAX_LOGIT_SCALE]: flat examples give small counts, peaked ones large
+counts, so every count 0..n occurs and the most common one (0) is about 40% of the answers.
+(Suite v1's scale of 3 for every example, with queried tokens, left "0" at 0.63.)
+
+Suite v1 repeated every x_i after SEP, so most answers were the count of a token already
+answered for (copying it scored 0.87); the queries are now distinct, and fewer than the
+vocabulary by default, so no count follows from the others either (they would sum to n).
+
+Known solution: at q_j the model attends to the tokens of x (before SEP) equal to q_j and
+turns that attention into a count with a sink (SEP, say, given the score of a match): the
+weight left on the sink is 1 / (1 + c), which an MLP can read off.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, require_at_least, targets_at
+from synthbench.task import (
+    TASKS,
+    Batch,
+    SepTask,
+    ShortcutRule,
+    batch_from_parts,
+    require_at_least,
+    targets_at,
+)
 
-# Scale of the Gaussian logits of each example's token distribution: peaked enough that
-# counts up to n (every token equal) occur, flat enough that small counts occur as well.
-LOGIT_SCALE = 3.0
+# Largest scale of an example's Gaussian logits (each example draws its own, uniformly)
+MAX_LOGIT_SCALE = 3.0
 
 
 @dataclass(frozen=True)
 class HistogramParams:
     n: int = 16  # length of x
     vocab: int = 8  # number of data tokens
+    queries: int = 4  # distinct tokens whose count is asked for, at most vocab
 
     def __post_init__(self):
-        require_at_least("histogram", self, n=1, vocab=2)
+        require_at_least("histogram", self, n=1, vocab=2, queries=1)
+        if self.queries > self.vocab:
+            raise ValueError(
+                f"histogram needs queries <= vocab, got queries={self.queries}, vocab={self.vocab}"
+            )
 
 
 @TASKS.register(
     "histogram",
     category="Patterns",
-    description="x SEP x_1 c_1 .. x_n c_n: the count of each token of x",
+    description="x SEP q_1 c_1 .. q_m c_m: the count in x of each of m distinct query tokens",
 )
 class Histogram(SepTask):
     Params = HistogramParams
-    difficulties = {"easy": {"n": 8}, "hard": {"n": 32}}
+    difficulties = {
+        "easy": {"n": 8, "vocab": 6, "queries": 3},
+        "hard": {"n": 32, "vocab": 16, "queries": 8},
+    }
     length_param = "n"
 
     def number(self, count: int) -> int:
-        """The token of the count ``count`` (1..n)."""
-        return self.params.vocab + count
+        """The token of the count ``count`` (0..n)."""
+        return self.params.vocab + 1 + count
 
     @property
     def vocab_size(self) -> int:
-        return self.params.vocab + 1 + self.params.n
+        return self.params.vocab + 1 + self.params.n + 1
 
     @property
     def seq_len(self) -> int:
-        return 3 * self.params.n
+        return self.params.n + 2 * self.params.queries
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p, dev = self.params, generator.device
-        logits = LOGIT_SCALE * torch.randn(n, p.vocab, generator=generator, device=dev)
+        scale = MAX_LOGIT_SCALE * torch.rand(n, 1, generator=generator, device=dev)
+        logits = scale * torch.randn(n, p.vocab, generator=generator, device=dev)
         x = torch.multinomial(logits.softmax(dim=1), p.n, replacement=True, generator=generator)
-        counts = (x.unsqueeze(2) == x.unsqueeze(1)).sum(dim=2)  # (n, n): count of each x_i
-        pairs = torch.stack([x, self.number(0) + counts], dim=2).reshape(n, 2 * p.n)
-        is_count = torch.arange(2 * p.n, device=dev) % 2 == 1  # the c_i answer, the x_i are given
+        order = torch.rand(n, p.vocab, generator=generator, device=dev).argsort(dim=1)
+        queried = order[:, : p.queries]  # distinct tokens, uniformly
+        counts = (queried.unsqueeze(2) == x.unsqueeze(1)).sum(dim=2)
+        pairs = torch.stack([queried, self.number(0) + counts], dim=2).reshape(n, -1)
+        is_count = torch.arange(2 * p.queries, device=dev) % 2 == 1  # the q_j are given
         return batch_from_parts([x, self.sep], [pairs], device, answer_mask=is_count)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
-        n = self.params.n
-        query_pos = torch.arange(n + 1, 3 * n, 2, device=inputs.device)  # the repeated x_i
-        queried = inputs[:, query_pos]  # (batch, n)
-        # the count of the token just read among x (before SEP); 0 only for garbage input
-        counts = (queried.unsqueeze(2) == inputs[:, :n].unsqueeze(1)).sum(dim=2)
+        p = self.params
+        query_pos = torch.arange(p.n + 1, p.n + 2 * p.queries, 2, device=inputs.device)
+        queried = inputs[:, query_pos]  # (batch, queries)
+        counts = (queried.unsqueeze(2) == inputs[:, : p.n].unsqueeze(1)).sum(dim=2)
         return targets_at(inputs, query_pos, self.number(0) + counts)
+
+    def shortcut_rules(self):
+        n = self.params.n
+
+        def repeat_last_count(inputs: torch.Tensor) -> torch.Tensor:
+            guess = torch.full_like(inputs, self.number(0))
+            guess[:, n + 3 :: 2] = inputs[:, n + 2 : -1 : 2]  # at q_j, the c_(j-1) before it
+            return guess
+
+        description = "the count answered just before (suite v1's copy of an earlier count)"
+        return [ShortcutRule("repeat last count", description, repeat_last_count)]
 
     def token_name(self, token: int) -> str:
         if token > self.sep:
-            return f"#{token - self.sep}"
+            return f"#{token - self.number(0)}"
         return super().token_name(token)

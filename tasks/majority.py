@@ -31,7 +31,7 @@ class MajorityParams:
 )
 class Majority(SepTask):
     Params = MajorityParams
-    difficulties = {"easy": {"n": 16, "vocab": 4}, "hard": {"n": 64, "vocab": 16}}
+    difficulties = {"easy": {"vocab": 4}, "hard": {"n": 64, "vocab": 16}}
     length_param = "n"
 
     @property

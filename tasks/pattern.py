@@ -12,6 +12,10 @@ token in the prompt; at SEP it queries with the previous token (x_n, brought in 
 previous-token head) instead, matching keys that also carry their previous token (two
 layers). Without attention the model sees only the current token and its position, which
 do not determine the continuation (the motif, its period and the phase are random).
+
+Periods start at 5: once a whole period has been emitted, an answer is the token p back, so
+in suite v1 (periods from 2) a table over the last 4 tokens continued the short motifs
+without reading the prompt (0.29 at the default preset, 0.78 at easy).
 """
 
 from dataclasses import dataclass
@@ -24,7 +28,7 @@ from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, targets_at
 @dataclass(frozen=True)
 class PatternParams:
     n: int = 32  # prompt length
-    min_period: int = 2  # shortest motif
+    min_period: int = 5  # shortest motif (a window of 4 tokens never holds a whole one)
     max_period: int = 8  # longest motif
     k: int = 8  # continuation tokens to emit after SEP
     vocab: int = 16  # number of data tokens
@@ -49,7 +53,7 @@ class PatternParams:
 )
 class Pattern(SepTask):
     Params = PatternParams
-    difficulties = {"easy": {"max_period": 4}, "hard": {"max_period": 16, "vocab": 32, "n": 64}}
+    difficulties = {"easy": {"max_period": 6}, "hard": {"max_period": 16, "vocab": 32, "n": 64}}
     length_param = "n"
 
     @property

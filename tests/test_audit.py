@@ -136,30 +136,8 @@ def test_a_window_before_the_sequence_start_is_a_pad_not_a_token():
 
 # -- every built-in task ---------------------------------------------------------------------
 
-# Shortcuts this audit found in suite v1 (issue 13): the re-posed layouts remove them; each
-# entry leaves this list with the change that removes it (strict: a fixed one fails here).
-KNOWN_SHORTCUTS = {
-    ("histogram", "default"),
-    ("histogram", "easy"),
-    ("histogram", "hard"),
-    ("majority", "easy"),
-    ("pattern", "default"),
-    ("pattern", "easy"),
-    ("sort", "default"),
-    ("sort", "hard"),
-    ("stack", "default"),
-    ("stack", "easy"),
-    ("stack", "hard"),
-}
 BUILTIN_CASES = [
-    pytest.param(
-        name,
-        preset,
-        id=f"{name}-{preset}",
-        marks=[pytest.mark.xfail(strict=True, reason="suite v1 shortcut")]
-        if (name, preset) in KNOWN_SHORTCUTS
-        else [],
-    )
+    pytest.param(name, preset, id=f"{name}-{preset}")
     for name in TASKS.names()
     if TASKS.entry(name).source == "builtin" and not TASKS.entry(name).metadata.get("control")
     for preset in ("default", *TASKS.get(name).difficulties)
@@ -203,6 +181,9 @@ def test_audit_command():
     assert result.exit_code == 0, result.output
     assert "| bigram | easy |" in result.output and "control" in result.output
     result = cli_runner.invoke(app, ["audit", "sort", "--difficulty", "default", "--check"])
+    assert result.exit_code == 0 and "| sort | default |" in result.output
+    v1_sort = ["audit", "sort", "--difficulty", "default", "--param", "vocab=32", "--check"]
+    result = cli_runner.invoke(app, v1_sort)  # suite v1's sort: y + 1 after y
     assert result.exit_code == 1 and "shortcut: token" in result.output
     result = cli_runner.invoke(app, ["audit", "srot"])
     assert result.exit_code == 2 and "did you mean sort" in result.output

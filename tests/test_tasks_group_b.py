@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_tasks import answered, check_batch, generator, rows, seeds
 
@@ -119,22 +119,28 @@ def test_majority_layout():
 
 
 def test_histogram_layout():
-    task = TASKS.get("histogram")(n=5, vocab=3)
-    assert task.vocab_size == 3 + 1 + 5 and task.seq_len == 15
-    counts = set()
+    task = TASKS.get("histogram")(n=5, vocab=4, queries=3)
+    assert task.vocab_size == 4 + 1 + 6 and task.seq_len == 5 + 6
+    counts, queried = set(), set()
     for row, target in rows(task, 500):
         full = row + [target[-1]]
-        x = full[:5]
-        assert all(0 <= t < 3 for t in x) and full[5] == task.sep == 3
-        assert full[6::2] == x
-        expected = {6 + 2 * i: 3 + x.count(t) for i, t in enumerate(x)}
+        x, queries = full[:5], full[6::2]
+        assert all(0 <= t < 4 for t in x) and full[5] == task.sep == 4
+        assert len(set(queries)) == 3 and all(0 <= q < 4 for q in queries)  # distinct tokens
+        expected = {6 + 2 * j: 5 + x.count(q) for j, q in enumerate(queries)}
         assert answered(target) == expected
-        counts |= {x.count(t) for t in x}
-    assert counts == {1, 2, 3, 4, 5}
+        counts |= {x.count(q) for q in queries}
+        queried |= set(queries)
+    assert counts == set(range(6)) and queried == {0, 1, 2, 3}
     names = [task.token_name(t) for t in range(task.vocab_size)]
-    assert names == ["0", "1", "2", "SEP", "#1", "#2", "#3", "#4", "#5"]
+    assert names == ["0", "1", "2", "3", "SEP", "#0", "#1", "#2", "#3", "#4", "#5"]
     longer = task.at_length(2)
     assert [longer.token_name(t) for t in range(task.vocab_size)] == names
+
+
+def test_histogram_queries_at_most_the_vocabulary():
+    with pytest.raises(ValueError, match="queries <= vocab"):
+        TASKS.get("histogram")(vocab=3, queries=4)
 
 
 # -- parameter validation -----------------------------------------------------------------
@@ -156,6 +162,7 @@ def test_histogram_layout():
         ("majority", {"vocab": 1}),
         ("histogram", {"n": 0}),
         ("histogram", {"vocab": 1}),
+        ("histogram", {"queries": 0}),
     ],
 )
 def test_invalid_params_are_refused(name, params):
@@ -227,7 +234,8 @@ def test_majority_property(n, vocab, seed):
 
 
 @settings(max_examples=20, deadline=None)
-@given(n=st.integers(1, 40), vocab=st.integers(2, 20), seed=seeds)
-def test_histogram_property(n, vocab, seed):
-    task = check("histogram", {"n": n, "vocab": vocab}, seed, n)
-    assert task.vocab_size == vocab + 1 + n and task.seq_len == 3 * n
+@given(n=st.integers(1, 40), vocab=st.integers(2, 20), queries=st.integers(1, 20), seed=seeds)
+def test_histogram_property(n, vocab, queries, seed):
+    assume(queries <= vocab)
+    task = check("histogram", {"n": n, "vocab": vocab, "queries": queries}, seed, queries)
+    assert task.vocab_size == vocab + 2 + n and task.seq_len == n + 2 * queries

@@ -87,36 +87,47 @@ def test_selective_copy_layout():
 
 
 def test_stack_layout():
-    task = TASKS.get("stack")(ops=6, values=5)
-    assert task.vocab_size == 7 and task.seq_len == 11 and (task.push, task.pop) == (5, 6)
-    deepest = 0
-    for row, target in rows(task, 200):
-        stack, expected = [], {}
-        assert row[0] == task.push
-        for i in range(6):
-            op = row[2 * i]
+    task = TASKS.get("stack")(ops=8, values=5)
+    assert task.vocab_size == 7 and task.seq_len == 15 and (task.push, task.pop) == (5, 6)
+    deepest, asked, given_pops, repeats, changes = 0, 0, 0, 0, 0
+    for row, target in rows(task, 300):
+        full = row + [target[-1]]
+        stack, expected, previous = [], {}, None
+        assert full[0] == task.push
+        for i in range(8):
+            op, operand = full[2 * i], full[2 * i + 1]
             if op == task.push:
-                if i < 5:
-                    stack.append(row[2 * i + 1])
-                    assert 0 <= row[2 * i + 1] < 5
-                else:  # the last op pushes only onto an empty stack
-                    assert not stack
+                assert i < 7 or not stack  # the last op pushes only onto an empty stack
+                assert 0 <= operand < 5
+                stack.append(operand)
             else:
                 assert op == task.pop and stack
-                expected[2 * i] = stack.pop()
-                if i < 5:
-                    assert row[2 * i + 1] == expected[2 * i]
+                popped = stack.pop()
+                # (the last operand is no input: known only where it is asked)
+                assert operand == popped or (i == 7 and previous == task.push)
+                if previous == task.pop:  # asked only where it is not the value just read
+                    expected[2 * i] = operand
+                    asked += 1
+                else:
+                    given_pops += 1
+            if previous is not None:
+                repeats, changes = repeats + (op == previous), changes + (op != previous)
+            previous = op
             deepest = max(deepest, len(stack))
         assert answered(target) == expected and expected
-    assert deepest >= 3
+    assert deepest >= 4 and asked > 0.35 * (asked + given_pops)
+    assert 0.55 < repeats / (repeats + changes) < 0.8  # runs (p 0.75, less the forced ops)
 
 
 def test_stack_oracle_on_garbage():
-    task = TASKS.get("stack")(ops=4, values=3)
+    task = TASKS.get("stack")(ops=6, values=3)
     push, pop = task.push, task.pop
-    # POP on an empty stack: no answer; a value as op: no-op; PUSH of the POP token: pushed
-    inputs = torch.tensor([[pop, 1, 2, 0, push, pop, pop]])
-    assert task.solve(inputs).tolist() == [[IGNORE] * 6 + [pop]]
+    # POP on an empty stack: no answer; a value as op: no-op; PUSH of the POP token: pushed;
+    # a POP after a PUSH is not asked, a POP after a POP is
+    inputs = torch.tensor([[pop, 1, 2, 0, push, pop, push, 0, pop, 0, pop]])
+    assert task.solve(inputs).tolist() == [[IGNORE] * 10 + [pop]]
+    inputs = torch.tensor([[push, 1, push, 2, pop, 2, pop, 1, pop]])
+    assert task.solve(inputs).tolist() == [[IGNORE] * 6 + [1, IGNORE, IGNORE]]
 
 
 def test_multihop_oracle_on_garbage():
@@ -194,7 +205,7 @@ def test_presets_scale_to_twice_the_length(name):
         ("selective_copy", {"k": 0}),
         ("selective_copy", {"length": 4, "k": 5}),
         ("selective_copy", {"vocab": 1}),
-        ("stack", {"ops": 1}),
+        ("stack", {"ops": 3}),
         ("stack", {"values": 1}),
         ("noisy_copy", {"n": 0}),
         ("noisy_copy", {"rate": -0.5}),
@@ -264,12 +275,14 @@ def test_selective_copy_property(params, seed):
 
 
 @settings(max_examples=20, deadline=None)
-@given(ops=st.integers(2, 24), values=st.integers(2, 10), seed=seeds)
+@given(ops=st.integers(4, 24), values=st.integers(2, 10), seed=seeds)
 def test_stack_property(ops, values, seed):
     task = TASKS.get("stack")(ops=ops, values=values)
     batch = task.generate(8, generator(seed))
     check_batch(task, batch, 8)
-    assert torch.equal(batch.answer_mask, batch.inputs == task.pop)
+    after_pop = torch.zeros_like(batch.answer_mask)
+    after_pop[:, 2:] = batch.inputs[:, :-2] == task.pop
+    assert torch.equal(batch.answer_mask, (batch.inputs == task.pop) & after_pop)
 
 
 @settings(max_examples=20, deadline=None)
