@@ -185,6 +185,13 @@ class Task:
         ``inputs[:, : i + 1]`` alone; IGNORE outside answer positions."""
         raise NotImplementedError
 
+    @property
+    def target_metric(self) -> str:
+        """The metric a report compares on: ``token_acc`` (teacher forced), or, for a layout
+        that is a chain of steps (a walk, a running state), ``free_token_acc``: the answers
+        generated free-running, so a chain is only solved where the model can produce it."""
+        return "token_acc"
+
     def shortcut_rules(self) -> Sequence[ShortcutRule]:
         """The task's own shortcut rules, which ``synthbench audit`` scores beside its
         generic count-table baselines (synthbench/audit.py): rules a model could follow to

@@ -1,24 +1,33 @@
-"""multihop: follow a pointer chain ``hops`` edges from a start node.
+"""multihop: follow pointer chains, hop by hop (``walk``) or ``hops`` edges at once.
 
-Layout ``a_1 b_1 .. a_P b_P SEP s t``: P = ``pairs`` edges ``a -> b`` in a random order, then
-a start node s and the answer t, the node reached from s after ``hops`` hops. The edges form
-``pairs // hops`` chains of exactly ``hops`` edges plus, when ``pairs % hops`` is not 0, one
-shorter distractor chain with the remaining edges; every node occurs in one chain only, so a
-node has at most one successor and one predecessor. s is the head of a random full-length
-chain, so t is its tail and, with ``hops >= 2``, never s's direct successor: the hops are
-real. Nodes are tokens 0..nodes-1, SEP is ``nodes``.
+Layout ``a_1 b_1 .. a_P b_P SEP`` then ``walks`` queries. P = ``pairs`` edges ``a -> b`` in a
+random order form ``pairs // hops`` chains of exactly ``hops`` edges plus, when ``pairs %
+hops`` is not 0, one shorter distractor chain with the remaining edges; every node occurs
+in one chain only, so a node has at most one successor and one predecessor. Each query
+starts at the head s of a distinct random full-length chain (given):
+
+- ``walk`` (the default): ``s n_1 .. n_hops``, the walk along the chain, every node an
+  answer. Each answer is one hop from the node before it; the target metric is the
+  free-running token accuracy, so the chain counts as followed only where the model walks
+  it on its own answers (teacher-forced, each hop is handed the right previous node).
+- ``walk=False``: ``s t``, t the tail of s's chain, ``hops`` edges away with no intermediate
+  step (with ``walks=1``, suite v1's one-answer layout, which the slay-paper protocol runs).
+
+Nodes are tokens 0..nodes-1, SEP is ``nodes``.
 
 Known solution: one hop is an induction head (a previous-token head writes each ``a`` into
-the position of its ``b``; at s a matching head copies the ``b`` whose ``a`` equals s). Every
-further hop needs another matching layer on top of the previous hop's result, so the plain
-circuit needs ``hops + 1`` layers and a 2-layer model solves hops 1 only.
+the position of its ``b``; at a node a matching head copies the ``b`` whose ``a`` equals it),
+so a 2-layer model can walk any chain. Composing h hops without intermediate steps needs
+another matching layer per hop on top of the previous hop's result: h + 1 layers in the
+plain circuit, so a 2-layer model solves ``walk=False`` at hops 1 only. Suite v1 asked that
+at hops 2 with one answer per sequence, and softmax stayed below chance.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, targets_at
+from synthbench.task import IGNORE, TASKS, Batch, Task, batch_from_parts
 
 
 @dataclass(frozen=True)
@@ -26,11 +35,18 @@ class MultihopParams:
     pairs: int = 16  # edges in the context
     hops: int = 2  # edges between the start node and the answer
     nodes: int = 64  # size of the node vocabulary
+    walks: int = 4  # queries after SEP, each from the head of a distinct full chain
+    walk: bool = True  # answer every node on the way (False: only the node hops away)
 
     def __post_init__(self):
         if not 1 <= self.hops <= self.pairs:
             raise ValueError(
                 f"multihop needs 1 <= hops <= pairs, got hops={self.hops}, pairs={self.pairs}"
+            )
+        if not 1 <= self.walks <= self.pairs // self.hops:
+            raise ValueError(
+                f"multihop needs 1 <= walks <= pairs // hops (the full chains), got "
+                f"walks={self.walks}, pairs={self.pairs}, hops={self.hops}"
             )
         chains = -(-self.pairs // self.hops)  # full chains plus a shorter distractor
         if self.nodes < self.pairs + chains:
@@ -43,7 +59,7 @@ class MultihopParams:
 @TASKS.register(
     "multihop",
     category="Long-Range",
-    description="follow a chain of pointers for a fixed number of hops",
+    description="edges SEP s n_1 .. n_h: walk chains of pointers, hop by hop",
 )
 class Multihop(Task):
     Params = MultihopParams
@@ -62,8 +78,17 @@ class Multihop(Task):
         return self.params.nodes + 1
 
     @property
+    def query_len(self) -> int:
+        """Tokens per query: the start and its answers."""
+        return 1 + (self.params.hops if self.params.walk else 1)
+
+    @property
     def seq_len(self) -> int:
-        return 2 * self.params.pairs + 2
+        return 2 * self.params.pairs + self.params.walks * self.query_len
+
+    @property
+    def target_metric(self) -> str:
+        return "free_token_acc" if self.params.walk and self.params.hops > 1 else "token_acc"
 
     def _edge_slots(self) -> tuple[list[int], list[int]]:
         """Edges as (source, destination) indices into the example's list of used nodes:
@@ -88,19 +113,36 @@ class Multihop(Task):
         order = torch.rand(n, P, generator=generator, device=dev).argsort(dim=1)
         src = node[:, src_slot].gather(1, order)
         dst = node[:, dst_slot].gather(1, order)
-        head = (h + 1) * torch.randint(P // h, (n, 1), generator=generator, device=dev)
-        start, answer = node.gather(1, head), node.gather(1, head + h)
         edges = torch.stack([src, dst], dim=2).reshape(n, 2 * P)
-        return batch_from_parts([edges, self.sep, start], [answer], device)
+        # distinct full chains, their nodes from the head on: (n, walks, hops + 1)
+        chain = torch.rand(n, P // h, generator=generator, device=dev).argsort(dim=1)[:, : p.walks]
+        along = (h + 1) * chain.unsqueeze(2) + torch.arange(h + 1, device=dev)
+        walked = node.gather(1, along.flatten(1)).view(n, p.walks, h + 1)
+        queries = walked if p.walk else walked[:, :, [0, h]]
+        is_answer = torch.arange(self.query_len, device=dev) > 0  # the start is given
+        return batch_from_parts(
+            [edges, self.sep], [queries.flatten(1)], device, answer_mask=is_answer.repeat(p.walks)
+        )
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
-        P = self.params.pairs
+        P, h = self.params.pairs, self.params.hops
         src, dst = inputs[:, 0 : 2 * P : 2], inputs[:, 1 : 2 * P : 2]
-        node = inputs[:, 2 * P + 1]
-        for _ in range(self.params.hops):
+        targets = torch.full_like(inputs, IGNORE)
+        for w in range(self.params.walks):
+            start = 2 * P + 1 + w * self.query_len  # the input position of the query's start
+            # walk: every answer is one hop from the token just read; else h hops from s
+            for i, steps in ([(start + k, 1) for k in range(h)] if self.params.walk else
+                             [(start, h)]):  # fmt: skip
+                if i < inputs.shape[1]:
+                    targets[:, i] = self._follow(src, dst, inputs[:, i], steps)
+        return targets
+
+    @staticmethod
+    def _follow(src: torch.Tensor, dst: torch.Tensor, node: torch.Tensor, steps: int):
+        for _ in range(steps):
             match = src == node.unsqueeze(1)
             # On garbage input a node may have no outgoing edge (it stays put) or several
             # (the first listed one is followed); generated inputs have exactly one.
             first = match.long().argmax(dim=1, keepdim=True)
             node = torch.where(match.any(dim=1), dst.gather(1, first).squeeze(1), node)
-        return targets_at(inputs, 2 * P + 1, node)
+        return node

@@ -33,9 +33,11 @@ def chains_of(edges: list[tuple[int, int]]) -> list[list[int]]:
     return chains
 
 
-def test_multihop_layout():
-    task = TASKS.get("multihop")(pairs=7, hops=3, nodes=20)
+def test_multihop_compose_layout():
+    """walk=False, one query: suite v1's layout (s, then the node ``hops`` away)."""
+    task = TASKS.get("multihop")(pairs=7, hops=3, nodes=20, walks=1, walk=False)
     assert task.vocab_size == 21 and task.seq_len == 16 and task.sep == 20
+    assert task.target_metric == "token_acc"
     used = set()
     for row, target in rows(task, 200):
         edges = list(zip(row[0:14:2], row[1:14:2], strict=True))
@@ -53,12 +55,31 @@ def test_multihop_layout():
     assert len(used) == 20  # any node can be a start
 
 
-def test_multihop_hops_are_real():
-    task = TASKS.get("multihop")()  # pairs 16, hops 2
+def test_multihop_walk_layout():
+    task = TASKS.get("multihop")(pairs=9, hops=3, nodes=20, walks=2)
+    assert task.seq_len == 18 + 2 * 4 and task.target_metric == "free_token_acc"
+    for row, target in rows(task, 200):
+        full = row + [target[-1]]
+        succ = dict(zip(full[0:18:2], full[1:18:2], strict=True))
+        assert full[18] == task.sep
+        walks = [full[19:23], full[23:27]]
+        assert walks[0][0] != walks[1][0]  # distinct chains
+        expected = {}
+        for w, walk in enumerate(walks):
+            assert walk[0] not in succ.values()  # a chain's head
+            for k in range(3):
+                assert walk[k + 1] == succ[walk[k]]
+                expected[18 + 4 * w + 1 + k] = walk[k + 1]
+        assert walks[0][-1] not in succ  # the chain's end: a full-length chain
+        assert answered(target) == expected
+
+
+def test_multihop_compose_hops_are_real():
+    task = TASKS.get("multihop")(walk=False)  # pairs 16, hops 2, 4 queries
     for row, target in rows(task):
         succ = dict(zip(row[0:32:2], row[1:32:2], strict=True))
-        start, answer = row[33], target[33]
-        assert succ[start] != answer == succ[succ[start]]
+        for start in (33, 35, 37, 39):
+            assert succ[row[start]] != target[start] == succ[succ[row[start]]]
 
 
 def test_retrieval_layout():
@@ -131,10 +152,14 @@ def test_stack_oracle_on_garbage():
 
 
 def test_multihop_oracle_on_garbage():
-    task = TASKS.get("multihop")(pairs=2, hops=2, nodes=6)
+    task = TASKS.get("multihop")(pairs=2, hops=2, nodes=6, walks=1, walk=False)
     # from 0: the first listed edge 0 -> 1 is followed, then 1 has no successor and stays
     inputs = torch.tensor([[0, 1, 0, 2, 6, 0]])
     assert task.solve(inputs).tolist() == [[IGNORE] * 5 + [1]]
+    # walking: one hop from each token read, whatever the walk so far
+    task = TASKS.get("multihop")(pairs=2, hops=2, nodes=6, walks=1)
+    inputs = torch.tensor([[0, 1, 0, 2, 6, 0, 5]])
+    assert task.solve(inputs).tolist() == [[IGNORE] * 5 + [1, 5]]
 
 
 def test_noisy_copy_layout():
@@ -170,7 +195,8 @@ def test_token_names():
     def names(task):
         return [task.token_name(t) for t in range(task.vocab_size)]
 
-    assert names(TASKS.get("multihop")(pairs=2, hops=1, nodes=4)) == ["0", "1", "2", "3", "SEP"]
+    task = TASKS.get("multihop")(pairs=2, hops=1, nodes=4, walks=1)
+    assert names(task) == ["0", "1", "2", "3", "SEP"]
     assert names(TASKS.get("retrieval")(vocab=3)) == ["0", "1", "2", "MARKER"]
     assert names(TASKS.get("selective_copy")(vocab=2)) == ["0", "1", "BLANK", "SEP"]
     assert names(TASKS.get("stack")(values=2)) == ["0", "1", "PUSH", "POP"]
@@ -197,6 +223,8 @@ def test_presets_scale_to_twice_the_length(name):
     ("name", "params"),
     [
         ("multihop", {"hops": 0}),
+        ("multihop", {"walks": 0}),
+        ("multihop", {"pairs": 4, "hops": 2, "walks": 3}),  # 2 full chains
         ("multihop", {"pairs": 3, "hops": 4}),
         ("multihop", {"pairs": 4, "hops": 2, "nodes": 5}),
         ("multihop", {"pairs": 5, "hops": 2, "nodes": 7}),  # 2 chains and a distractor need 8
@@ -232,17 +260,24 @@ def multihop_params(draw):
     hops = draw(st.integers(1, 4))
     pairs = draw(st.integers(hops, 12))
     chains = -(-pairs // hops)
-    return {"hops": hops, "pairs": pairs, "nodes": draw(st.integers(pairs + chains, 40))}
+    return {
+        "hops": hops,
+        "pairs": pairs,
+        "nodes": draw(st.integers(pairs + chains, 40)),
+        "walks": draw(st.integers(1, pairs // hops)),
+        "walk": draw(st.booleans()),
+    }
 
 
 @settings(max_examples=20, deadline=None)
 @given(params=multihop_params(), seed=seeds)
 def test_multihop_property(params, seed):
     task = TASKS.get("multihop")(**params)
-    assert task.seq_len == 2 * params["pairs"] + 2
+    answers = params["walks"] * (params["hops"] if params["walk"] else 1)
+    assert task.seq_len == 2 * params["pairs"] + params["walks"] + answers
     batch = task.generate(8, generator(seed))
     check_batch(task, batch, 8)
-    assert bool((batch.answer_mask.sum(dim=1) == 1).all())
+    assert bool((batch.answer_mask.sum(dim=1) == answers).all())
 
 
 @settings(max_examples=20, deadline=None)
