@@ -1,41 +1,67 @@
-"""induction: ``.. A B .. A`` -> ``B``. One answer: the token that followed A before.
+"""induction: ``.. A B .. A`` -> ``B``: at every repeat of a key token, the token that
+followed its first occurrence.
 
-The prompt is n tokens over 0..vocab-1 (no special tokens): a token A occurs exactly
-twice, at a uniform position p in [0, n-3] and as the last token; B = x_{p+1} differs from
-A and is drawn like the other tokens, which are uniform over the vocab - 1 tokens other
-than A (so they may repeat, and B may occur elsewhere too). The full sequence is the
-prompt followed by B, so the inputs are the n prompt tokens and only the last position has
-a target. This is the induction-head circuit of Olsson et al. (2022): a previous-token
-head writes each token into the position after it, and at the last position a matching
-head with query A attends to the position whose previous token is A and copies its token,
-B (two layers). Without attention the model sees only A and its position: chance,
-1/(vocab-1).
+Dense layout (the default): n tokens over 0..vocab-1 with no special tokens. The first
+``keys`` ids are key tokens, the others filler. Each example picks ``triggers`` distinct
+keys A_i, gives each a successor B_i (a filler token), and places each key ``repeats``
+times, always followed by its B_i, at random non-overlapping places; every other token is
+filler, uniform. The answers are the B_i after every occurrence of A_i but its first: the
+token that followed A_i before, as an induction head copies it. ``triggers * (repeats - 1)``
+answers per sequence (8 at the defaults).
+
+``dense=False`` is suite v1's one-answer layout: A occurs exactly twice, at a uniform place
+p in [0, n-3] and as the last token; B = x_{p+1} differs from A; every other token is
+uniform over the vocab - 1 tokens other than A; only the last position has an answer.
+Suite v1 used it as the default: with one label per sequence the circuit formed only after
+a long plateau, and softmax stayed at chance under quick (0.02).
+
+This is the induction-head circuit of Olsson et al. (2022): a previous-token head writes
+each token into the position after it, and at a repeat a matching head with query A attends
+to the position whose previous token is A and copies its token, B (two layers). Without
+attention the model sees only A and its position: about chance.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.task import IGNORE, TASKS, Batch, Task, require_at_least, teacher_forced
 
 
 @dataclass(frozen=True)
 class InductionParams:
-    n: int = 64  # prompt length, the repeated token A included
+    n: int = 64  # sequence length
     vocab: int = 64  # number of tokens
+    keys: int = 16  # the first `keys` ids are key tokens, the rest filler (dense layout)
+    triggers: int = 4  # keys used per sequence, each with its own successor (dense layout)
+    repeats: int = 3  # occurrences of each key; all but the first are answers (dense layout)
+    dense: bool = True  # False: suite v1's one-answer layout (n and vocab only)
 
     def __post_init__(self):
         require_at_least("induction", self, n=3, vocab=2)
+        if not self.dense:
+            return
+        require_at_least("induction", self, keys=1, triggers=1, repeats=2)
+        if self.triggers > self.keys or self.vocab - self.keys < 1:
+            raise ValueError(
+                f"induction needs triggers <= keys < vocab, got triggers={self.triggers}, "
+                f"keys={self.keys}, vocab={self.vocab}"
+            )
+        if 2 * self.triggers * self.repeats > self.n:
+            raise ValueError(
+                f"induction needs n >= 2 * triggers * repeats (each occurrence and its "
+                f"successor), got n={self.n}, triggers={self.triggers}, repeats={self.repeats}"
+            )
 
 
 @TASKS.register(
     "induction",
     category="Reasoning",
-    description="... A B ... A -> B: emit the token that followed the earlier A",
+    description="... A B ... A -> B: at every repeat of a key, the token that followed it",
 )
 class Induction(Task):
     Params = InductionParams
-    difficulties = {"easy": {"n": 32}, "hard": {"n": 256}}
+    difficulties = {"easy": {"n": 32, "triggers": 2}, "hard": {"n": 256, "triggers": 8}}
     length_param = "n"
 
     @property
@@ -44,9 +70,34 @@ class Induction(Task):
 
     @property
     def seq_len(self) -> int:
-        return self.params.n
+        return self.params.n - 1 if self.params.dense else self.params.n
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
+        if not self.params.dense:
+            return self._generate_one_answer(n, generator, device)
+        p, dev = self.params, generator.device
+        occurrences = p.triggers * p.repeats
+        key = torch.rand(n, p.keys, generator=generator, device=dev).argsort(dim=1)[:, : p.triggers]
+        filler = p.vocab - p.keys
+        successor = p.keys + torch.randint(filler, (n, p.triggers), generator=generator, device=dev)
+        x = p.keys + torch.randint(filler, (n, p.n), generator=generator, device=dev)
+        # non-overlapping places: sorted distinct s_j from [0, n - m) spread to s_j + j
+        slots = torch.rand(n, p.n - occurrences, generator=generator, device=dev).argsort(dim=1)
+        place = slots[:, :occurrences].sort(dim=1).values + torch.arange(occurrences, device=dev)
+        # which key each place gets: every key `repeats` times, in random order
+        owner = torch.arange(p.triggers, device=dev).repeat_interleave(p.repeats).expand(n, -1)
+        owner = owner.gather(
+            1, torch.rand(n, occurrences, generator=generator, device=dev).argsort(dim=1)
+        )
+        x.scatter_(1, place, key.gather(1, owner))
+        x.scatter_(1, place + 1, successor.gather(1, owner))
+        # answers: each successor but the one after its key's first occurrence
+        seen_before = (owner.unsqueeze(2) == owner.unsqueeze(1)).tril(diagonal=-1).any(dim=2)
+        answer = torch.zeros_like(x, dtype=torch.bool)
+        answer.scatter_(1, place + 1, seen_before)
+        return teacher_forced(x, answer).to(device)
+
+    def _generate_one_answer(self, n: int, generator: torch.Generator, device) -> Batch:
         p, dev = self.params, generator.device
         rows = torch.arange(n, device=dev)
         a = torch.randint(p.vocab, (n,), generator=generator, device=dev)
@@ -57,12 +108,22 @@ class Induction(Task):
         x[rows, first] = a
         x[:, -1] = a
         b = x[rows, first + 1]
-        return batch_from_parts([x], [b.unsqueeze(1)], device)
+        sequences = torch.cat([x, b.unsqueeze(1)], dim=1)
+        answer = torch.zeros_like(sequences, dtype=torch.bool)
+        answer[:, -1] = True
+        return teacher_forced(sequences, answer).to(device)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
-        n = self.params.n
-        query = inputs[:, n - 1 : n]
-        # the earlier occurrence of the last token (the first one if garbage has several);
-        # it sits in [0, n-3], so its successor is a prompt token before the query
-        earlier = (inputs[:, : n - 2] == query).long().argmax(dim=1)
-        return targets_at(inputs, n - 1, inputs.gather(1, (earlier + 1).unsqueeze(1)).squeeze(1))
+        L = inputs.shape[1]
+        # at position i, the earliest earlier occurrence j < i of the token read, if any;
+        # the answer is the token after it (j + 1 <= i, so in the prefix)
+        same = inputs.unsqueeze(2) == inputs.unsqueeze(1)  # (batch, i, j)
+        earlier = same & torch.ones(L, L, dtype=torch.bool, device=inputs.device).tril(-1)
+        has_earlier = earlier.any(dim=2)
+        first = earlier.long().argmax(dim=2)
+        copied = inputs.gather(1, (first + 1).clamp(max=L - 1))
+        if self.params.dense:  # every repeat of a key token is an answer
+            asked = has_earlier & (inputs < self.params.keys)
+        else:  # only the last position
+            asked = has_earlier & (torch.arange(L, device=inputs.device) == L - 1)
+        return torch.where(asked, copied, IGNORE)

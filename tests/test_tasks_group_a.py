@@ -10,7 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_tasks import check_batch, generator, rows, seeds
+from test_tasks import answered, check_batch, generator, rows, seeds
 
 from synthbench.task import IGNORE, TASKS
 
@@ -127,8 +127,9 @@ def test_distant_match_classes_are_balanced():
 # -- induction ----------------------------------------------------------------------------
 
 
-def test_induction_layout():
-    task = TASKS.get("induction")(n=8, vocab=5)
+def test_induction_one_answer_layout():
+    """dense=False: suite v1's layout."""
+    task = TASKS.get("induction")(n=8, vocab=5, dense=False)
     assert task.vocab_size == 5 and task.seq_len == 8
     first_positions = Counter()
     for row, target in rows(task, n=500):
@@ -142,9 +143,38 @@ def test_induction_layout():
 
 
 def test_induction_smallest():
-    task = TASKS.get("induction")(n=3, vocab=2)
+    task = TASKS.get("induction")(n=3, vocab=2, dense=False)
     for row, target in rows(task):
         assert row[0] == row[2] != row[1] and target == [IGNORE, IGNORE, row[1]]
+
+
+def test_induction_dense_layout():
+    task = TASKS.get("induction")(n=20, vocab=12, keys=4, triggers=2, repeats=3)
+    assert task.vocab_size == 12 and task.seq_len == 19
+    for row, target in rows(task, n=300):
+        full = row + [target[-1]]  # the last token is known where it is an answer
+        places = [i for i, t in enumerate(full) if 0 <= t < 4]  # key tokens
+        keys = Counter(full[i] for i in places)
+        assert len(keys) == 2 and set(keys.values()) == {3}
+        successor = {}
+        expected = {}
+        for i in places:
+            if full[i + 1] == IGNORE:  # the unasked last token: a first successor
+                assert full[i] not in successor
+                continue
+            assert 4 <= full[i + 1] < 12  # followed by a filler token, the same every time
+            if full[i] in successor:
+                assert full[i + 1] == successor[full[i]]
+                expected[i] = full[i + 1]
+            successor[full[i]] = full[i + 1]
+        assert answered(target) == expected and len(expected) == 4
+
+
+def test_induction_dense_needs_room():
+    with pytest.raises(ValueError, match="n >= 2 \\* triggers \\* repeats"):
+        TASKS.get("induction")(n=10, triggers=2, repeats=3)
+    with pytest.raises(ValueError, match="triggers <= keys < vocab"):
+        TASKS.get("induction")(keys=64)
 
 
 # -- pattern ------------------------------------------------------------------------------
@@ -306,10 +336,27 @@ def test_distant_match_property(n, vocab, seed):
 
 @settings(max_examples=20, deadline=None)
 @given(n=st.integers(3, 40), vocab=st.integers(2, 32), seed=seeds)
-def test_induction_property(n, vocab, seed):
-    task = TASKS.get("induction")(n=n, vocab=vocab)
+def test_induction_one_answer_property(n, vocab, seed):
+    task = TASKS.get("induction")(n=n, vocab=vocab, dense=False)
     assert task.vocab_size == vocab and task.seq_len == n
     check(task, seed, 1)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    triggers=st.integers(1, 4),
+    repeats=st.integers(2, 4),
+    extra=st.integers(0, 10),
+    filler=st.integers(1, 8),
+    seed=seeds,
+)
+def test_induction_dense_property(triggers, repeats, extra, filler, seed):
+    n = 2 * triggers * repeats + extra
+    task = TASKS.get("induction")(
+        n=n, vocab=triggers + filler, keys=triggers, triggers=triggers, repeats=repeats
+    )
+    assert task.seq_len == n - 1
+    check(task, seed, triggers * (repeats - 1))
 
 
 @st.composite
