@@ -1,28 +1,42 @@
-"""parity: ``b_1 .. b_n SEP p``. The answer p is the parity of the bits (their sum mod 2).
+"""parity: ``b_1 .. b_n SEP p_1 .. p_n``, p_i the parity of b_1 .. b_i: the running parity.
 
-Tokens are the bits 0 and 1 and SEP = 2; the answer reuses the bit tokens. One uniform
-attention head over the bits puts their mean k / n into the residual stream, and an MLP must
-then map k to k mod 2: a step function with n steps that needs resolution 1/n and does not
-carry over to longer inputs. Parity is the classic case that is hard for transformers
-(Hahn 2020); without attention the model sees only SEP and is at chance.
+Dense layout (the default): after SEP every prefix parity is an answer, a chain of n steps
+(p_i = p_(i-1) xor b_i), so the target metric is the free-running token accuracy.
+``dense=False`` is suite v1's one-answer layout ``b SEP p``, p the parity of all the bits.
+It is modular's layout with p = 2 (tasks/modular.py).
+
+Tokens are the bits 0 and 1 and SEP = 2; the answers reuse the bit tokens.
+
+Known solution (dense): at the position of p_(i-1) (SEP for i = 1) a head attends to b_i,
+n + 1 positions back, and the model takes the xor with the current token. In the one-answer
+layout one uniform head over the bits gives their mean k / n and an MLP must map k to
+k mod 2, a step function with n steps that an attention-only model cannot express (suite v1:
+chance for every mechanism), the classic case that is hard for transformers (Hahn 2020).
+Without attention the model sees only its current token and position.
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.task import TASKS, Batch, Task, require_at_least
+from synthbench.tasks.modular import running_sum_batch, solve_running_sum
 
 
 @dataclass(frozen=True)
 class ParityParams:
     n: int = 16  # number of bits
+    dense: bool = True  # every prefix parity an answer; False: only the whole (suite v1)
 
     def __post_init__(self):
         require_at_least("parity", self, n=1)
 
 
-@TASKS.register("parity", category="Arithmetic", description="b SEP p: the parity of the bits")
+@TASKS.register(
+    "parity",
+    category="Arithmetic",
+    description="b SEP p_1 .. p_n: the running parity of the bits",
+)
 class Parity(Task):
     Params = ParityParams
     difficulties = {"easy": {"n": 8}, "hard": {"n": 32}}
@@ -38,14 +52,18 @@ class Parity(Task):
 
     @property
     def seq_len(self) -> int:
-        return self.params.n + 1
+        return 2 * self.params.n if self.params.dense else self.params.n + 1
+
+    @property
+    def target_metric(self) -> str:
+        return "free_token_acc" if self.params.dense else "token_acc"
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
-        p, dev = self.params, generator.device
-        bits = torch.randint(2, (n, p.n), generator=generator, device=dev)
-        return batch_from_parts([bits, self.sep], [bits.sum(dim=1, keepdim=True) % 2], device)
+        bits = torch.randint(2, (n, self.params.n), generator=generator, device=generator.device)
+        return running_sum_batch(bits, 2, self.sep, self.params.dense, device)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
-        n = self.params.n
-        parity = (inputs[:, :n] == 1).sum(dim=1) % 2
-        return targets_at(inputs, n, parity)  # the SEP position answers the parity
+        # a bit is a 1 only as the token 1 (garbage elsewhere counts as 0)
+        bits = torch.where(inputs == 1, 1, 0)
+        targets = solve_running_sum(bits, self.params.n, 2, self.params.dense)
+        return targets

@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_tasks import answered, check_batch, generator, rows, seeds
 
-from synthbench.task import TASKS
+from synthbench.task import IGNORE, TASKS
 
 # -- layouts against plain-Python references ----------------------------------------------
 
@@ -42,11 +42,28 @@ def test_counting_tokens():
 
 def test_parity_layout():
     task = TASKS.get("parity")(n=7)
-    assert task.vocab_size == 3 and task.seq_len == 8
+    assert task.vocab_size == 3 and task.seq_len == 14
+    assert task.target_metric == "free_token_acc"
+    for row, target in rows(task):
+        full = row + [target[-1]]
+        assert set(row[:7]) <= {0, 1} and row[7] == task.sep == 2
+        assert answered(target) == {7 + i: sum(row[: i + 1]) % 2 for i in range(7)}
+        assert full[8:] == [sum(row[: i + 1]) % 2 for i in range(7)]
+    assert [task.token_name(t) for t in range(3)] == ["0", "1", "SEP"]
+
+
+def test_parity_one_answer_layout():
+    task = TASKS.get("parity")(n=7, dense=False)
+    assert task.seq_len == 8 and task.target_metric == "token_acc"
     for row, target in rows(task):
         assert set(row[:7]) <= {0, 1} and row[7] == task.sep == 2
         assert answered(target) == {7: sum(row[:7]) % 2}
-    assert [task.token_name(t) for t in range(3)] == ["0", "1", "SEP"]
+
+
+def test_running_parity_answers_follow_the_bits_not_the_answers_before():
+    task = TASKS.get("parity")(n=3)
+    inputs = torch.tensor([[1, 1, 0, 2, 0]])  # a wrong first answer (0, not 1) read back
+    assert task.solve(inputs).tolist() == [[IGNORE] * 3 + [1, 0]]
 
 
 def test_addition_layout():
@@ -72,11 +89,19 @@ def test_addition_carries_through_a_chain_of_nines():
 
 def test_modular_layout():
     task = TASKS.get("modular")(n=9, p=5)
+    assert task.vocab_size == 6 and task.seq_len == 18
+    for row, target in rows(task):
+        assert all(0 <= t < 5 for t in row[:9]) and row[9] == task.sep == 5
+        assert answered(target) == {9 + i: sum(row[: i + 1]) % 5 for i in range(9)}
+    assert [task.token_name(t) for t in range(6)] == ["0", "1", "2", "3", "4", "SEP"]
+
+
+def test_modular_one_answer_layout():
+    task = TASKS.get("modular")(n=9, p=5, dense=False)
     assert task.vocab_size == 6 and task.seq_len == 10
     for row, target in rows(task):
         assert all(0 <= t < 5 for t in row[:9]) and row[9] == task.sep == 5
         assert answered(target) == {9: sum(row[:9]) % 5}
-    assert [task.token_name(t) for t in range(6)] == ["0", "1", "2", "3", "4", "SEP"]
 
 
 def test_bigram_layout_and_table():
@@ -195,10 +220,10 @@ def test_counting_property(n, vocab, seed):
 
 
 @settings(max_examples=20, deadline=None)
-@given(n=st.integers(1, 64), seed=seeds)
-def test_parity_property(n, seed):
-    task = check("parity", {"n": n}, seed, 1)
-    assert task.seq_len == n + 1
+@given(n=st.integers(1, 64), dense=st.booleans(), seed=seeds)
+def test_parity_property(n, dense, seed):
+    task = check("parity", {"n": n, "dense": dense}, seed, n if dense else 1)
+    assert task.seq_len == (2 * n if dense else n + 1)
 
 
 @settings(max_examples=20, deadline=None)
@@ -209,10 +234,10 @@ def test_addition_property(digits, seed):
 
 
 @settings(max_examples=20, deadline=None)
-@given(n=st.integers(1, 40), p=st.integers(2, 20), seed=seeds)
-def test_modular_property(n, p, seed):
-    task = check("modular", {"n": n, "p": p}, seed, 1)
-    assert task.vocab_size == p + 1 and task.seq_len == n + 1
+@given(n=st.integers(1, 40), p=st.integers(2, 20), dense=st.booleans(), seed=seeds)
+def test_modular_property(n, p, dense, seed):
+    task = check("modular", {"n": n, "p": p, "dense": dense}, seed, n if dense else 1)
+    assert task.vocab_size == p + 1 and task.seq_len == (2 * n if dense else n + 1)
 
 
 @settings(max_examples=20, deadline=None)
