@@ -78,7 +78,9 @@ class RunSpec:
             protocol.pos, protocol.d_model // protocol.n_heads, protocol.n_heads, pos_params
         )
         task_entry, mech_entry = TASKS.entry(task), MECHANISMS.entry(mechanism)
-        task_obj = task_entry.obj(**(task_overrides or {}))
+        # the protocol's own task parameters, under the run's
+        task_params = {**protocol.pinned_task_params(task_entry.name), **(task_overrides or {})}
+        task_obj = task_entry.obj(**task_params)
         if eval_length_mult is not None:
             if not eval_length_mult > 0:
                 raise ValueError(f"the eval length multiplier must be > 0, got {eval_length_mult}")

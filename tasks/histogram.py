@@ -9,6 +9,9 @@ uniformly from [0, MAX_LOGIT_SCALE]: flat examples give small counts, peaked one
 counts, so every count 0..n occurs and the most common one (0) is about 40% of the answers.
 (Suite v1's scale of 3 for every example, with queried tokens, left "0" at 0.63.)
 
+``queries=0`` is suite v1's layout ``x SEP x_1 c_1 .. x_n c_n`` (every x_i repeated with its
+count, the scale 3 for every example), which the slay-paper protocol runs.
+
 Suite v1 repeated every x_i after SEP, so most answers were the count of a token already
 answered for (copying it scored 0.87); the queries are now distinct, and fewer than the
 vocabulary by default, so no count follows from the others either (they would sum to n).
@@ -32,7 +35,8 @@ from synthbench.task import (
     targets_at,
 )
 
-# Largest scale of an example's Gaussian logits (each example draws its own, uniformly)
+# Largest scale of an example's Gaussian logits (each example draws its own, uniformly;
+# suite v1's layout uses it for every example)
 MAX_LOGIT_SCALE = 3.0
 
 
@@ -40,10 +44,10 @@ MAX_LOGIT_SCALE = 3.0
 class HistogramParams:
     n: int = 16  # length of x
     vocab: int = 8  # number of data tokens
-    queries: int = 4  # distinct tokens whose count is asked for, at most vocab
+    queries: int = 4  # distinct tokens whose count is asked for, at most vocab (0: suite v1)
 
     def __post_init__(self):
-        require_at_least("histogram", self, n=1, vocab=2, queries=1)
+        require_at_least("histogram", self, n=1, vocab=2, queries=0)
         if self.queries > self.vocab:
             raise ValueError(
                 f"histogram needs queries <= vocab, got queries={self.queries}, vocab={self.vocab}"
@@ -72,24 +76,35 @@ class Histogram(SepTask):
         return self.params.vocab + 1 + self.params.n + 1
 
     @property
+    def asked(self) -> int:
+        """Tokens whose count is asked: the queries, or every x_i in suite v1's layout."""
+        return self.params.queries or self.params.n
+
+    @property
     def seq_len(self) -> int:
-        return self.params.n + 2 * self.params.queries
+        return self.params.n + 2 * self.asked
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p, dev = self.params, generator.device
-        scale = MAX_LOGIT_SCALE * torch.rand(n, 1, generator=generator, device=dev)
+        if p.queries:
+            scale = MAX_LOGIT_SCALE * torch.rand(n, 1, generator=generator, device=dev)
+        else:
+            scale = torch.full((n, 1), MAX_LOGIT_SCALE, device=dev)
         logits = scale * torch.randn(n, p.vocab, generator=generator, device=dev)
         x = torch.multinomial(logits.softmax(dim=1), p.n, replacement=True, generator=generator)
-        order = torch.rand(n, p.vocab, generator=generator, device=dev).argsort(dim=1)
-        queried = order[:, : p.queries]  # distinct tokens, uniformly
+        if p.queries:  # distinct tokens, uniformly
+            order = torch.rand(n, p.vocab, generator=generator, device=dev).argsort(dim=1)
+            queried = order[:, : p.queries]
+        else:
+            queried = x
         counts = (queried.unsqueeze(2) == x.unsqueeze(1)).sum(dim=2)
         pairs = torch.stack([queried, self.number(0) + counts], dim=2).reshape(n, -1)
-        is_count = torch.arange(2 * p.queries, device=dev) % 2 == 1  # the q_j are given
+        is_count = torch.arange(2 * self.asked, device=dev) % 2 == 1  # the q_j are given
         return batch_from_parts([x, self.sep], [pairs], device, answer_mask=is_count)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
         p = self.params
-        query_pos = torch.arange(p.n + 1, p.n + 2 * p.queries, 2, device=inputs.device)
+        query_pos = torch.arange(p.n + 1, p.n + 2 * self.asked, 2, device=inputs.device)
         queried = inputs[:, query_pos]  # (batch, queries)
         counts = (queried.unsqueeze(2) == inputs[:, : p.n].unsqueeze(1)).sum(dim=2)
         return targets_at(inputs, query_pos, self.number(0) + counts)

@@ -8,7 +8,9 @@ runs: each repeats the one before with probability 0.75 (a PUSH on an empty stac
 last op a POP whenever the stack is non-empty), so most POPs follow a POP and reach below
 the top of the stack as it was. An example without an asked POP is drawn again. There is no
 SEP: the answers are interleaved with the prompt, each computable from the ops before it.
-Values are tokens 0..values-1, PUSH is ``values``, POP is ``values + 1``.
+Values are tokens 0..values-1, PUSH is ``values``, POP is ``values + 1``. ``every_pop`` is
+suite v1's layout (every POP asked, each op a PUSH with probability 0.5), which the
+slay-paper protocol runs.
 
 Known solution: at a POP, attend to the most recent PUSH whose value has not been popped yet
 and copy its value. "Not popped yet" is a matter of depth: a counting head gives the stack
@@ -30,9 +32,11 @@ RUN_PERSISTENCE = 0.75  # probability that an op repeats the one before
 class StackParams:
     ops: int = 16  # operations in the stream
     values: int = 16  # number of value tokens
+    every_pop: bool = False  # suite v1: every POP asked, ops drawn independently
 
     def __post_init__(self):
-        require_at_least("stack", self, ops=4, values=2)  # PUSH PUSH POP POP, at least
+        # PUSH PUSH POP POP at least (suite v1's PUSH POP)
+        require_at_least("stack", self, ops=2 if self.every_pop else 4, values=2)
 
 
 @TASKS.register(
@@ -86,7 +90,8 @@ class Stack(Task):
         asked = torch.zeros_like(sequences, dtype=torch.bool)
         was_push = torch.ones(n, dtype=torch.bool, device=dev)
         for i in range(p.ops):
-            repeat = torch.rand(n, generator=generator, device=dev) < RUN_PERSISTENCE
+            persistence = 0.5 if p.every_pop else RUN_PERSISTENCE
+            repeat = torch.rand(n, generator=generator, device=dev) < persistence
             value = torch.randint(p.values, (n,), generator=generator, device=dev)
             wants_push = repeat == was_push  # the same op again, or the other one
             is_push = depth == 0 if i == p.ops - 1 else wants_push | (depth == 0)
@@ -96,7 +101,7 @@ class Stack(Task):
             depth += torch.where(is_push, 1, -1)
             sequences[:, 2 * i] = torch.where(is_push, self.push, self.pop)
             sequences[:, 2 * i + 1] = torch.where(is_push, value, top)
-            asked[:, 2 * i + 1] = ~is_push & ~was_push
+            asked[:, 2 * i + 1] = ~is_push & (~was_push | p.every_pop)
             was_push = is_push
         return sequences, asked
 
@@ -116,7 +121,7 @@ class Stack(Task):
             is_pop = (op == self.pop) & (depth > 0)
             after_pop = inputs[:, i - 2] == self.pop if i else torch.zeros_like(is_pop)
             top = stack[rows, (depth - 1).clamp(min=0)]
-            targets[:, i] = torch.where(is_pop & after_pop, top, IGNORE)
+            targets[:, i] = torch.where(is_pop & (after_pop | self.params.every_pop), top, IGNORE)
             depth -= is_pop.long()
             if i + 1 < L:  # the last op's operand is not an input; nothing follows it
                 is_push = op == self.push

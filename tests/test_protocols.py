@@ -4,8 +4,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+import torch
 
 from synthbench.protocols import PROTOCOLS, Protocol, markdown_table
+from synthbench.spec import RunSpec
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOLS.md"
 
@@ -22,6 +24,29 @@ def test_slay_paper_mirrors_the_published_setup():
     p = PROTOCOLS.get("slay-paper")
     assert (p.d_model, p.n_heads, p.n_layers, p.arch, p.pos) == (64, 4, 2, "attn-only", "learned")
     assert (p.steps, p.batch_size, p.lrs, p.seeds) == (200, 32, (1e-3,), 3)
+
+
+def test_slay_paper_runs_suite_v1_layouts_under_the_users_own_params():
+    paper, quick = PROTOCOLS.get("slay-paper"), PROTOCOLS.get("quick")
+    assert paper.pinned_task_params("induction") == {"dense": False}
+    assert paper.pinned_task_params("copy") == quick.pinned_task_params("induction") == {}
+    spec = RunSpec.resolve("multihop", "softmax", paper, 0)
+    assert (spec.task_params["walk"], spec.task_params["walks"]) == (False, 1)
+    assert spec.make_task().seq_len == 34  # suite v1's one-answer layout
+    mine = RunSpec.resolve("multihop", "softmax", paper, 0, task_overrides={"walks": 2})
+    assert (mine.task_params["walk"], mine.task_params["walks"]) == (False, 2)
+    assert RunSpec.resolve("multihop", "softmax", quick, 0).task_params["walk"] is True
+    with pytest.raises(ValueError, match="multihop"):  # a pinned name is still checked
+        RunSpec.resolve("multihop", "softmax", paper, 0, task_overrides={"walks": 99})
+
+
+@pytest.mark.parametrize("name", ["histogram", "induction", "modular", "multihop", "parity",
+                                  "pattern", "sort", "stack"])  # fmt: skip
+def test_every_pinned_layout_builds_and_generates(name):
+    spec = RunSpec.resolve(name, "softmax", PROTOCOLS.get("slay-paper"), 0)
+    task = spec.make_task()
+    batch = task.generate(16, torch.Generator().manual_seed(0))
+    assert torch.equal(task.solve(batch.inputs), batch.targets)
 
 
 def test_standard_sweeps_learning_rates():

@@ -187,7 +187,7 @@ def test_histogram_queries_at_most_the_vocabulary():
         ("majority", {"vocab": 1}),
         ("histogram", {"n": 0}),
         ("histogram", {"vocab": 1}),
-        ("histogram", {"queries": 0}),
+        ("histogram", {"queries": -1}),
     ],
 )
 def test_invalid_params_are_refused(name, params):

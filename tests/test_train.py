@@ -80,6 +80,7 @@ def _protocol_variants():
         "test_examples": 32,
         "eval_batch_size": 16,
         "select_metric": "exact_match",
+        "task_params": (("copy", (("n", 8),)),),  # through the run's resolved task params
     }
     fields = {f.name for f in dataclasses.fields(SMOKE)} - {"description", "seeds"}
     assert fields == set(changed), "a new protocol field needs a variant here"
