@@ -165,12 +165,15 @@ _add(
         # re-posed these tasks: docs/TASKS.md), so `report --compare slay-paper` stays like
         # with like
         task_params=(
+            ("counting", (("queries", 0),)),
+            ("distant_match", (("probes", 0),)),
             ("histogram", (("queries", 0),)),
             ("induction", (("dense", False),)),
             ("modular", (("dense", False),)),
             ("multihop", (("walk", False), ("walks", 1))),
             ("parity", (("dense", False),)),
             ("pattern", (("min_period", 2),)),
+            ("retrieval", (("needles", 1),)),
             ("sort", (("vocab", 32),)),
             ("stack", (("every_pop", True),)),
         ),

@@ -53,6 +53,10 @@ class Addition(Task):
     def seq_len(self) -> int:
         return 3 * self.params.digits + 2
 
+    @property
+    def target_metric(self) -> str:
+        return "free_token_acc"  # the sum digits are a chain of carries
+
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         d, dev = self.params.digits, generator.device
         a = torch.randint(10, (n, d), generator=generator, device=dev)

@@ -1,12 +1,22 @@
-"""counting: ``x_1 .. x_n q SEP c``. The answer is the number of times q occurs in x.
+"""counting: ``x_1 .. x_n SEP q_1 c_1 .. q_m c_m``: how often each query token occurs in x.
+
+Dense layout (the default): m = ``queries`` distinct query tokens q_j (given, in random
+order after SEP), each followed by its count c_j in x (the answer). Each query's count is
+drawn uniformly from 0..C, C = n // m, so the answers are balanced; x holds the queries that
+many times and is filled up with the other tokens, uniformly, in random order. Unlike
+histogram (Patterns), which asks for the profile of a skewed x, the counts here are the
+point: uniform over 0..C, none following from the others.
+
+``queries=0`` is suite v1's one-answer layout ``x q SEP c``: the count of q, uniform over
+0..n. With one label per sequence and a count that needs an MLP to read off, softmax reached
+0.23 under quick, and a rule on the most frequent token's count, ignoring q, scored 0.87.
 
 Data tokens are 0..vocab-1, SEP is ``vocab`` and the number tokens ``vocab + 1 + c`` for the
-counts c = 0..n come last. The count is drawn uniformly from 0..n (q is placed at c random
-positions, the rest are tokens other than q), so the label is balanced and every number
-token occurs. At SEP the model must bring q forward from the position before, attend to the
-data tokens equal to q and turn that attention into a count: softmax averages, so a sink
-(a position every query also attends to, with a fixed score) makes the weight left on the
-sink 1 / (1 + c), which an MLP can read off.
+counts c = 0..C (0..n in the one-answer layout) come last, so a longer task keeps every id.
+
+Known solution: at q_j the model attends to the tokens of x equal to q_j; softmax averages,
+so a sink (a position every query also attends to, with a fixed score) makes the weight left
+on the sink 1 / (1 + c), which the readout turns into the count.
 """
 
 from dataclasses import dataclass
@@ -20,34 +30,68 @@ from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, require_at_
 class CountingParams:
     n: int = 32  # length of x
     vocab: int = 16  # number of data tokens
+    queries: int = 8  # distinct query tokens, each asked once (0: suite v1's one answer)
 
     def __post_init__(self):
-        require_at_least("counting", self, n=1, vocab=2)
+        require_at_least("counting", self, n=1, vocab=2, queries=0)
+        if self.queries and not self.queries < self.vocab:
+            raise ValueError(
+                f"counting needs queries < vocab (x is filled with other tokens), got "
+                f"queries={self.queries}, vocab={self.vocab}"
+            )
+        if self.queries > self.n:
+            raise ValueError(f"counting needs queries <= n, got {self.queries}, n={self.n}")
 
 
 @TASKS.register(
     "counting",
     category="Arithmetic",
-    description="x q SEP c: count the occurrences of the query token q in x",
+    description="x SEP q_1 c_1 .. q_m c_m: count the occurrences of each query token in x",
 )
 class Counting(SepTask):
     Params = CountingParams
-    difficulties = {"easy": {"n": 16}, "hard": {"n": 64}}
+    difficulties = {"easy": {"n": 16, "queries": 4}, "hard": {"n": 64}}
     length_param = "n"
 
     def number(self, count: int) -> int:
-        """The token of the count ``count`` (0..n)."""
+        """The token of the count ``count``."""
         return self.params.vocab + 1 + count
 
     @property
+    def max_count(self) -> int:
+        """C: the largest count asked (n // queries; n in the one-answer layout)."""
+        return self.params.n // self.params.queries if self.params.queries else self.params.n
+
+    @property
     def vocab_size(self) -> int:
-        return self.params.vocab + 1 + self.params.n + 1
+        return self.params.vocab + 1 + self.max_count + 1
 
     @property
     def seq_len(self) -> int:
-        return self.params.n + 2
+        p = self.params
+        return p.n + 2 * p.queries if p.queries else p.n + 2
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
+        p, dev = self.params, generator.device
+        if not p.queries:
+            return self._generate_one_answer(n, generator, device)
+        m, C = p.queries, self.max_count
+        tokens = torch.rand(n, p.vocab, generator=generator, device=dev).argsort(dim=1)
+        queried, others = tokens[:, :m], tokens[:, m:]
+        counts = torch.randint(C + 1, (n, m), generator=generator, device=dev)
+        # slot k of x belongs to query j while k < counts_1 + .. + counts_j, then to filler
+        ends = counts.cumsum(dim=1)
+        slot = torch.arange(p.n, device=dev).expand(n, -1).contiguous()
+        owner = torch.searchsorted(ends, slot, right=True)  # m: filler
+        filler_pick = torch.randint(p.vocab - m, (n, p.n), generator=generator, device=dev)
+        filler = others.gather(1, filler_pick)
+        x = torch.where(owner < m, queried.gather(1, owner.clamp(max=m - 1)), filler)
+        x = x.gather(1, torch.rand(n, p.n, generator=generator, device=dev).argsort(dim=1))
+        pairs = torch.stack([queried, self.number(0) + counts], dim=2).flatten(1)
+        is_count = torch.arange(2 * m, device=dev) % 2 == 1  # the q_j are given
+        return batch_from_parts([x, self.sep], [pairs], device, answer_mask=is_count)
+
+    def _generate_one_answer(self, n: int, generator: torch.Generator, device) -> Batch:
         p, dev = self.params, generator.device
         q = torch.randint(p.vocab, (n, 1), generator=generator, device=dev)
         count = torch.randint(p.n + 1, (n, 1), generator=generator, device=dev)
@@ -59,9 +103,15 @@ class Counting(SepTask):
         return batch_from_parts([x, q, self.sep], [self.number(0) + count], device)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
-        n = self.params.n
-        count = (inputs[:, :n] == inputs[:, n : n + 1]).sum(dim=1)
-        return targets_at(inputs, n + 1, self.number(0) + count)  # SEP answers the count
+        p = self.params
+        if not p.queries:
+            count = (inputs[:, : p.n] == inputs[:, p.n : p.n + 1]).sum(dim=1)
+            return targets_at(inputs, p.n + 1, self.number(0) + count)  # SEP answers
+        query_pos = torch.arange(p.n + 1, p.n + 2 * p.queries, 2, device=inputs.device)
+        queried = inputs[:, query_pos]
+        counts = (queried.unsqueeze(2) == inputs[:, : p.n].unsqueeze(1)).sum(dim=2)
+        # a count above C (garbage input only) is clipped to the largest number token
+        return targets_at(inputs, query_pos, self.number(0) + counts.clamp(max=self.max_count))
 
     def token_name(self, token: int) -> str:
         if token > self.sep:

@@ -1,36 +1,57 @@
-"""distant_match: ``x_1 .. x_n SEP a``, a = YES if x_1 == x_n else NO. One answer.
+"""distant_match: ``x_1 .. x_n SEP y_1 a_1 .. y_m a_m``, a_j = YES if y_j == x_j else NO.
 
+Dense layout (the default): after x and SEP, m = ``probes`` probe tokens y_j, each followed
+by its verdict a_j (the answer): does y_j equal x_j, the token at the same index of x, about
+n positions back? A fair coin per probe decides whether y_j is x_j or drawn uniformly from
+the other vocab - 1 tokens, so the classes are balanced and every probe is independent.
 Data tokens are 0..vocab-1, then SEP = ``vocab``, NO = ``vocab + 1``, YES = ``vocab + 2``.
-The classes are balanced: a fair coin per example decides whether x_n is set equal to
-x_1 or drawn uniformly from the other vocab - 1 tokens; x_2 .. x_{n-1} are uniform.
-The answer is predicted at SEP and compares the two ends of the prompt, n - 1 positions
-apart. Two attention layers solve it: a previous-token head brings x_n into SEP; a second
-head at SEP queries with x_n and scores the key of position 0 high only when its token
-equals x_n, falling back to another key (SEP itself) otherwise, so where the attention
-lands tells YES from NO. Without attention the model at SEP sees only SEP and its
-position: it is at chance (1/2).
+
+``probes=0`` is suite v1's one-answer layout ``x SEP a``, a = YES if x_n == x_1 (x_n set
+equal to x_1 or to another token by a coin). With one label per sequence seeds either
+solved it or sat at chance (softmax 0.67 +- 0.29 under quick); and there, in NO examples
+the last token was drawn afresh, so a YES example's x_1 occurred once more in x: counting it
+scored 0.58. Here x is uniform and only the probes vary.
+
+Known solution: at y_j a head attends to position j of x by position (a learned offset of
+about n), brings x_j in, and the model compares it with the current token: a matching head
+whose score depends on the token pair, or a previous-token-style head followed by an
+equality readout. Without attention the model at a probe sees only y_j and its position: at
+chance (1/2).
 """
 
 from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.task import (
+    TASKS,
+    Batch,
+    ShortcutRule,
+    Task,
+    batch_from_parts,
+    require_at_least,
+    targets_at,
+)
 
 
 @dataclass(frozen=True)
 class DistantMatchParams:
     n: int = 128  # length of x
     vocab: int = 16  # number of data tokens
+    probes: int = 16  # probes y_j against x_j, at most n (0: suite v1's one-answer layout)
 
     def __post_init__(self):
-        require_at_least("distant_match", self, n=2, vocab=2)
+        require_at_least("distant_match", self, n=2, vocab=2, probes=0)
+        if self.probes > self.n:
+            raise ValueError(
+                f"distant_match needs probes <= n, got probes={self.probes}, n={self.n}"
+            )
 
 
 @TASKS.register(
     "distant_match",
     category="Long-Range",
-    description="x SEP YES/NO: does the last token of x equal the first?",
+    description="x SEP y_1 a_1 .. y_m a_m: does each probe y_j equal x_j, n tokens back?",
 )
 class DistantMatch(Task):
     Params = DistantMatchParams
@@ -55,19 +76,42 @@ class DistantMatch(Task):
 
     @property
     def seq_len(self) -> int:
-        return self.params.n + 1
+        return self.params.n + 2 * self.params.probes if self.params.probes else self.params.n + 1
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p, dev = self.params, generator.device
         x = torch.randint(p.vocab, (n, p.n), generator=generator, device=dev)
-        same = torch.rand(n, generator=generator, device=dev) < 0.5
-        # a uniform token other than x_1: shift x_1 by 1..vocab-1 around the cycle
-        shift = 1 + torch.randint(p.vocab - 1, (n,), generator=generator, device=dev)
-        x[:, -1] = torch.where(same, x[:, 0], (x[:, 0] + shift) % p.vocab)
-        verdict = torch.where(same, self.yes, self.no).unsqueeze(1)
-        return batch_from_parts([x, self.sep], [verdict], device)
+        m = p.probes or 1  # suite v1: one comparison, of x_n with x_1
+        same = torch.rand(n, m, generator=generator, device=dev) < 0.5
+        # a uniform token other than the compared one: shift it by 1..vocab-1 around the cycle
+        shift = 1 + torch.randint(p.vocab - 1, (n, m), generator=generator, device=dev)
+        compared = x[:, :m]
+        probe = torch.where(same, compared, (compared + shift) % p.vocab)
+        verdict = torch.where(same, self.yes, self.no)
+        if not p.probes:
+            x[:, -1:] = probe
+            return batch_from_parts([x, self.sep], [verdict], device)
+        pairs = torch.stack([probe, verdict], dim=2).flatten(1)
+        is_verdict = torch.arange(2 * m, device=dev) % 2 == 1
+        return batch_from_parts([x, self.sep], [pairs], device, answer_mask=is_verdict)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
-        n = self.params.n
-        match = inputs[:, 0] == inputs[:, n - 1]
-        return targets_at(inputs, n, torch.where(match, self.yes, self.no))  # SEP: the verdict
+        p = self.params
+        if not p.probes:
+            match = inputs[:, 0] == inputs[:, p.n - 1]
+            return targets_at(inputs, p.n, torch.where(match, self.yes, self.no))  # at SEP
+        probe_pos = torch.arange(p.n + 1, p.n + 2 * p.probes, 2, device=inputs.device)
+        match = inputs[:, probe_pos] == inputs[:, : p.probes]
+        return targets_at(inputs, probe_pos, torch.where(match, self.yes, self.no))
+
+    def shortcut_rules(self):
+        p = self.params
+        if not p.probes:
+            return []
+
+        def anywhere(inputs: torch.Tensor) -> torch.Tensor:
+            seen = (inputs.unsqueeze(2) == inputs[:, : p.n].unsqueeze(1)).any(dim=2)
+            return torch.where(seen, self.yes, self.no)
+
+        description = "YES if the probe occurs anywhere in x (not at its own index)"
+        return [ShortcutRule("occurs in x", description, anywhere)]

@@ -1,14 +1,18 @@
-"""retrieval: find the marked value in a haystack (needle in a haystack).
+"""retrieval: find the marked values in a haystack (needles in a haystack).
 
-Layout ``x_0 .. x_{n-1} MARKER v``: a haystack of n data tokens in which position p (uniform
-in 0..n-2) holds MARKER, so the value v = x_{p+1} follows it; then MARKER again as the query
-and v as the answer. MARKER appears nowhere else. The value is drawn like the rest of the
-haystack, so nothing but its place tells it apart. Data tokens are 0..vocab-1, MARKER is
-``vocab``.
+Layout ``x_0 .. x_{n-1} M_1 v_1 .. M_k v_k``: a haystack of n data tokens in which k =
+``needles`` distinct marker tokens each occur once, at random non-overlapping places, each
+followed by its value (a haystack token, drawn like the rest, so nothing but its place tells
+it apart); then every marker once more, in random order, as a query, each followed by its
+value (the answers). Data tokens are 0..vocab-1, the markers ``vocab .. vocab + k - 1``
+(named MARKER when k = 1, else M1 .. Mk).
 
-Known solution: an induction head. A previous-token head writes "my previous token is
-MARKER" into position p+1; at the final MARKER a matching head attends there and copies v
-(two layers). Without attention the final MARKER carries no information about v.
+``needles=1`` is suite v1's one-answer layout (one MARKER, one query). With one label per
+sequence seeds either solved it or sat at chance (softmax 0.81 +- 0.32 under quick).
+
+Known solution: an induction head. A previous-token head writes "my previous token is M_i"
+into the value's position; at the query M_i a matching head attends there and copies the
+value (two layers). Without attention a query carries no information about its value.
 """
 
 from dataclasses import dataclass
@@ -22,15 +26,21 @@ from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_lea
 class RetrievalParams:
     n: int = 64  # haystack length, marker and value included
     vocab: int = 32  # number of data tokens
+    needles: int = 8  # marked values in the haystack, all queried (1: suite v1's layout)
 
     def __post_init__(self):
-        require_at_least("retrieval", self, n=2, vocab=2)
+        require_at_least("retrieval", self, n=2, vocab=2, needles=1)
+        if 2 * self.needles > self.n:
+            raise ValueError(
+                f"retrieval needs n >= 2 * needles (each marker and its value), got "
+                f"n={self.n}, needles={self.needles}"
+            )
 
 
 @TASKS.register(
     "retrieval",
     category="Memory",
-    description="emit the value that followed the single marker in a haystack",
+    description="haystack with k marked values, then each marker: emit the value it marked",
 )
 class Retrieval(Task):
     Params = RetrievalParams
@@ -39,31 +49,45 @@ class Retrieval(Task):
 
     @property
     def marker(self) -> int:
+        """The first marker (the only one when needles = 1)."""
         return self.params.vocab
 
     @property
     def special_tokens(self) -> dict[str, int]:
-        return {"MARKER": self.marker}
+        k = self.params.needles
+        if k == 1:
+            return {"MARKER": self.marker}
+        return {f"M{i + 1}": self.marker + i for i in range(k)}
 
     @property
     def vocab_size(self) -> int:
-        return self.params.vocab + 1
+        return self.params.vocab + self.params.needles
 
     @property
     def seq_len(self) -> int:
-        return self.params.n + 1
+        return self.params.n + 2 * self.params.needles - 1
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p, dev = self.params, generator.device
+        k = p.needles
         haystack = torch.randint(p.vocab, (n, p.n), generator=generator, device=dev)
-        where = torch.randint(p.n - 1, (n, 1), generator=generator, device=dev)
-        haystack.scatter_(1, where, self.marker)
-        value = haystack.gather(1, where + 1)
-        return batch_from_parts([haystack, self.marker], [value], device)  # MARKER: the query
+        # non-overlapping places: sorted distinct s_i from [0, n - k) spread to s_i + i
+        slots = torch.rand(n, p.n - k, generator=generator, device=dev).argsort(dim=1)
+        where = slots[:, :k].sort(dim=1).values + torch.arange(k, device=dev)
+        markers = self.marker + torch.rand(n, k, generator=generator, device=dev).argsort(dim=1)
+        haystack.scatter_(1, where, markers)
+        values = haystack.gather(1, where + 1)
+        order = torch.rand(n, k, generator=generator, device=dev).argsort(dim=1)
+        queries = torch.stack([markers.gather(1, order), values.gather(1, order)], dim=2)
+        is_value = torch.arange(2 * k, device=dev) % 2 == 1
+        return batch_from_parts([haystack], [queries.flatten(1)], device, answer_mask=is_value)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
-        n = self.params.n
-        # The first MARKER among positions 0..n-2; on garbage input without one, argmax
-        # returns 0 and the answer is x_1.
-        where = (inputs[:, : n - 1] == self.marker).long().argmax(dim=1, keepdim=True)
-        return targets_at(inputs, n, inputs.gather(1, where + 1).squeeze(1))
+        n, k = self.params.n, self.params.needles
+        query_pos = torch.arange(n, n + 2 * k - 1, 2, device=inputs.device)
+        queried = inputs[:, query_pos]  # (batch, k)
+        # the first place of each queried marker among positions 0..n-2; on garbage input
+        # without one, argmax returns 0 and the answer is x_1
+        found = inputs[:, : n - 1].unsqueeze(1) == queried.unsqueeze(2)  # (batch, k, n-1)
+        where = found.long().argmax(dim=2)
+        return targets_at(inputs, query_pos, inputs.gather(1, where + 1))

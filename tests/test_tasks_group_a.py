@@ -104,8 +104,23 @@ def test_first_token_layout():
 # -- distant_match ------------------------------------------------------------------------
 
 
-def test_distant_match_layout():
-    task = TASKS.get("distant_match")(n=10, vocab=4)
+def test_distant_match_dense_layout():
+    task = TASKS.get("distant_match")(n=10, vocab=4, probes=3)
+    assert task.vocab_size == 7 and task.seq_len == 16
+    verdicts = Counter()
+    for row, target in rows(task, n=400):
+        full = row + [target[-1]]
+        x, probes = full[:10], full[11::2]
+        assert all(0 <= t < 4 for t in x + probes) and full[10] == 4
+        expected = {11 + 2 * j: 6 if probes[j] == x[j] else 5 for j in range(3)}
+        assert answered(target) == expected
+        verdicts.update(expected.values())
+    assert 0.45 < verdicts[6] / sum(verdicts.values()) < 0.55
+
+
+def test_distant_match_one_answer_layout():
+    """probes=0: suite v1's layout."""
+    task = TASKS.get("distant_match")(n=10, vocab=4, probes=0)
     assert task.vocab_size == 7 and task.seq_len == 11
     assert (task.sep, task.no, task.yes) == (4, 5, 6)
     assert [task.token_name(t) for t in (3, 4, 5, 6)] == ["3", "SEP", "NO", "YES"]
@@ -115,7 +130,7 @@ def test_distant_match_layout():
 
 
 def test_distant_match_classes_are_balanced():
-    task = TASKS.get("distant_match")(n=6, vocab=5)
+    task = TASKS.get("distant_match")(n=6, vocab=5, probes=0)
     data = rows(task, n=4000, seed=1)
     verdicts = Counter(target[6] for _, target in data)
     assert 0.45 < verdicts[task.yes] / len(data) < 0.55
@@ -229,6 +244,7 @@ def test_pattern_presets():
         ("first_token", {"vocab": 1}),
         ("distant_match", {"n": 1}),
         ("distant_match", {"vocab": 1}),
+        ("distant_match", {"n": 8, "probes": 9}),
         ("induction", {"n": 2}),
         ("induction", {"vocab": 1}),
         ("pattern", {"min_period": 1}),
@@ -327,11 +343,13 @@ def test_first_token_property(n, vocab, seed):
 
 
 @settings(max_examples=20, deadline=None)
-@given(n=st.integers(2, 40), vocab=st.integers(2, 16), seed=seeds)
-def test_distant_match_property(n, vocab, seed):
-    task = TASKS.get("distant_match")(n=n, vocab=vocab)
-    assert task.vocab_size == vocab + 3 and task.seq_len == n + 1
-    check(task, seed, 1)
+@given(n=st.integers(2, 40), vocab=st.integers(2, 16), probes=st.integers(0, 40), seed=seeds)
+def test_distant_match_property(n, vocab, probes, seed):
+    probes = min(probes, n)
+    task = TASKS.get("distant_match")(n=n, vocab=vocab, probes=probes)
+    assert task.vocab_size == vocab + 3
+    assert task.seq_len == (n + 2 * probes if probes else n + 1)
+    check(task, seed, probes or 1)
 
 
 @settings(max_examples=20, deadline=None)

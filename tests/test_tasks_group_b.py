@@ -17,8 +17,25 @@ from synthbench.task import IGNORE, TASKS
 # -- layouts against plain-Python references ----------------------------------------------
 
 
-def test_counting_layout():
-    task = TASKS.get("counting")(n=10, vocab=4)
+def test_counting_dense_layout():
+    task = TASKS.get("counting")(n=12, vocab=6, queries=3)
+    assert task.vocab_size == 6 + 1 + 5 and task.seq_len == 18 and task.max_count == 4
+    counts = Counter()
+    for row, target in rows(task, 400):
+        full = row + [target[-1]]
+        x, queries = full[:12], full[13::2]
+        assert all(0 <= t < 6 for t in x + queries) and full[12] == task.sep == 6
+        assert len(set(queries)) == 3
+        expected = {13 + 2 * j: 7 + x.count(q) for j, q in enumerate(queries)}
+        assert answered(target) == expected
+        counts.update(x.count(q) for q in queries)
+    assert sorted(counts) == [0, 1, 2, 3, 4]  # uniform over 0..C
+    assert min(counts.values()) > 0.15 * sum(counts.values())
+
+
+def test_counting_one_answer_layout():
+    """queries=0: suite v1's layout."""
+    task = TASKS.get("counting")(n=10, vocab=4, queries=0)
     assert task.vocab_size == 4 + 1 + 11 and task.seq_len == 12
     counts = []
     for row, target in rows(task, 200):
@@ -31,7 +48,7 @@ def test_counting_layout():
 
 
 def test_counting_tokens():
-    task = TASKS.get("counting")(n=5, vocab=3)
+    task = TASKS.get("counting")(n=5, vocab=3, queries=0)
     names = [task.token_name(t) for t in range(task.vocab_size)]
     assert names == ["0", "1", "2", "SEP", "#0", "#1", "#2", "#3", "#4", "#5"]
     # scaled to a longer length, every id keeps its meaning; new counts come last
@@ -176,6 +193,7 @@ def test_histogram_queries_at_most_the_vocabulary():
     [
         ("counting", {"n": 0}),
         ("counting", {"vocab": 1}),
+        ("counting", {"queries": -1}),
         ("parity", {"n": 0}),
         ("addition", {"digits": 0}),
         ("modular", {"n": 0}),
@@ -213,10 +231,14 @@ def check(name: str, params: dict, seed: int, answers_per_row: int):
 
 
 @settings(max_examples=20, deadline=None)
-@given(n=st.integers(1, 40), vocab=st.integers(2, 20), seed=seeds)
-def test_counting_property(n, vocab, seed):
-    task = check("counting", {"n": n, "vocab": vocab}, seed, 1)
-    assert task.vocab_size == vocab + n + 2 and task.seq_len == n + 2
+@given(n=st.integers(1, 40), vocab=st.integers(2, 20), queries=st.integers(0, 19), seed=seeds)
+def test_counting_property(n, vocab, queries, seed):
+    queries = min(queries, vocab - 1, n)
+    task = check("counting", {"n": n, "vocab": vocab, "queries": queries}, seed, queries or 1)
+    if queries:
+        assert task.vocab_size == vocab + n // queries + 2 and task.seq_len == n + 2 * queries
+    else:
+        assert task.vocab_size == vocab + n + 2 and task.seq_len == n + 2
 
 
 @settings(max_examples=20, deadline=None)

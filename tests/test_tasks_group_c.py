@@ -83,7 +83,23 @@ def test_multihop_compose_hops_are_real():
 
 
 def test_retrieval_layout():
-    task = TASKS.get("retrieval")(n=10, vocab=5)
+    task = TASKS.get("retrieval")(n=12, vocab=5, needles=3)
+    assert task.vocab_size == 8 and task.seq_len == 17
+    assert task.special_tokens == {"M1": 5, "M2": 6, "M3": 7}
+    for row, target in rows(task, 300):
+        full = row + [target[-1]]
+        haystack, queries = full[:12], full[12:]
+        places = {t: i for i, t in enumerate(haystack) if t >= 5}
+        assert sorted(places) == [5, 6, 7] and max(places.values()) <= 10  # each marker once
+        assert all(0 <= t < 5 for t in haystack if t < 5)
+        assert sorted(queries[0::2]) == [5, 6, 7]  # every marker queried once
+        expected = {12 + 2 * j: haystack[places[m] + 1] for j, m in enumerate(queries[0::2])}
+        assert answered(target) == expected
+
+
+def test_retrieval_one_needle_layout():
+    """needles=1: suite v1's layout."""
+    task = TASKS.get("retrieval")(n=10, vocab=5, needles=1)
     assert task.vocab_size == 6 and task.seq_len == 11 and task.marker == 5
     places = set()
     for row, target in rows(task, 300):
@@ -197,7 +213,8 @@ def test_token_names():
 
     task = TASKS.get("multihop")(pairs=2, hops=1, nodes=4, walks=1)
     assert names(task) == ["0", "1", "2", "3", "SEP"]
-    assert names(TASKS.get("retrieval")(vocab=3)) == ["0", "1", "2", "MARKER"]
+    assert names(TASKS.get("retrieval")(vocab=3, needles=1)) == ["0", "1", "2", "MARKER"]
+    assert names(TASKS.get("retrieval")(vocab=2, needles=2)) == ["0", "1", "M1", "M2"]
     assert names(TASKS.get("selective_copy")(vocab=2)) == ["0", "1", "BLANK", "SEP"]
     assert names(TASKS.get("stack")(values=2)) == ["0", "1", "PUSH", "POP"]
     assert names(TASKS.get("noisy_copy")(vocab=2, noise_vocab=2)) == [
@@ -230,6 +247,7 @@ def test_presets_scale_to_twice_the_length(name):
         ("multihop", {"pairs": 5, "hops": 2, "nodes": 7}),  # 2 chains and a distractor need 8
         ("retrieval", {"n": 1}),
         ("retrieval", {"vocab": 1}),
+        ("retrieval", {"n": 10, "needles": 6}),
         ("selective_copy", {"k": 0}),
         ("selective_copy", {"length": 4, "k": 5}),
         ("selective_copy", {"vocab": 1}),
@@ -281,12 +299,15 @@ def test_multihop_property(params, seed):
 
 
 @settings(max_examples=20, deadline=None)
-@given(n=st.integers(2, 40), vocab=st.integers(2, 16), seed=seeds)
-def test_retrieval_property(n, vocab, seed):
-    task = TASKS.get("retrieval")(n=n, vocab=vocab)
+@given(n=st.integers(2, 40), vocab=st.integers(2, 16), needles=st.integers(1, 20), seed=seeds)
+def test_retrieval_property(n, vocab, needles, seed):
+    needles = min(needles, n // 2)
+    task = TASKS.get("retrieval")(n=n, vocab=vocab, needles=needles)
     batch = task.generate(8, generator(seed))
     check_batch(task, batch, 8)
-    assert bool(((batch.inputs == task.marker).sum(dim=1) == 2).all())
+    for marker in range(vocab, vocab + needles):  # once in the haystack, once as a query
+        assert bool(((batch.inputs == marker).sum(dim=1) == 2).all())
+    assert bool((batch.answer_mask.sum(dim=1) == needles).all())
 
 
 @st.composite
