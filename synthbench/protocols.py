@@ -123,7 +123,7 @@ _add(
         name="quick",
         version=2,
         description="the default, sized for a 2-core CPU: the suite for one mechanism and 3 "
-        "seeds in about 18 minutes, long enough that softmax solves the attention tasks",
+        "seeds in about 15 minutes, long enough that softmax solves the attention tasks",
         steps=1000,
         batch_size=32,
         lrs=(3e-3,),
