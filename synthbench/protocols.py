@@ -169,6 +169,7 @@ _add(
             ("distant_match", (("probes", 0),)),
             ("histogram", (("queries", 0),)),
             ("induction", (("dense", False),)),
+            ("kv_recall", (("queries", 0), ("distinct_values", False))),
             ("modular", (("dense", False),)),
             ("multihop", (("walk", False), ("walks", 1))),
             ("parity", (("dense", False),)),

@@ -40,9 +40,9 @@ def test_slay_paper_runs_suite_v1_layouts_under_the_users_own_params():
         RunSpec.resolve("multihop", "softmax", paper, 0, task_overrides={"walks": 99})
 
 
-@pytest.mark.parametrize("name", ["counting", "distant_match", "histogram", "induction", "modular",
-                                  "multihop", "parity", "pattern", "retrieval", "sort",
-                                  "stack"])  # fmt: skip
+@pytest.mark.parametrize("name", ["counting", "distant_match", "histogram", "induction",
+                                  "kv_recall", "modular", "multihop", "parity", "pattern",
+                                  "retrieval", "sort", "stack"])  # fmt: skip
 def test_every_pinned_layout_builds_and_generates(name):
     spec = RunSpec.resolve(name, "softmax", PROTOCOLS.get("slay-paper"), 0)
     task = spec.make_task()

@@ -154,20 +154,21 @@ def test_copy_vocab_and_layout():
 
 
 def test_kv_recall_vocab_and_layout():
-    task = TASKS.get("kv_recall")(pairs=5, queries=3, keys=7, values=4)
-    assert task.vocab_size == 7 + 4 + 1 and task.seq_len == 2 * 5 + 2 * 3
+    task = TASKS.get("kv_recall")(pairs=5, queries=3, keys=7, values=6)
+    assert task.vocab_size == 7 + 6 + 1 and task.seq_len == 2 * 5 + 2 * 3
     batch = task.generate(N, generator(0))
     for row, target in zip(batch.inputs.tolist(), batch.targets.tolist(), strict=True):
         keys, values = row[0:10:2], row[1:10:2]
         assert len(set(keys)) == 5 and all(0 <= k < 7 for k in keys)
-        assert all(7 <= v < 11 for v in values) and row[10] == task.sep == 11
+        assert all(7 <= v < 13 for v in values) and row[10] == task.sep == 13
+        assert len(set(values)) == 5  # distinct values
         queried = row[11::2]
         assert len(set(queried)) == 3 and set(queried) <= set(keys)
         bound = dict(zip(keys, values, strict=True))
         assert target[11::2] == [bound[k] for k in queried]  # independent of solve()
         assert row[12::2] == target[11:-1:2]
         assert all(x == IGNORE for i, x in enumerate(target) if i < 11 or i % 2 == 0)
-    assert [task.token_name(t) for t in (0, 7, 11)] == ["k0", "v0", "SEP"]
+    assert [task.token_name(t) for t in (0, 7, 13)] == ["k0", "v0", "SEP"]
 
 
 @pytest.mark.parametrize(
@@ -180,6 +181,7 @@ def test_kv_recall_vocab_and_layout():
         ("kv_recall", {"pairs": 4, "queries": 5}),
         ("kv_recall", {"queries": -1}),
         ("kv_recall", {"values": 1}),
+        ("kv_recall", {"pairs": 8, "values": 7}),  # distinct values need values >= pairs
     ],
 )
 def test_invalid_params_are_refused(name, params):
@@ -208,7 +210,8 @@ def kv_recall_params(draw):
         "keys": keys,
         "pairs": pairs,
         "queries": draw(st.integers(0, pairs)),
-        "values": draw(st.integers(2, 16)),
+        "values": draw(st.integers(max(2, pairs), 16)),
+        "distinct_values": draw(st.booleans()),
     }
 
 

@@ -42,7 +42,13 @@ def spec(task="kv_recall", mech="linear", protocol=SMOKE, seed=0, task_params=No
 def test_resolve_canonicalises_aliases_and_fills_defaults():
     s = RunSpec.resolve("mqar", "elu", SMOKE, 0)
     assert (s.task, s.mechanism) == ("kv_recall", "linear")
-    assert s.task_params == {"pairs": 8, "queries": 0, "keys": 32, "values": 32}
+    assert s.task_params == {
+        "pairs": 8,
+        "queries": 4,
+        "keys": 32,
+        "values": 32,
+        "distinct_values": True,
+    }
     assert s.mechanism_params == {"eps": 1e-6, "chunk_size": 64}
     assert s.run_id == RunSpec.resolve("kv_recall", "linear", SMOKE, 0).run_id
     # an override equal to the default is the same run
