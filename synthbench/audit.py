@@ -138,17 +138,25 @@ class _Answers:
         return float((right[answered] / total[answered]).mean())
 
 
-def _contexts(answers: _Answers, vocab_size: int) -> dict[str, list[np.ndarray]]:
-    """Every baseline's context keys, longest first (its back-off chain, before position)."""
+# Each baseline's back-off chain of contexts, longest first (then the position's constant)
+BACKOFF = {
+    "token": ("token",),
+    "position x token": ("position x token",),
+    "last 2": ("last 2", "token"),
+    "last 4": ("last 4", "last 3", "last 2", "token"),
+}
+
+
+def _contexts(answers: _Answers, vocab_size: int) -> dict[str, np.ndarray]:
+    """The key of every context a back-off chain uses, per answer."""
     base = vocab_size + 1  # token ids and a pad before the sequence
     if base**4 >= 2**62:
         raise ValueError(f"vocabulary of {vocab_size} tokens too large for the window keys")
-    windows = {width: answers.window(width, base) for width in (1, 2, 3, 4)}
+    token = answers.window(1, base)
     return {
-        "token": [windows[1]],
-        "position x token": [answers.position * base + windows[1]],
-        "last 2": [windows[2], windows[1]],
-        "last 4": [windows[4], windows[3], windows[2], windows[1]],
+        "token": token,
+        "position x token": answers.position * base + token,
+        **{f"last {width}": answers.window(width, base) for width in (2, 3, 4)},
     }
 
 
@@ -176,18 +184,21 @@ def shortcut_baselines(
     chance = test.score(constant)
 
     baselines = [Baseline("position", chance, float(position_seen.mean()))]
-    train_contexts = _contexts(train, task.vocab_size)
-    test_contexts = _contexts(test, task.vocab_size)
-    for name, chain in test_contexts.items():
+    train_keys = _contexts(train, task.vocab_size)
+    # every context's table, fitted once: (answer, found) per test answer
+    looked_up = {
+        context: _lookup(_fit(train_keys[context], train.answer), test_keys)
+        for context, test_keys in _contexts(test, task.vocab_size).items()
+    }
+    for name, chain in BACKOFF.items():
         predicted, decided = constant.copy(), np.zeros(len(constant), dtype=bool)
-        seen = None
-        for train_keys, test_keys in zip(train_contexts[name], chain, strict=True):
-            answer, found = _lookup(_fit(train_keys, train.answer), test_keys)
-            if seen is None:  # the full context, before any back-off
-                seen = float(found.mean()) if len(found) else 0.0
+        for context in chain:
+            answer, found = looked_up[context]
             take = found & ~decided
             predicted[take] = answer[take]
             decided |= found
+        found = looked_up[chain[0]][1]  # the full context, before any back-off
+        seen = float(found.mean()) if len(found) else 0.0
         baselines.append(Baseline(name, test.score(predicted), seen))
 
     for rule in task.shortcut_rules():
@@ -253,7 +264,7 @@ def builtin_markdown_table() -> str:
             audit(e.name, preset)
             for e in sorted(TASKS.entries(), key=lambda e: e.name)
             if e.source == "builtin"
-            for preset in ("default", *e.obj.difficulties)
+            for preset in e.obj.presets()
         ]
     )
 

@@ -88,6 +88,22 @@ def batch_from_parts(
     return teacher_forced(sequences, mask).to(device)
 
 
+def answered_pairs(given: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``g_1 a_1 .. g_m a_m`` from (n, m) given tokens and their answers, and the (2m) mask
+    that marks the answers (for ``batch_from_parts``'s ``answer_mask``)."""
+    pairs = torch.stack([given, answers], dim=2).flatten(1)
+    return pairs, torch.arange(pairs.shape[1], device=pairs.device) % 2 == 1
+
+
+def pair_places(n: int, length: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """(n, count) sorted places p in [0, length - 2], at least 2 apart, uniformly at random:
+    where ``count`` token pairs (p, p + 1) go without overlapping. Distinct sorted s_j drawn
+    from [0, length - count), spread to s_j + j."""
+    dev = generator.device
+    slots = torch.rand(n, length - count, generator=generator, device=dev).argsort(dim=1)
+    return slots[:, :count].sort(dim=1).values + torch.arange(count, device=dev)
+
+
 def targets_at(
     inputs: torch.Tensor, columns: int | slice | torch.Tensor, answers: torch.Tensor
 ) -> torch.Tensor:
@@ -136,11 +152,16 @@ class Task:
         self.params = self.Params(**params)
 
     @classmethod
+    def presets(cls) -> tuple[str, ...]:
+        """The difficulty presets: ``default`` and the task's own."""
+        return ("default", *cls.difficulties)
+
+    @classmethod
     def from_difficulty(cls, difficulty: str = "default", **overrides: Any) -> Task:
-        presets = {"default": {}, **cls.difficulties}
-        if difficulty not in presets:
-            raise ValueError(f"unknown difficulty {difficulty!r} (presets: {', '.join(presets)})")
-        return cls(**{**presets[difficulty], **overrides})
+        if difficulty not in cls.presets():
+            presets = ", ".join(cls.presets())
+            raise ValueError(f"unknown difficulty {difficulty!r} (presets: {presets})")
+        return cls(**{**cls.difficulties.get(difficulty, {}), **overrides})
 
     def at_length(self, mult: float) -> Task:
         """The same task with its length knob scaled by ``mult`` (rounded to an integer)."""

@@ -23,7 +23,15 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, require_at_least, targets_at
+from synthbench.task import (
+    TASKS,
+    Batch,
+    SepTask,
+    answered_pairs,
+    batch_from_parts,
+    require_at_least,
+    targets_at,
+)
 
 
 @dataclass(frozen=True)
@@ -87,8 +95,7 @@ class Counting(SepTask):
         filler = others.gather(1, filler_pick)
         x = torch.where(owner < m, queried.gather(1, owner.clamp(max=m - 1)), filler)
         x = x.gather(1, torch.rand(n, p.n, generator=generator, device=dev).argsort(dim=1))
-        pairs = torch.stack([queried, self.number(0) + counts], dim=2).flatten(1)
-        is_count = torch.arange(2 * m, device=dev) % 2 == 1  # the q_j are given
+        pairs, is_count = answered_pairs(queried, self.number(0) + counts)  # the q_j given
         return batch_from_parts([x, self.sep], [pairs], device, answer_mask=is_count)
 
     def _generate_one_answer(self, n: int, generator: torch.Generator, device) -> Batch:

@@ -28,6 +28,7 @@ from synthbench.task import (
     Batch,
     ShortcutRule,
     Task,
+    answered_pairs,
     batch_from_parts,
     require_at_least,
     targets_at,
@@ -91,8 +92,7 @@ class DistantMatch(Task):
         if not p.probes:
             x[:, -1:] = probe
             return batch_from_parts([x, self.sep], [verdict], device)
-        pairs = torch.stack([probe, verdict], dim=2).flatten(1)
-        is_verdict = torch.arange(2 * m, device=dev) % 2 == 1
+        pairs, is_verdict = answered_pairs(probe, verdict)
         return batch_from_parts([x, self.sep], [pairs], device, answer_mask=is_verdict)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:

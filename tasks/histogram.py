@@ -30,6 +30,7 @@ from synthbench.task import (
     Batch,
     SepTask,
     ShortcutRule,
+    answered_pairs,
     batch_from_parts,
     require_at_least,
     targets_at,
@@ -98,8 +99,7 @@ class Histogram(SepTask):
         else:
             queried = x
         counts = (queried.unsqueeze(2) == x.unsqueeze(1)).sum(dim=2)
-        pairs = torch.stack([queried, self.number(0) + counts], dim=2).reshape(n, -1)
-        is_count = torch.arange(2 * self.asked, device=dev) % 2 == 1  # the q_j are given
+        pairs, is_count = answered_pairs(queried, self.number(0) + counts)  # the q_j given
         return batch_from_parts([x, self.sep], [pairs], device, answer_mask=is_count)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:

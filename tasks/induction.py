@@ -25,7 +25,15 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import IGNORE, TASKS, Batch, Task, require_at_least, teacher_forced
+from synthbench.task import (
+    IGNORE,
+    TASKS,
+    Batch,
+    Task,
+    pair_places,
+    require_at_least,
+    teacher_forced,
+)
 
 
 @dataclass(frozen=True)
@@ -81,9 +89,7 @@ class Induction(Task):
         filler = p.vocab - p.keys
         successor = p.keys + torch.randint(filler, (n, p.triggers), generator=generator, device=dev)
         x = p.keys + torch.randint(filler, (n, p.n), generator=generator, device=dev)
-        # non-overlapping places: sorted distinct s_j from [0, n - m) spread to s_j + j
-        slots = torch.rand(n, p.n - occurrences, generator=generator, device=dev).argsort(dim=1)
-        place = slots[:, :occurrences].sort(dim=1).values + torch.arange(occurrences, device=dev)
+        place = pair_places(n, p.n, occurrences, generator)  # each key and its successor
         # which key each place gets: every key `repeats` times, in random order
         owner = torch.arange(p.triggers, device=dev).repeat_interleave(p.repeats).expand(n, -1)
         owner = owner.gather(

@@ -23,6 +23,7 @@ from synthbench.task import (
     Batch,
     ShortcutRule,
     Task,
+    answered_pairs,
     batch_from_parts,
     require_at_least,
     targets_at,
@@ -91,11 +92,8 @@ class KVRecall(Task):
             values = p.keys + torch.randint(p.values, (n, p.pairs), generator=generator, device=dev)
         asked = torch.rand(n, p.pairs, generator=generator, device=dev).argsort(dim=1)[:, :m]
         context = torch.stack([keys, values], dim=2).reshape(n, 2 * p.pairs)
-        queries = torch.stack([keys.gather(1, asked), values.gather(1, asked)], dim=2)
-        is_value = torch.arange(2 * m, device=dev) % 2 == 1  # the a_j answer, the q_j are given
-        return batch_from_parts(
-            [context, self.sep], [queries.reshape(n, 2 * m)], device, answer_mask=is_value
-        )
+        queries, is_value = answered_pairs(keys.gather(1, asked), values.gather(1, asked))
+        return batch_from_parts([context, self.sep], [queries], device, answer_mask=is_value)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
         P = self.params.pairs

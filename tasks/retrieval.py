@@ -19,7 +19,16 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.task import (
+    TASKS,
+    Batch,
+    Task,
+    answered_pairs,
+    batch_from_parts,
+    pair_places,
+    require_at_least,
+    targets_at,
+)
 
 
 @dataclass(frozen=True)
@@ -71,16 +80,13 @@ class Retrieval(Task):
         p, dev = self.params, generator.device
         k = p.needles
         haystack = torch.randint(p.vocab, (n, p.n), generator=generator, device=dev)
-        # non-overlapping places: sorted distinct s_i from [0, n - k) spread to s_i + i
-        slots = torch.rand(n, p.n - k, generator=generator, device=dev).argsort(dim=1)
-        where = slots[:, :k].sort(dim=1).values + torch.arange(k, device=dev)
+        where = pair_places(n, p.n, k, generator)  # each marker and its value
         markers = self.marker + torch.rand(n, k, generator=generator, device=dev).argsort(dim=1)
         haystack.scatter_(1, where, markers)
         values = haystack.gather(1, where + 1)
         order = torch.rand(n, k, generator=generator, device=dev).argsort(dim=1)
-        queries = torch.stack([markers.gather(1, order), values.gather(1, order)], dim=2)
-        is_value = torch.arange(2 * k, device=dev) % 2 == 1
-        return batch_from_parts([haystack], [queries.flatten(1)], device, answer_mask=is_value)
+        queries, is_value = answered_pairs(markers.gather(1, order), values.gather(1, order))
+        return batch_from_parts([haystack], [queries], device, answer_mask=is_value)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
         n, k = self.params.n, self.params.needles

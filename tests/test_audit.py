@@ -140,7 +140,7 @@ BUILTIN_CASES = [
     pytest.param(name, preset, id=f"{name}-{preset}")
     for name in TASKS.names()
     if TASKS.entry(name).source == "builtin" and not TASKS.entry(name).metadata.get("control")
-    for preset in ("default", *TASKS.get(name).difficulties)
+    for preset in TASKS.get(name).presets()
 ]
 
 
@@ -166,7 +166,7 @@ def test_the_docs_show_the_audit_of_every_builtin_task():
         builtin_audit(e.name, preset)
         for e in sorted(TASKS.entries(), key=lambda e: e.name)
         if e.source == "builtin"
-        for preset in ("default", *e.obj.difficulties)
+        for preset in e.obj.presets()
     ]
     docs = (Path(__file__).parents[1] / "docs" / "TASKS.md").read_text()
     assert audit.markdown_table(audits) in docs, "regenerate: python -m synthbench.audit"

@@ -152,7 +152,7 @@ def audit_command(
     names = TASKS.names() if name == "all" else [TASKS.canonical(name)]
     audits = []
     for task_name in names:
-        presets = ("default", *TASKS.get(task_name).difficulties)
+        presets = TASKS.get(task_name).presets()
         if difficulty != "all" and difficulty not in presets:
             raise UsageError(
                 f"task {task_name} has no difficulty {difficulty!r} (presets: {', '.join(presets)})"
