@@ -131,11 +131,18 @@ class _Answers:
 
     def score(self, predicted: np.ndarray) -> float:
         """Token accuracy: the mean over examples of the share of right answers."""
+        return float(self._per_example(predicted).mean())
+
+    def exact_match(self, predicted: np.ndarray) -> float:
+        """The share of examples whose every answer is right."""
+        return float((self._per_example(predicted) == 1).mean())
+
+    def _per_example(self, predicted: np.ndarray) -> np.ndarray:
         n_examples = self.inputs.shape[0]
         right = np.bincount(self.example, predicted == self.answer, minlength=n_examples)
         total = np.bincount(self.example, minlength=n_examples)
         answered = total > 0
-        return float((right[answered] / total[answered]).mean())
+        return right[answered] / total[answered]
 
 
 # Each baseline's back-off chain of contexts, longest first (then the position's constant)
@@ -167,20 +174,46 @@ def examples_for(task: Task, answers: int) -> int:
     return int(min(MAX_EXAMPLES, max(MIN_EXAMPLES, answers / per_example)))
 
 
-def shortcut_baselines(
-    task: Task, train_answers: int = TRAIN_ANSWERS, test_answers: int = TEST_ANSWERS
-) -> tuple[float, list[Baseline]]:
-    """(chance, baselines): the count-table baselines and the task's own rules."""
+def _audit_data(task: Task, train_answers: int, test_answers: int):
+    """The audit's training and test data of ``task`` (its own seeds, apart from runs')."""
     train_gen = torch.Generator().manual_seed(TRAIN_SEED)
     train_batch = task.generate(examples_for(task, train_answers), train_gen)
     test_gen = torch.Generator().manual_seed(TEST_SEED)
     test_batch = task.generate(examples_for(task, test_answers), test_gen)
     train = _Answers.of(train_batch.inputs, train_batch.targets)
     test = _Answers.of(test_batch.inputs, test_batch.targets)
+    return train, test, test_batch
 
+
+def _position_constant(train: _Answers, test: _Answers) -> tuple[np.ndarray, np.ndarray]:
+    """The best constant answer per position, at every test answer, and whether the
+    position was answered in training (if not: the most frequent answer overall)."""
     constant, position_seen = _lookup(_fit(train.position, train.answer), test.position)
-    # a position never answered in training: the most frequent answer overall
-    constant = np.where(position_seen, constant, np.bincount(train.answer).argmax())
+    return np.where(position_seen, constant, np.bincount(train.answer).argmax()), position_seen
+
+
+@dataclass(frozen=True)
+class Chance:
+    """What the best constant answer per position scores: learning nothing."""
+
+    token_acc: float
+    exact_match: float
+
+
+def chance(task: Task, train_answers: int = TRAIN_ANSWERS, test_answers: int = TEST_ANSWERS):
+    """The task's chance (the audit's ``position`` baseline) in token accuracy and exact
+    match; every run stores it, and reports normalise scores by it."""
+    train, test, _ = _audit_data(task, train_answers, test_answers)
+    constant, _ = _position_constant(train, test)
+    return Chance(test.score(constant), test.exact_match(constant))
+
+
+def shortcut_baselines(
+    task: Task, train_answers: int = TRAIN_ANSWERS, test_answers: int = TEST_ANSWERS
+) -> tuple[float, list[Baseline]]:
+    """(chance, baselines): the count-table baselines and the task's own rules."""
+    train, test, test_batch = _audit_data(task, train_answers, test_answers)
+    constant, position_seen = _position_constant(train, test)
     chance = test.score(constant)
 
     baselines = [Baseline("position", chance, float(position_seen.mean()))]

@@ -32,6 +32,10 @@ class Protocol:
     # at most this many lrs added past the grid's edges, one grid step at a time, while the
     # best lr on the validation set sits at an edge (synthbench/sweep.py)
     lr_extend: int = 0
+    # stop a training once its validation select_metric, measured at the learning curve's
+    # points, reaches this (0: never); every lr that reaches it counts as solving the task,
+    # and the sweep prefers the one that got there in fewest steps (synthbench/sweep.py)
+    stop_at: float = 0.0
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.98)
     warmup_frac: float = 0.1
@@ -72,6 +76,8 @@ class Protocol:
             problems.append("lrs must be a non-empty list of distinct positive learning rates")
         if self.lr_extend < 0 or (self.lr_extend and len(self.lrs) < 2):
             problems.append("lr_extend must be >= 0, and needs at least 2 lrs (the grid step)")
+        if not 0 <= self.stop_at <= 1:
+            problems.append("stop_at must be in [0, 1] (0: never stop early)")
         if self.grad_clip < 0 or self.weight_decay < 0:
             problems.append("grad_clip and weight_decay must be >= 0")
         if not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_frac <= 1:
@@ -93,6 +99,8 @@ class Protocol:
         config["lrs"] = list(self.lrs)
         config["betas"] = list(self.betas)
         config.pop("task_params")  # the run's resolved task parameters carry their effect
+        if not self.stop_at:  # absent when off: run ids from before the field still hold
+            config.pop("stop_at")
         return config
 
 
@@ -121,18 +129,21 @@ _add(
 _add(
     Protocol(
         name="quick",
-        version=2,
-        description="the default, sized for a 2-core CPU: the suite for one mechanism and 3 "
-        "seeds in about 15 minutes, long enough that softmax solves the attention tasks",
+        version=3,
+        description="the default, sized for a 2-core CPU: 1000 steps at each mechanism's "
+        "own best lr (grown from 3e-3 and 1e-2 until it is inside the grid), stopping a "
+        "training once it has solved the task",
         steps=1000,
         batch_size=32,
-        lrs=(3e-3,),
+        lrs=(3e-3, 1e-2),
+        lr_extend=3,
+        stop_at=0.99,
     )
 )
 _add(
     Protocol(
         name="standard",
-        version=1,
+        version=2,
         description="sized for one GPU: a larger model trained longer, with a learning-rate "
         "sweep selected on the validation set",
         d_model=128,
@@ -141,6 +152,8 @@ _add(
         steps=4000,
         batch_size=64,
         lrs=(3e-4, 1e-3, 3e-3),
+        lr_extend=3,
+        stop_at=0.99,
         val_examples=1000,
         test_examples=2000,
         eval_batch_size=500,
@@ -165,6 +178,7 @@ _add(
         # re-posed these tasks: docs/TASKS.md), so `report --compare slay-paper` stays like
         # with like
         task_params=(
+            ("addition", (("streamed", False),)),
             ("counting", (("queries", 0),)),
             ("distant_match", (("probes", 0),)),
             ("histogram", (("queries", 0),)),
@@ -185,12 +199,13 @@ _add(
 def markdown_table() -> str:
     """Every protocol's values side by side (docs/PROTOCOLS.md embeds this; a test checks it)."""
     protocols = [e.obj for e in PROTOCOLS.entries()]
-    configs = [p.config() for p in protocols]
+    # every field, also those a config leaves out at their default (stop_at 0)
+    configs = [{**asdict(p), **p.config()} for p in protocols]
     lines = [
         "| field | " + " | ".join(p.name for p in protocols) + " |",
         "|---|" + "---|" * len(protocols),
     ]
-    for name in (f for f in configs[0] if f != "name"):
+    for name in (f for f in protocols[0].config() | {"stop_at": 0} if f != "name"):
         values = [
             ", ".join(f"{v:g}" for v in c[name]) if isinstance(c[name], list) else f"{c[name]}"
             for c in configs

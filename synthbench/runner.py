@@ -130,7 +130,10 @@ class _Sweep:
         return [self.rows[lr] for lr in sorted(self.rows)]
 
 
-SWEEP_COLUMNS = ["run_id", "lr", "status", "selected", "val_token_acc", "val_exact_match"]
+SWEEP_COLUMNS = [
+    "run_id", "lr", "status", "selected", "lr_edge", "steps_done", "val_token_acc",
+    "val_exact_match",
+]  # fmt: skip
 
 
 def execute(
@@ -206,7 +209,10 @@ def _pending(
         kept = [r for r in stored.get(spec.run_id, []) if r["status"] != "error"]
         state = sweep_state(spec.protocol, kept)
         if state.complete and all(
-            bool(r["selected"]) == (lr_key(r["lr"]) == state.selected) for r in kept
+            bool(r["selected"]) == (lr_key(r["lr"]) == state.selected)
+            # null in files of schema < 5, which are left as they are
+            and (r["lr_edge"] is None or r["lr_edge"] != r["lr_edge"] or r["lr_edge"] == state.edge)
+            for r in kept
         ):
             continue  # complete, and stored with its selection
         full = [r for r in store.read_run(spec.task, spec.mechanism, spec.run_id)

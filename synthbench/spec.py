@@ -23,7 +23,7 @@ from synthbench.protocols import Protocol
 from synthbench.task import TASKS, Task
 
 # Bump when a built-in task's generation changes, so stored rows are not reused for it.
-SUITE_VERSION = 2
+SUITE_VERSION = 3
 # Validation and test sets are drawn from these generator seeds, the same for every seed and
 # mechanism; training seeds must stay below MAX_SEED so that they never coincide.
 MAX_SEED = 1_000_000_000
@@ -164,6 +164,7 @@ class RunSpec:
             "config": json.dumps(self.config(), sort_keys=True, default=str),
             "seed": self.seed,
             "steps": self.protocol.steps,
+            "target_metric": self.make_task().target_metric,
             "eval_length_mult": self.eval_length_mult,
             "threads": self.threads,
         }

@@ -26,12 +26,21 @@ import pyarrow.parquet as pq
 if TYPE_CHECKING:  # pandas loads only where rows are read (workers only write)
     import pandas as pd
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Columns each schema version added; a file of an older version is read with them null.
 ADDED_IN = {
     2: ("eval_length_mult", "long_token_acc", "long_exact_match"),
     3: ("threads",),
     4: ("free_token_acc", "curve_steps", "curve_val_token_acc"),
+    5: (
+        "lr_edge",
+        "target_metric",
+        "chance_token_acc",
+        "chance_exact_match",
+        "token_acc_se",
+        "exact_match_se",
+        "free_token_acc_se",
+    ),
 }
 PARTITIONS = ("task", "mechanism")
 _TMP_PREFIX = ".tmp-"
@@ -53,6 +62,8 @@ SCHEMA = pa.schema(
         ("seed", pa.int64()),
         ("lr", pa.float64()),
         ("selected", pa.bool_()),  # the lr the validation set picked
+        # the picked lr is alone at an edge of the grid: the optimum may lie beyond it
+        ("lr_edge", pa.bool_()),
         ("steps", pa.int64()),
         ("steps_done", pa.int64()),
         ("status", pa.string()),  # ok | diverged | error
@@ -63,6 +74,16 @@ SCHEMA = pa.schema(
         ("val_exact_match", pa.float64()),
         # the test answers generated free-running: each answer fed back as the model made it
         ("free_token_acc", pa.float64()),
+        # the metric the task is scored by (free_token_acc for a chain of steps)
+        ("target_metric", pa.string()),
+        # the best constant answer per position (synthbench/audit.py): what learning nothing
+        # scores; reports normalise by it
+        ("chance_token_acc", pa.float64()),
+        ("chance_exact_match", pa.float64()),
+        # standard errors of the test metrics over the test examples
+        ("token_acc_se", pa.float64()),
+        ("exact_match_se", pa.float64()),
+        ("free_token_acc_se", pa.float64()),
         # learning curve: validation token accuracy after these optimizer steps
         ("curve_steps", pa.list_(pa.int64())),
         ("curve_val_token_acc", pa.list_(pa.float64())),
@@ -93,6 +114,11 @@ RESULT_METRICS = (
     "val_token_acc",
     "val_exact_match",
     "free_token_acc",
+    "chance_token_acc",
+    "chance_exact_match",
+    "token_acc_se",
+    "exact_match_se",
+    "free_token_acc_se",
     "curve_steps",
     "curve_val_token_acc",
     "long_token_acc",

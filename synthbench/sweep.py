@@ -7,7 +7,15 @@ protocol's grid has a row, the sweep either grows or ends:
   alone at an edge of the grid: the lr one grid step past that edge is added (the step is
   the ratio of the two outermost lrs on that side), since the optimum may lie beyond;
 - otherwise it ends, and the best lr is *selected* (the lowest of equal bests): the test
-  metrics of that row are the run's result.
+  metrics of that row are the run's result. A best lr still alone at an edge is marked
+  ``lr_edge``: the optimum may lie beyond the grid, so the run cannot show a mechanism
+  worse than another (the report never counts such a cell as separated).
+
+"Best" is the validation ``select_metric``. With ``protocol.stop_at``, a training stops
+once that metric reaches ``stop_at``; every lr that got there solved the task, equally (a
+plateau: the grid grows only for a score that one edge lr alone reaches), and the one of
+them that got there in the fewest steps is selected (so learning curves are compared at
+each mechanism's fastest lr).
 
 These are pure functions of the rows, so the runner calls them whenever a row comes in
 (the lrs of one run may train on different workers, and the plan grows while it runs) and
@@ -34,11 +42,18 @@ class SweepState:
     pending: tuple[float, ...]  # lrs still to train (no row yet)
     complete: bool  # every lr the sweep needs has a row
     selected: float | None  # when complete: the reported lr (None if no lr succeeded)
+    edge: bool = False  # when complete: the best lr is alone at an edge of the grid
+
+
+def score(protocol: Protocol, row: dict[str, Any]) -> float:
+    """A successful training's validation metric, every score at or above ``stop_at``
+    counting as the same: solved."""
+    value = row[f"val_{protocol.select_metric}"]
+    return min(value, protocol.stop_at) if protocol.stop_at else value
 
 
 def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepState:
     """Where the sweep of one run stands, given its finished rows (any status)."""
-    metric = f"val_{protocol.select_metric}"
     by_lr = {lr_key(r["lr"]): r for r in rows}
     grid = sorted(lr_key(lr) for lr in protocol.lrs)
     extensions = 0
@@ -46,25 +61,30 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
         missing = tuple(lr for lr in grid if lr not in by_lr)
         if missing:
             return SweepState(missing, False, None)
-        scores = {lr: by_lr[lr][metric] for lr in grid if by_lr[lr]["status"] == "ok"}
+        scores = {lr: score(protocol, by_lr[lr]) for lr in grid if by_lr[lr]["status"] == "ok"}
         best = max(scores.values(), default=None)
         winners = [lr for lr in grid if lr in scores and scores[lr] == best]
-        if extensions < protocol.lr_extend and len(winners) == 1:
-            if winners[0] == grid[-1]:
+        alone_at = winners[0] if len(winners) == 1 else None
+        if extensions < protocol.lr_extend and alone_at is not None:
+            if alone_at == grid[-1]:
                 grid.append(lr_key(grid[-1] * grid[-1] / grid[-2]))
                 extensions += 1
                 continue
-            if winners[0] == grid[0]:
+            if alone_at == grid[0]:
                 grid.insert(0, lr_key(grid[0] * grid[0] / grid[1]))
                 extensions += 1
                 continue
-        return SweepState((), True, winners[0] if winners else None)
+        edge = alone_at is not None and alone_at in (grid[0], grid[-1])
+        # among equal scores: the fewest steps (an early stop), then the lowest lr
+        selected = min(winners, key=lambda lr: by_lr[lr].get("steps_done", 0), default=None)
+        return SweepState((), True, selected, edge)
 
 
 def mark_selected(protocol: Protocol, rows: list[dict[str, Any]]) -> bool:
-    """Set every row's ``selected`` (all False while the sweep is incomplete); return
-    whether the sweep is complete."""
+    """Set every row's ``selected`` and ``lr_edge`` (all False while the sweep is
+    incomplete); return whether the sweep is complete."""
     state = sweep_state(protocol, rows)
     for row in rows:
         row["selected"] = state.complete and lr_key(row["lr"]) == state.selected
+        row["lr_edge"] = state.complete and state.edge
     return state.complete

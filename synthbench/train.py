@@ -8,6 +8,8 @@ message), never an accuracy of 0.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 import time
 from typing import Any
@@ -16,11 +18,12 @@ import torch
 import torch.nn.functional as F
 
 from synthbench import provenance
+from synthbench.audit import Chance, chance
 from synthbench.model import Model
 from synthbench.protocols import Protocol
 from synthbench.spec import TEST_SEED, VAL_SEED, RunSpec
 from synthbench.store import RESULT_METRICS
-from synthbench.task import IGNORE, Batch, Task
+from synthbench.task import IGNORE, TASKS, Batch, Task
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW
 CURVE_POINTS = 10  # validation evaluations along training (the learning curve)
@@ -54,8 +57,17 @@ class Diverged(Exception):
     """Training produced a non-finite loss, gradient or logit."""
 
 
+def mean_and_se(per_example: torch.Tensor) -> tuple[float, float]:
+    """The mean over examples and its standard error (0 for a single example)."""
+    n = per_example.numel()
+    se = per_example.std().item() / math.sqrt(n) if n > 1 else 0.0
+    return per_example.mean().item(), se
+
+
 @torch.no_grad()
-def evaluate(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
+def evaluate(model: Model, data: Batch, batch_size: int, with_se: bool = False) -> dict[str, float]:
+    """Token accuracy and exact match (and with ``with_se`` their standard errors over the
+    examples, as ``<metric>_se``)."""
     model.eval()
     token_acc, exact = [], []
     for start in range(0, data.inputs.shape[0], batch_size):
@@ -66,14 +78,16 @@ def evaluate(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
         token_acc.append(acc)
         exact.append(em)
     model.train()
-    return {
-        "token_acc": torch.cat(token_acc).mean().item(),
-        "exact_match": torch.cat(exact).mean().item(),
-    }
+    metrics = {}
+    for name, per_example in (("token_acc", token_acc), ("exact_match", exact)):
+        metrics[name], se = mean_and_se(torch.cat(per_example))
+        if with_se:
+            metrics[f"{name}_se"] = se
+    return metrics
 
 
 @torch.no_grad()
-def free_running_token_acc(model: Model, data: Batch, batch_size: int) -> float:
+def free_running_token_acc(model: Model, data: Batch, batch_size: int) -> tuple[float, float]:
     """Token accuracy of answers generated free-running (greedy): every answer token is fed
     back to the model as the model produced it, not as the data has it.
 
@@ -81,7 +95,8 @@ def free_running_token_acc(model: Model, data: Batch, batch_size: int) -> float:
     whose fed-back token disagrees with the prediction (their prefixes are final); that token
     is replaced by the prediction and the pass repeated, for the examples that changed only.
     One pass per wrong answer, one in all for an example answered right (whose free-running
-    and teacher-forced answers coincide: so exact match is the same either way).
+    and teacher-forced answers coincide: so exact match is the same either way). Returns the
+    mean over examples and its standard error.
     """
     model.eval()
     accuracy = []
@@ -115,13 +130,24 @@ def free_running_token_acc(model: Model, data: Batch, batch_size: int) -> float:
         correct = ((predicted == targets) & answer).sum(dim=1)
         accuracy.append(correct / answer.sum(dim=1).clamp(min=1))
     model.train()
-    return torch.cat(accuracy).mean().item()
+    return mean_and_se(torch.cat(accuracy))
 
 
 def curve_points(steps: int, points: int = CURVE_POINTS) -> list[int]:
     """The optimizer steps after which the learning curve is measured: ``points`` evenly
     spaced, the last one the end of training."""
     return sorted({max(1, round(steps * k / points)) for k in range(1, points + 1)})
+
+
+@functools.lru_cache(maxsize=64)
+def _chance(task_class: type[Task], task_params: str) -> Chance:
+    return chance(task_class(**json.loads(task_params)))
+
+
+def task_chance_of(spec: RunSpec) -> Chance:
+    """The audit's chance of the run's task (computed once per task and parameters in a
+    process: every lr and seed of a task shares it)."""
+    return _chance(TASKS.get(spec.task), json.dumps(spec.task_params, sort_keys=True))
 
 
 def build_model(spec: RunSpec, *tasks: Task) -> Model:
@@ -185,12 +211,19 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
             val_metrics = evaluate(model, val, p.eval_batch_size)
             row["curve_steps"].append(step + 1)
             row["curve_val_token_acc"].append(val_metrics["token_acc"])
-    row["steps_done"] = p.steps
+            if p.stop_at and val_metrics[p.select_metric] >= p.stop_at:
+                break  # solved: the rest of the schedule would only cost time
+    row["steps_done"] = step + 1
     row["final_loss"] = sum(recent) / len(recent)
 
     # val_metrics: the last point of the curve, at the end of training
-    row.update(evaluate(model, test, p.eval_batch_size))
-    row["free_token_acc"] = free_running_token_acc(model, test, p.eval_batch_size)
+    row.update(evaluate(model, test, p.eval_batch_size, with_se=True))
+    row["free_token_acc"], row["free_token_acc_se"] = free_running_token_acc(
+        model, test, p.eval_batch_size
+    )
+    task_chance = task_chance_of(spec)
+    row["chance_token_acc"] = task_chance.token_acc
+    row["chance_exact_match"] = task_chance.exact_match
     row.update({f"val_{k}": v for k, v in val_metrics.items()})
     if long_task is not None:
         gen = torch.Generator().manual_seed(TEST_SEED)
@@ -205,7 +238,8 @@ def blank_row(spec: RunSpec, lr: float) -> dict[str, Any]:
     return {
         **spec.row_fields(),
         "lr": lr,
-        "selected": False,  # the runner sets it once the sweep is complete
+        "selected": False,  # the runner sets both once the sweep is complete
+        "lr_edge": False,
         "steps_done": 0,
         "status": "error",
         "error": None,

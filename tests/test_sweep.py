@@ -105,3 +105,65 @@ def test_mark_selected_marks_exactly_the_selected_row_once_complete():
     rows.append(row(1e-2, 0.1))
     assert mark_selected(GRID, rows)
     assert [r["selected"] for r in rows] == [False, True, False]
+
+
+# -- lr at the edge, and early stopping ----------------------------------------------------
+
+STOPPING = dataclasses.replace(GRID, stop_at=0.99, steps=1000)
+
+
+def stopped(lr, acc, steps_done):
+    return {**row(lr, acc), "steps_done": steps_done}
+
+
+def test_a_best_lr_alone_at_an_edge_is_marked_and_an_interior_one_is_not():
+    assert sweep_state(GRID, [row(1e-3, 0.2), row(3e-3, 0.4), row(1e-2, 0.9)]).edge
+    assert sweep_state(GRID, [row(1e-3, 0.9), row(3e-3, 0.4), row(1e-2, 0.2)]).edge
+    assert not sweep_state(GRID, [row(1e-3, 0.2), row(3e-3, 0.9), row(1e-2, 0.4)]).edge
+    # a plateau that reaches inside the grid: the optimum is not beyond it
+    assert not sweep_state(GRID, [row(1e-3, 0.2), row(3e-3, 0.9), row(1e-2, 0.9)]).edge
+    # a single lr cannot show that its optimum lies inside
+    single = dataclasses.replace(GRID, lrs=(1e-3,))
+    assert sweep_state(single, [row(1e-3, 0.9)]).edge
+
+
+def test_growth_that_runs_out_leaves_the_edge_marked():
+    once = dataclasses.replace(GRID, lr_extend=1)
+    (added,) = sweep_state(once, [row(1e-3, 0.1), row(3e-3, 0.2), row(1e-2, 0.3)]).pending
+    rows = [row(1e-3, 0.1), row(3e-3, 0.2), row(1e-2, 0.3), row(added, 0.4)]
+    state = sweep_state(once, rows)
+    assert state.complete and state.selected == added and state.edge
+    rows[-1] = row(added, 0.25)  # the added lr is worse: 1e-2 is now interior
+    state = sweep_state(once, rows)
+    assert state.selected == 1e-2 and not state.edge
+
+
+def test_every_lr_that_reached_stop_at_solved_and_the_fastest_is_selected():
+    rows = [stopped(1e-3, 0.992, 700), stopped(3e-3, 1.0, 400), stopped(1e-2, 0.995, 300)]
+    state = sweep_state(STOPPING, rows)
+    assert state.selected == 1e-2  # 1.0 at 400 steps is no better than 0.995 at 300
+    assert not state.edge  # every lr solved: a plateau, nothing to gain beyond the grid
+    rows[2] = stopped(1e-2, 0.995, 400)  # the same step: a tie, the lowest lr
+    assert sweep_state(STOPPING, rows).selected == 3e-3
+
+
+def test_a_solve_alone_at_the_edge_grows_the_grid():
+    rows = [stopped(1e-3, 0.6, 1000), stopped(3e-3, 0.9, 1000), stopped(1e-2, 0.995, 500)]
+    state = sweep_state(dataclasses.replace(STOPPING, lr_extend=1), rows)
+    assert not state.complete and len(state.pending) == 1 and state.pending[0] > 1e-2
+
+
+def test_below_stop_at_the_validation_score_decides_not_the_steps():
+    rows = [stopped(1e-3, 0.97, 1000), stopped(3e-3, 0.98, 1000), stopped(1e-2, 0.99, 900)]
+    assert sweep_state(STOPPING, rows).selected == 1e-2
+    rows[2] = stopped(1e-2, 0.5, 1000)
+    assert sweep_state(STOPPING, rows).selected == 3e-3
+
+
+def test_mark_selected_marks_the_edge_on_every_row_once_complete():
+    rows = [row(1e-3, 0.2), row(3e-3, 0.4)]
+    assert not mark_selected(GRID, rows)
+    assert [r["lr_edge"] for r in rows] == [False, False]
+    rows.append(row(1e-2, 0.9))
+    assert mark_selected(GRID, rows)
+    assert [r["lr_edge"] for r in rows] == [True, True, True]

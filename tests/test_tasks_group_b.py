@@ -83,8 +83,46 @@ def test_running_parity_answers_follow_the_bits_not_the_answers_before():
     assert task.solve(inputs).tolist() == [[IGNORE] * 3 + [1, 0]]
 
 
-def test_addition_layout():
+def _digits_of(value: int, width: int) -> list[int]:
+    """``value`` as ``width`` decimal digits, least significant first."""
+    return [int(ch) for ch in reversed(f"{value:0{width}d}")]
+
+
+def _number(digits: list[int]) -> int:
+    return int("".join(map(str, reversed(digits))))
+
+
+def test_addition_streamed_layout():
     task = TASKS.get("addition")(digits=4)
+    assert task.vocab_size == 21 and task.seq_len == 12
+    assert task.target_metric == "free_token_acc"
+    for row, target in rows(task):
+        full = row + [target[-1]]
+        a, b, totals = full[0:4], full[5::2], full[6::2]
+        assert full[4] == task.plus == 20 and all(0 <= t <= 9 for t in a + b)
+        # column j's total: the digits' sum plus whether the lower columns overflow
+        mod = [10**j for j in range(4)]
+        carries = [int(_number(a) % m + _number(b) % m >= m) for m in mod]
+        assert totals == [a[j] + b[j] + carries[j] for j in range(4)]
+        # the totals hold the sum: its digits mod 10, its top digit the last carry
+        assert [t % 10 for t in totals] + [totals[-1] // 10] == _digits_of(
+            _number(a) + _number(b), 5
+        )
+        assert answered(target) == {4 + 2 * j + 1: totals[j] for j in range(4)}  # read at b_j
+    assert [task.token_name(t) for t in (0, 19, 20)] == ["0", "19", "+"]
+
+
+def test_addition_streamed_totals_carry_from_the_total_read_back():
+    task = TASKS.get("addition")(digits=3)
+    # a = 5 9 1, b = 7 0 .. read back with totals 12 and (a wrong) 3
+    inputs = torch.tensor([[5, 9, 1, 20, 7, 12, 0, 3, 4]])
+    # 5 + 7 = 12; 9 + 0 + carry(12) = 10; 1 + 4 + carry(3) = 5
+    assert task.solve(inputs)[0].tolist() == [IGNORE] * 4 + [12, IGNORE, 10, IGNORE, 5]
+
+
+def test_addition_one_answer_per_digit_layout():
+    """streamed=False: suite v1's layout, the carries left to the model."""
+    task = TASKS.get("addition")(digits=4, streamed=False)
     assert task.vocab_size == 12 and task.seq_len == 14
     for row, target in rows(task):
         a, b = row[0:4], row[5:9]
@@ -98,7 +136,7 @@ def test_addition_layout():
 
 
 def test_addition_carries_through_a_chain_of_nines():
-    task = TASKS.get("addition")(digits=5)
+    task = TASKS.get("addition")(digits=5, streamed=False)
     inputs = torch.tensor([[1, 9, 9, 9, 9, 10, 9, 0, 0, 0, 0, 11, 0, 0, 0, 0, 0]])
     # 99991 + 9 = 100000, least significant first 0 0 0 0 0 1
     assert task.solve(inputs)[0, 11:].tolist() == [0, 0, 0, 0, 0, 1]
@@ -249,10 +287,11 @@ def test_parity_property(n, dense, seed):
 
 
 @settings(max_examples=20, deadline=None)
-@given(digits=st.integers(1, 30), seed=seeds)
-def test_addition_property(digits, seed):
-    task = check("addition", {"digits": digits}, seed, digits + 1)
-    assert task.seq_len == 3 * digits + 2
+@given(digits=st.integers(1, 30), streamed=st.booleans(), seed=seeds)
+def test_addition_property(digits, streamed, seed):
+    params = {"digits": digits, "streamed": streamed}
+    task = check("addition", params, seed, digits if streamed else digits + 1)
+    assert task.seq_len == (3 * digits if streamed else 3 * digits + 2)
 
 
 @settings(max_examples=20, deadline=None)

@@ -248,7 +248,12 @@ def run_line(spec: RunSpec, rows: list[dict[str, Any]]) -> str:
     long = ""
     if best.get("long_token_acc") is not None:
         long = f"  at {spec.eval_length_mult:g}x length {best['long_token_acc']:.3f}"
+    target = best.get("target_metric") or "token_acc"
+    free = f"  free-running {best['free_token_acc']:.3f}" if target == "free_token_acc" else ""
+    # the best lr alone at the grid's edge: its optimum may lie beyond the grid
+    edge = " (edge)" if best.get("lr_edge") and len(rows) > 1 else ""
+    stopped = f" at step {best['steps_done']}" if best["steps_done"] < spec.protocol.steps else ""
     return (
-        f"[green]ok[/] {head}  lr {best['lr']:g}  token_acc {best['token_acc']:.3f}  "
-        f"exact {best['exact_match']:.3f}{long}  ({seconds:.1f}s)"
+        f"[green]ok[/] {head}  lr {best['lr']:g}{edge}{stopped}  token_acc "
+        f"{best['token_acc']:.3f}{free}  exact {best['exact_match']:.3f}{long}  ({seconds:.1f}s)"
     )
