@@ -22,6 +22,7 @@ class Published:
     protocol: str  # our protocol that mirrors the published setup
     source: str
     n_seeds: int
+    metric: str = "token_acc"  # ours is compared on this metric, whatever the report's
 
 
 PUBLISHED = {
@@ -45,7 +46,8 @@ def published(name: str) -> pd.DataFrame:
 
 def comparison_grid(tables: ReportTables, name: str) -> Grid:
     """Rows: the tasks of both, by category; per published mechanism three columns: ours
-    (mean ± std), the published value and the difference ours - published."""
+    (mean ± std), the published value and the difference ours - published. ``tables`` must
+    be of the published metric (``PUBLISHED[name].metric``)."""
     info, paper = PUBLISHED[name], published(name)
     mechanisms = list(dict.fromkeys(paper["mechanism"]))
     ours = {

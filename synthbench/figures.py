@@ -1,5 +1,5 @@
 """Report figures (matplotlib, no display needed): a task x mechanism heatmap, category bars
-with error bars over seeds, and accuracy against evaluation length."""
+with error bars over seeds, accuracy against evaluation length, and learning curves."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from synthbench.report import Grid, Stat  # noqa: E402
+from synthbench.curves import THRESHOLD  # noqa: E402
+from synthbench.report import Grid, Stat, sort_tasks  # noqa: E402
 
 
 def _save(fig, stem: Path, suffixes: list[str]) -> list[Path]:
@@ -30,9 +31,12 @@ def _save(fig, stem: Path, suffixes: list[str]) -> list[Path]:
 CHAR_INCHES = 0.065  # the width of a character of the 8-point tick labels, about
 
 
-def heatmap(full: Grid, title: str, stem: Path, suffixes: list[str]) -> list[Path]:
+def heatmap(
+    full: Grid, title: str, stem: Path, suffixes: list[str], label: str = "accuracy"
+) -> list[Path]:
     """Tasks (grouped by category) x mechanisms, colour and text the seed mean; a missing
-    cell is grey with ``--``, never drawn as 0."""
+    cell is grey with ``--``, never drawn as 0. The colours span [0, 1] (``label`` names the
+    colour bar): a chance-normalised score below 0 takes the colour of 0, its text says."""
     means = np.array(
         [[v.mean if isinstance(v, Stat) else np.nan for v in row] for row in full.cells]
     )
@@ -65,13 +69,16 @@ def heatmap(full: Grid, title: str, stem: Path, suffixes: list[str]) -> list[Pat
     for i in range(1, n_tasks):  # a line between categories
         if categories[i] != categories[i - 1]:
             ax.axhline(i - 0.5, color="white", linewidth=2)
-    fig.colorbar(image, cax=bar)
+    fig.colorbar(image, cax=bar).set_label(label, fontsize=8)
     ax.set_title(title, fontsize=9)
     return _save(fig, stem, suffixes)
 
 
-def category_bars(summary: list[Grid], title: str, stem: Path, suffixes: list[str]) -> list[Path]:
-    """Category averages, one bar per mechanism, error bars one std over seeds."""
+def category_bars(
+    summary: list[Grid], title: str, stem: Path, suffixes: list[str], label: str = "accuracy"
+) -> list[Path]:
+    """Category averages, one bar per mechanism, error bars one std over seeds; ``label``
+    names the y axis."""
     columns = [c for grid in summary for c in grid.columns if c != "average"]
     mechanisms = [m for (m,) in summary[0].rows] if summary else []
     stats: dict[tuple[str, str], Stat] = {}
@@ -94,8 +101,12 @@ def category_bars(summary: list[Grid], title: str, stem: Path, suffixes: list[st
         offset = (k - (len(mechanisms) - 1) / 2) * width
         ax.bar(x + offset, mean, width, yerr=std, label=m, capsize=2, color=colours(k % colours.N))
     ax.set_xticks(x, columns, fontsize=8)
-    ax.set_ylim(0, 1.05)
-    ax.set_ylabel("mean accuracy")
+    # a chance-normalised average may fall below 0 (worse than chance): keep it in view
+    lowest = min((s.mean - s.std for s in stats.values()), default=0.0)
+    ax.set_ylim(min(0.0, lowest - 0.05), 1.05)
+    if lowest < 0:
+        ax.axhline(0, color="black", linewidth=0.6)
+    ax.set_ylabel(f"mean {label}", fontsize=8)
     fig.legend(fontsize=7, ncol=ncol, loc="lower center")
     ax.set_title(title, fontsize=9)
     return _save(fig, stem, suffixes)
@@ -146,6 +157,62 @@ def length_curves(points: pd.DataFrame, title: str, stem: Path, suffixes: list[s
         fontsize=7,
         loc="outside lower center",
         ncol=min(5, max(1, len(legend))),
+    )
+    fig.suptitle(title, fontsize=9)
+    return _save(fig, stem, suffixes)
+
+
+def learning_curves(curves: pd.DataFrame, title: str, stem: Path, suffixes: list[str]):
+    """``curves``: category, task, mechanism, step, mean (``curves.mean_curves``). One small
+    panel per task, in the tables' order, validation accuracy against step, one line per
+    mechanism in the same colour in every panel, the 0.9 level dotted."""
+    order = sort_tasks(curves)
+    tasks = [t for _, t in order]
+    category = dict((t, c) for c, t in order)
+    mechanisms = sorted(curves["mechanism"].unique())
+    colours = plt.get_cmap("tab10" if len(mechanisms) <= 10 else "tab20")
+    colour = {m: colours(i % colours.N) for i, m in enumerate(mechanisms)}
+    columns = min(4, len(tasks))
+    rows = -(-len(tasks) // columns)
+    legend_rows = -(-len(mechanisms) // min(6, len(mechanisms)))
+    fig, axes = plt.subplots(
+        rows,
+        columns,
+        figsize=(2.6 * columns, 0.5 + 0.25 * legend_rows + 1.9 * rows),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+        layout="constrained",
+    )
+    for ax, task in zip(axes.flat, tasks, strict=False):
+        part = curves[curves["task"] == task]
+        ax.axhline(THRESHOLD, color="grey", linestyle=":", linewidth=0.8)
+        for mechanism, line in part.groupby("mechanism"):
+            line = line.sort_values("step")
+            ax.plot(
+                line["step"], line["mean"], color=colour[mechanism], linewidth=1.2, label=mechanism
+            )
+        ax.set_title(f"{task}  ({category[task]})", fontsize=8, pad=2)
+        ax.tick_params(labelsize=7)
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # steps
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3, linewidth=0.5)
+    for i, ax in enumerate(axes.flat):
+        if i >= len(tasks):  # an empty panel: the one above it carries the step axis
+            ax.axis("off")
+            ax = axes.flat[i - columns]
+            ax.xaxis.set_tick_params(labelbottom=True)
+        if i >= len(tasks) or i >= len(tasks) - columns:
+            ax.set_xlabel("step", fontsize=7)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("val. accuracy", fontsize=7)
+    handles = [plt.Line2D([], [], color=colour[m], linewidth=1.5) for m in mechanisms]
+    fig.legend(
+        handles,
+        mechanisms,
+        fontsize=7,
+        loc="outside lower center",
+        ncol=min(6, len(mechanisms)),
     )
     fig.suptitle(title, fontsize=9)
     return _save(fig, stem, suffixes)

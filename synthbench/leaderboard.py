@@ -1,15 +1,20 @@
-"""The leaderboard: mechanisms ranked by their mean category score, with a bootstrap 95%
-confidence interval over seeds and a mark where two neighbours are not told apart.
+"""The leaderboard: mechanisms ranked by their mean category score, with a Student-t 95%
+interval over seeds and a mark where two neighbours are not told apart.
 
 A mechanism's score is the mean over categories of the mean over the category's tasks of
-its seed-mean accuracy, so every category weighs the same whatever its number of tasks.
-The bootstrap redraws each task's seeds with replacement; the draw is shared by all
-mechanisms (seed s is the same data stream and initialisation seed for every mechanism),
-so the difference between two neighbours is a paired comparison.
+its seed-mean score (chance-normalised where the metric has a chance: ``report.score_note``),
+so every category weighs the same whatever its number of tasks.
+
+Seed s is the same data stream and initialisation seed for every mechanism, so the score
+of one seed (the same mean over categories of that seed's task scores) is comparable across
+mechanisms. The interval is the t-interval of the per-seed scores; the ≈ mark is the paired
+t-interval of two neighbours' per-seed score differences. A bootstrap over 3 seeds, the
+usual count, has only 10 distinct resamples: too few to draw a 95% interval from.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import date
 
@@ -17,10 +22,50 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
+from synthbench.report import score_note
 from synthbench.task import CATEGORIES
 
-N_BOOTSTRAP = 2000
 CONFIDENCE = 0.95
+
+
+def _t_within(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with ``df`` (a positive integer) degrees of freedom, in
+    closed form (Abramowitz and Stegun 26.7.3 and 26.7.4): no scipy needed."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2.4/3.5 cos^4 + ...))
+        term = total = 1.0
+        for k in range(3, df - 1, 2):
+            term *= c2 * (k - 1) / k
+            total += term
+        series = math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0
+        return 2 / math.pi * (theta + series)
+    term = total = 1.0  # even: sin (1 + 1/2 cos^2 + 1.3/2.4 cos^4 + ...)
+    for k in range(2, df - 1, 2):
+        term *= c2 * (k - 1) / k
+        total += term
+    return math.sin(theta) * total
+
+
+def t_critical(df: int, confidence: float = CONFIDENCE) -> float:
+    """The two-sided critical value of Student's t: P(|T| <= t) = ``confidence`` (12.706
+    for df 1, 4.303 for 2, 2.262 for 9 at 95%), by bisection on the closed form."""
+    low, high = 0.0, 1.0
+    while _t_within(high, df) < confidence:
+        high *= 2
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if _t_within(middle, df) < confidence else (low, middle)
+    return (low + high) / 2
+
+
+def t_half_width(values, confidence: float = CONFIDENCE) -> float:
+    """Half the width of the t-interval of the mean of ``values`` (NaN below 2 values)."""
+    values = np.asarray(values, float)
+    n = len(values)
+    if n < 2:
+        return np.nan
+    return t_critical(n - 1, confidence) * float(values.std(ddof=1)) / math.sqrt(n)
 
 
 @dataclass
@@ -30,22 +75,15 @@ class Leaderboard:
     metric: str
     n_seeds: int  # the most seeds any (task, mechanism) has
     categories: list[str]  # the categories present, in the suite's order
-    tasks: pd.DataFrame  # (category, task) index, mechanism columns: seed-mean or NaN
+    tasks: pd.DataFrame  # (category, task) index, mechanism columns: seed-mean score or NaN
     # one row per mechanism, in rank order: rank (None for incomplete ones), mechanism,
-    # score, ci_low, ci_high, same_as_next (not significantly above the next one),
-    # n_tasks, complete, then one column per category with its mean
+    # score, ci_low, ci_high (NaN below 2 seeds), ci_seeds (the seeds the interval is over),
+    # same_as_next (not significantly above the next one), n_tasks, complete, then one
+    # column per category with its mean
     table: pd.DataFrame
+    # seed index, mechanism columns: the per-seed score (NaN where the seed lacks a task)
+    per_seed: pd.DataFrame
     generated: str = field(default_factory=lambda: date.today().isoformat())
-
-
-def _seed_values(runs: pd.DataFrame, tasks: list[tuple[str, str]], mechanism: str):
-    """Per task, the mechanism's values sorted by seed (an empty array if it has none)."""
-    mine = runs[runs["mechanism"] == mechanism]
-    grouped = {
-        key: part.sort_values("seed")["value"].to_numpy()
-        for key, part in mine.groupby(["category", "task"])
-    }
-    return [grouped.get(key, np.array([])) for key in tasks]
 
 
 def _category_scores(task_means: np.ndarray, task_categories: list[str], categories: list[str]):
@@ -60,16 +98,20 @@ def _category_scores(task_means: np.ndarray, task_categories: list[str], categor
     return per_category, per_category.mean(-1)
 
 
-def build(
-    runs: pd.DataFrame,
-    protocol: str,
-    protocol_version: int,
-    metric: str,
-    n_bootstrap: int = N_BOOTSTRAP,
-    seed: int = 0,
-) -> Leaderboard:
+def same_as_next(upper: pd.Series, lower: pd.Series) -> bool:
+    """Whether ``upper`` is not significantly above ``lower`` (per-seed scores, indexed by
+    seed): the paired t-interval of their differences over the seeds both have reaches 0,
+    or they share fewer than 2 seeds (nothing can be told then)."""
+    differences = (upper - lower).dropna()
+    if len(differences) < 2:
+        return True
+    return bool(differences.mean() - t_half_width(differences) <= 0)
+
+
+def build(runs: pd.DataFrame, protocol: str, protocol_version: int, metric: str) -> Leaderboard:
     """``runs``: one row per successful run of one protocol version, with columns category,
-    task, mechanism, seed and value (the metric)."""
+    task, mechanism, seed and score (``report.selected_runs``). A run whose score is NaN (no
+    known chance) counts as missing: its mechanism is listed, not ranked."""
     order = {c: i for i, c in enumerate(CATEGORIES)}
     tasks = sorted(
         set(zip(runs["category"], runs["task"], strict=True)),
@@ -78,46 +120,35 @@ def build(
     task_categories = [c for c, _ in tasks]
     categories = sorted(set(task_categories), key=lambda c: order.get(c, 99))
     mechanisms = sorted(runs["mechanism"].unique())
-    values = {m: _seed_values(runs, tasks, m) for m in mechanisms}
+    # per mechanism, seeds x tasks; a task it lacks is a column of NaN
+    scored = runs.dropna(subset=["score"])
+    columns = pd.MultiIndex.from_tuples(tasks, names=["category", "task"])
+    by_mechanism = {
+        m: part.pivot_table(index="seed", columns=["category", "task"], values="score")
+        for m, part in scored.groupby("mechanism")
+    }
 
-    means = pd.DataFrame(
-        {m: [v.mean() if len(v) else np.nan for v in values[m]] for m in mechanisms},
-        index=pd.MultiIndex.from_tuples(tasks, names=["category", "task"]),
-    )
-    complete = [m for m in mechanisms if all(len(v) for v in values[m])]
-
-    # the bootstrap: per task, one draw of seed positions shared by every mechanism that has
-    # that many seeds (the common case); a mechanism with another count gets its own draw
-    rng = np.random.default_rng(seed)
-    draws: dict[tuple[int, int], np.ndarray] = {}
-
-    def draw(task_index: int, n: int) -> np.ndarray:
-        if (task_index, n) not in draws:
-            draws[task_index, n] = rng.integers(0, n, size=(n_bootstrap, n))
-        return draws[task_index, n]
-
-    replicates = {}
-    for m in complete:
-        boot_means = np.stack(
-            [v[draw(i, len(v))].mean(-1) for i, v in enumerate(values[m])], axis=-1
-        )  # (n_bootstrap, tasks)
-        replicates[m] = _category_scores(boot_means, task_categories, categories)[1]
-
-    rows = []
+    means, per_seed, rows = {}, {}, []
     for m in mechanisms:
-        per_category, score = _category_scores(means[m].to_numpy(), task_categories, categories)
-        low = high = np.nan
-        if m in replicates:
-            tail = (1 - CONFIDENCE) / 2 * 100
-            low, high = np.percentile(replicates[m], [tail, 100 - tail])
+        mine = by_mechanism.get(m, pd.DataFrame()).reindex(columns=columns)
+        means[m] = mine.mean(axis=0).to_numpy()
+        complete = bool(len(mine)) and not np.isnan(means[m]).any()
+        # the seeds with a score on every task
+        full = mine.dropna()
+        seed_scores = _category_scores(full.to_numpy(), task_categories, categories)[1]
+        per_seed[m] = pd.Series(seed_scores, index=full.index, dtype=float)
+        per_category, score = _category_scores(means[m], task_categories, categories)
+        # centred on the score; the spread is that of the per-seed scores
+        half = t_half_width(per_seed[m]) if complete else np.nan
         rows.append(
             {
                 "mechanism": m,
-                "score": float(score) if m in replicates else np.nan,
-                "ci_low": float(low),
-                "ci_high": float(high),
-                "n_tasks": int(sum(len(v) > 0 for v in values[m])),
-                "complete": m in replicates,
+                "score": float(score) if complete else np.nan,
+                "ci_low": float(score - half) if complete else np.nan,
+                "ci_high": float(score + half) if complete else np.nan,
+                "ci_seeds": len(per_seed[m]),
+                "n_tasks": int((~np.isnan(means[m])).sum()),
+                "complete": complete,
                 **{c: float(s) for c, s in zip(categories, per_category, strict=True)},
             }
         )
@@ -129,19 +160,51 @@ def build(
     table.insert(0, "rank", pd.array(ranks, dtype="Int64"))
     table["same_as_next"] = False
     ranked = table[table["complete"]]["mechanism"].tolist()
-    tail = (1 - CONFIDENCE) / 2 * 100
     for i, (upper, lower) in enumerate(zip(ranked, ranked[1:], strict=False)):
-        difference = replicates[upper] - replicates[lower]
-        # not significant when the interval of the paired difference reaches 0
-        table.loc[i, "same_as_next"] = bool(np.percentile(difference, tail) <= 0)
+        table.loc[i, "same_as_next"] = same_as_next(per_seed[upper], per_seed[lower])
     n_seeds = int(runs.groupby(["category", "task", "mechanism"]).size().max())
-    return Leaderboard(protocol, protocol_version, metric, n_seeds, categories, means, table)
+    return Leaderboard(
+        protocol,
+        protocol_version,
+        metric,
+        n_seeds,
+        categories,
+        pd.DataFrame(means, index=columns),
+        table,
+        pd.DataFrame(per_seed).sort_index(),
+    )
 
 
 def _interval(row) -> str:
     if not row["complete"]:
         return "--"
+    if pd.isna(row["ci_low"]):
+        return f"{row['score']:.3f}"
     return f"{row['score']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+
+
+def notes(board: Leaderboard) -> list[str]:
+    """The footnotes of the ranking, as sentences (the Markdown's; the page says the same)."""
+    notes = [
+        f"Protocol {board.protocol} v{board.protocol_version}, {board.metric} on the test set, "
+        f"up to {board.n_seeds} seeds; generated {board.generated}.",
+        "Score: mean over categories of the mean over their tasks of the seed-mean score; "
+        "the category columns are those means. " + score_note(board.metric),
+        f"Interval: {CONFIDENCE:.0%} Student-t over seeds: score ± t(n-1) · sd / √n, sd the "
+        "standard deviation of the per-seed scores (seed s: the same data and initialisation "
+        "for every mechanism), n the seeds with a run on every task.",
+        "≈: not significantly above the next mechanism: the paired "
+        f"{CONFIDENCE:.0%} t-interval of their per-seed score differences reaches 0 (or they "
+        "share fewer than 2 seeds).",
+    ]
+    if not board.table["complete"].all():
+        notes.append(
+            "Unranked: a mechanism without a score on every task (no successful run, or no "
+            "known chance to normalise by)."
+        )
+    if board.n_seeds < 2:
+        notes.append("One seed: no interval, and no two mechanisms can be told apart (≈).")
+    return notes
 
 
 def to_markdown(board: Leaderboard) -> str:
@@ -156,19 +219,8 @@ def to_markdown(board: Leaderboard) -> str:
         body.append([rank, row["mechanism"] + tie, _interval(row), *cells, tasks])
     text = tabulate(
         body,
-        headers=["rank", "mechanism", "score [95% CI]", *board.categories, "tasks"],
+        headers=["rank", "mechanism", f"score [{CONFIDENCE:.0%} CI]", *board.categories, "tasks"],
         tablefmt="pipe",
         disable_numparse=True,
     )
-    notes = [
-        f"Protocol {board.protocol} v{board.protocol_version}, {board.metric} on the test set, "
-        f"up to {board.n_seeds} seeds; generated {board.generated}.",
-        "Score: mean over categories of the mean over their tasks of the seed-mean. "
-        f"Interval: {CONFIDENCE:.0%} bootstrap over seeds.",
-        "≈: not significantly above the next mechanism (paired bootstrap of the difference).",
-    ]
-    if not board.table["complete"].all():
-        notes.append("Unranked: a mechanism without a successful run on every task.")
-    if board.n_seeds < 2:
-        notes.append("One seed: the intervals have no width and say nothing.")
-    return text + "\n\n" + "\n".join(f"- {n}" for n in notes) + "\n"
+    return text + "\n\n" + "\n".join(f"- {n}" for n in notes(board)) + "\n"

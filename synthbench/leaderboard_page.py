@@ -19,6 +19,7 @@ import math
 import pandas as pd
 
 from synthbench.leaderboard import CONFIDENCE, Leaderboard
+from synthbench.report import score_note
 
 _CSS = """
 :root {
@@ -83,7 +84,8 @@ _JS = """
   var byId = function (id) { return document.getElementById(id); };
   var missing = function (v) { return v === null || v === undefined; };
   var fmt = function (v) { return missing(v) ? "--" : v.toFixed(3); };
-  var TIE = "not significantly above the next-ranked mechanism (paired bootstrap)";
+  var TIE = "not significantly above the next-ranked mechanism (paired t-interval of " +
+    "the per-seed score differences)";
 
   function el(tag, text, cls) {
     var node = document.createElement(tag);
@@ -99,7 +101,7 @@ _JS = """
       { key: "mechanism", label: "mechanism", num: false, first: "asc",
         get: function (r) { return r.mechanism; } },
       { key: "score", label: "score [95% CI]", num: true, first: "desc", best: true,
-        title: "mean over categories, with its bootstrap 95% interval",
+        title: "mean over categories, with its Student-t 95% interval over seeds",
         get: function (r) { return r.score; } }
     ];
     board.categories.forEach(function (c, i) {
@@ -110,7 +112,8 @@ _JS = """
       board.tasks.forEach(function (t, j) {
         if (t[0] !== c) return;
         cols.push({ key: "task:" + c + "/" + t[1], label: t[1], num: true, first: "desc",
-          best: true, cls: "task-col", category: c, title: c + " / " + t[1] + ": seed-mean",
+          best: true, cls: "task-col", category: c,
+          title: c + " / " + t[1] + ": seed-mean score",
           get: function (r) { return r.tasks[j]; } });
       });
     });
@@ -188,7 +191,7 @@ _JS = """
       }
     } else if (col.key === "rank") {
       td.textContent = missing(v) ? "--" : String(v);
-      if (missing(v)) td.title = "unranked: no successful run on every task";
+      if (missing(v)) td.title = "unranked: no score on every task";
     } else if (col.key === "n_tasks") {
       td.textContent = v + "/" + board.tasks.length;
     } else {
@@ -224,6 +227,7 @@ _JS = """
     document.querySelectorAll(".metric-name").forEach(function (n) {
       n.textContent = board.metric;
     });
+    byId("score-note").textContent = board.score_note;
     var ranked = board.rows.filter(function (r) { return r.complete; }).length;
     byId("counts").textContent = ranked + " of " + board.rows.length + " mechanisms ranked on " +
       board.tasks.length + " tasks in " + board.categories.length + " categories";
@@ -315,6 +319,7 @@ def _board_data(board: Leaderboard) -> dict:
         "protocol": str(board.protocol),
         "protocol_version": int(board.protocol_version),
         "metric": str(board.metric),
+        "score_note": score_note(board.metric),
         "n_seeds": int(board.n_seeds),
         "generated": str(board.generated),
         "categories": [str(c) for c in board.categories],
@@ -382,16 +387,21 @@ style-src 'unsafe-inline'; script-src 'unsafe-inline'">
 <h2>How to read this</h2>
 <ul>
 <li><b>Score</b>: the mean over categories of the mean over the category's tasks of the
-seed-mean <span class="metric-name">{e(first.metric)}</span>, so every category weighs the
-same whatever its number of tasks.</li>
-<li><b>[low, high]</b>: the {confidence} confidence interval of the score, a bootstrap over
-seeds (each task's seeds redrawn with replacement).</li>
+seed-mean score of <span class="metric-name">{e(first.metric)}</span>, so every category
+weighs the same whatever its number of tasks; the category and task columns are those
+means. <span id="score-note">{e(score_note(first.metric))}</span></li>
+<li><b>[low, high]</b>: the {confidence} Student-t interval over seeds: score &plusmn;
+t(n-1) &middot; sd / &radic;n, sd the standard deviation of the per-seed scores (seed s is
+the same data and initialisation for every mechanism), n the seeds with a run on every
+task.</li>
 <li><b>&asymp;</b> after a name: not significantly above the next-ranked mechanism (the
-paired bootstrap interval of their difference reaches 0).</li>
-<li id="note-unranked" hidden><b>Unranked</b> (rank --): no successful run on every task;
-a missing value is shown as --, never as 0.</li>
-<li id="note-one-seed" hidden><b>One seed</b>: the intervals have no width and say
-nothing.</li>
+paired {confidence} t-interval of their per-seed score differences reaches 0, or they share
+fewer than 2 seeds).</li>
+<li id="note-unranked" hidden><b>Unranked</b> (rank --): no score on every task (no
+successful run, or no known chance to normalise by); a missing value is shown as --, never
+as 0.</li>
+<li id="note-one-seed" hidden><b>One seed</b>: no interval, and no two mechanisms can be
+told apart (&asymp;).</li>
 <li>Click a column header to sort by it, again to reverse; missing values always sort
 last. <b>Bold</b>: the best value of a column.</li>
 </ul>

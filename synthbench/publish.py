@@ -4,12 +4,16 @@
     <out>/<protocol>/<metric>/full.{md,tex}          tasks by category x mechanisms
     <out>/<protocol>/<metric>/summary.{md,tex}       category averages, core and higher-level
     <out>/<protocol>/<metric>/category-<name>.{md,tex}
+    <out>/<protocol>/<metric>/curves.{md,tex}        steps to 0.9 and learning-curve area
     <out>/<protocol>/<metric>/tables.tex             a standalone document with all of them
-    <out>/<protocol>/<metric>/heatmap.{png,pdf}, categories.{png,pdf}, length.{png,pdf}
+    <out>/<protocol>/<metric>/heatmap.{png,pdf}, categories.{png,pdf}, curves.{png,pdf},
+                                                     length.{png,pdf}
     <out>/<protocol>/<metric>/compare-<name>.{md,tex} with --compare
+    <out>/<protocol>/separation.{md,tex}             which pairs each task tells apart (always
+                                                     on the target metric)
 
-Nothing there is edited by hand. A metric other than token_acc names its leaderboard
-``leaderboard-<metric>``.
+Nothing there is edited by hand. A metric other than the default (target) names its
+leaderboard ``leaderboard-<metric>``.
 """
 
 from __future__ import annotations
@@ -18,13 +22,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from synthbench import leaderboard
+from synthbench import curves, leaderboard, separation
 from synthbench.compare import PUBLISHED, comparison_grid
 from synthbench.report import (
+    CHANCE_COLUMN,
+    DEFAULT_METRIC,
     Grid,
     ReportTables,
     build_tables,
     latex_document,
+    length_metric,
     length_points,
     to_latex,
     to_markdown,
@@ -50,25 +57,38 @@ def _write_grids(folder: Path, stem: str, grids: list[Grid], formats, written) -
         _write(folder / f"{stem}.tex", "\n\\bigskip\n\n".join(to_latex(g) for g in grids), written)
 
 
-def _figures(tables: ReportTables, rows: pd.DataFrame, folder: Path, suffixes, written) -> None:
+def _figures(
+    tables: ReportTables, rows: pd.DataFrame, runs: pd.DataFrame, folder: Path, suffixes, written
+) -> None:
+    """The figures of one protocol: ``rows`` its stored rows, ``runs`` its ``run_curves``."""
     from synthbench import figures  # matplotlib is imported only when a figure is asked for
 
-    title = f"{tables.metric}, protocol {tables.protocol} v{tables.protocol_version}"
-    title += f", mean over {tables.n_seeds} seed(s)"
-    written += figures.heatmap(tables.full, title, folder / "heatmap", suffixes)
+    where = f"protocol {tables.protocol} v{tables.protocol_version}"
+    seeds = f"mean over {tables.n_seeds} seed(s)"
+    normalised = tables.metric in CHANCE_COLUMN
+    score = f"chance-normalised {tables.metric}" if normalised else tables.metric
+    label = "(accuracy - chance) / (1 - chance)" if normalised else tables.metric
+    title = f"{score}, {where}, {seeds}"
+    written += figures.heatmap(tables.heat, title, folder / "heatmap", suffixes, label)
     if tables.summary:
-        written += figures.category_bars(tables.summary, title, folder / "categories", suffixes)
-    mine = rows[(rows["protocol"] == tables.protocol)]
-    if "eval_length_mult" in mine and mine["eval_length_mult"].notna().any():
-        points = length_points(mine, tables.metric)
+        stem = folder / "categories"
+        written += figures.category_bars(tables.summary, title, stem, suffixes, label)
+    if len(runs):
+        title = f"validation token accuracy, {where}, mean over seeds at each run's selected lr"
+        written += figures.learning_curves(
+            curves.mean_curves(runs), title, folder / "curves", suffixes
+        )
+    if "eval_length_mult" in rows and rows["eval_length_mult"].notna().any():
+        points = length_points(rows, tables.metric)
         if not points.empty:
+            title = f"{length_metric(tables.metric)}, {where}, {seeds}"
             written += figures.length_curves(points, title, folder / "length", suffixes)
 
 
 def write_reports(
     rows: pd.DataFrame,
     out: Path,
-    metric: str = "token_acc",
+    metric: str = DEFAULT_METRIC,
     formats: tuple[str, ...] = FORMATS,
     compare: str | None = None,
 ) -> list[Path]:
@@ -89,26 +109,44 @@ def write_reports(
         )
     written: list[Path] = []
     boards = []
+    separated = separation.separation(rows) if {"md", "tex"} & set(formats) else None
+    # over every protocol at once, so that variants are named as in the tables
+    all_curves = curves.run_curves(rows)
     for tables in all_tables:
+        mine = rows[rows["protocol"] == tables.protocol]
         folder = out / tables.protocol / metric
         _write_grids(folder, "full", [tables.full], formats, written)
         _write_grids(folder, "summary", tables.summary, formats, written)
         for category, grid in tables.categories.items():
             _write_grids(folder, f"category-{_slug(category)}", [grid], formats, written)
         grids = [tables.full, *tables.summary, *tables.categories.values()]
+        runs = all_curves[all_curves["protocol"] == tables.protocol]
+        if len(runs):
+            curve_grids = curves.curve_grids(runs, tables.protocol, tables.protocol_version)
+            _write_grids(folder, "curves", curve_grids, formats, written)
+            grids += curve_grids
         if compare is not None and tables.protocol == PUBLISHED[compare].protocol:
-            grid = comparison_grid(tables, compare)
+            # on the paper's metric (teacher-forced token accuracy), whatever the report's
+            paper_metric = PUBLISHED[compare].metric
+            ours = tables
+            if tables.metric != paper_metric:
+                (ours,) = build_tables(rows[rows["protocol"] == tables.protocol], paper_metric)
+            grid = comparison_grid(ours, compare)
             _write_grids(folder, f"compare-{compare}", [grid], formats, written)
             grids.append(grid)
         if "tex" in formats:
             _write(folder / "tables.tex", latex_document([to_latex(g) for g in grids]), written)
+        if separated is not None and tables.protocol in set(separated.runs["protocol"]):
+            # on the target metric, whatever the report's
+            pair_grids = separation.grids(separated, tables.protocol, tables.protocol_version)
+            _write_grids(out / tables.protocol, "separation", pair_grids, formats, written)
         suffixes = [f".{f}" for f in ("png", "pdf") if f in formats]
         if suffixes:
-            _figures(tables, rows, folder, suffixes, written)
+            _figures(tables, mine, runs, folder, suffixes, written)
         boards.append(
             leaderboard.build(tables.runs, tables.protocol, tables.protocol_version, metric)
         )
-    stem = "leaderboard" if metric == "token_acc" else f"leaderboard-{metric}"
+    stem = "leaderboard" if metric == DEFAULT_METRIC else f"leaderboard-{metric}"
     if "md" in formats:
         text = "\n".join(f"## {b.protocol}\n\n{leaderboard.to_markdown(b)}" for b in boards)
         _write(out / f"{stem}.md", f"# Leaderboard ({metric})\n\n{text}", written)

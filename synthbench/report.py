@@ -9,21 +9,45 @@ For one protocol and one metric, three kinds of table (the layouts of the SLAY p
 Only the row each run selected (its best lr on the validation set) counts. A cell with no
 successful run is shown as ``--`` and counted in a footnote, never as 0. One table holds
 one protocol, always: rows of several protocols are split, one set of tables each.
+
+The full and per-category tables show raw accuracy; the category averages (and the
+leaderboard and heatmap built from the same runs) show the chance-normalised score
+(accuracy - chance) / (1 - chance), so that a task whose best constant answer already scores
+0.5 does not weigh more than one where it scores 0.01.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 
+import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
 from synthbench.protocols import PROTOCOLS
-from synthbench.task import CATEGORIES
+from synthbench.task import CATEGORIES, TASKS
 
-# long_*: the test set at --eval-length-mult times the trained length (length generalisation)
-METRICS = ("token_acc", "exact_match", "long_token_acc", "long_exact_match")
+# target: per row, the metric its task is scored by (token_acc, or free_token_acc for a chain
+# of steps); long_*: the test set at --eval-length-mult times the trained length
+METRICS = (
+    "target",
+    "token_acc",
+    "exact_match",
+    "free_token_acc",
+    "long_token_acc",
+    "long_exact_match",
+)
+DEFAULT_METRIC = "target"
+# The stored chance each metric is normalised by. The audit measures chance at the trained
+# length only, so the long_* metrics have none and stay raw.
+CHANCE_COLUMN = {
+    "target": "chance_token_acc",
+    "token_acc": "chance_token_acc",
+    "free_token_acc": "chance_token_acc",
+    "exact_match": "chance_exact_match",
+}
 MISSING = "--"
 CORE = ("Basic", "Arithmetic", "Long-Range", "Memory")
 HIGHER_LEVEL = ("Patterns", "Reasoning", "Robustness")
@@ -64,7 +88,8 @@ def _task_variant(values: dict) -> tuple[dict, set]:
 
 
 def _text_or(value: str | None, default: str) -> str:
-    return default if value in (None, "None", "nan", "") else value
+    """``value``, or ``default`` for a null one (None, NaN, or that as text)."""
+    return default if not isinstance(value, str) or value in ("None", "nan", "") else value
 
 
 def _preset_pos(protocol: str) -> str | None:
@@ -84,6 +109,12 @@ def _mechanism_variant(values: dict) -> tuple[dict, set]:
     return params, ({"pos"} if pos != _preset_pos(values["protocol"]) else set())
 
 
+def prepare_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows as every report reads them: what older schemas lack filled from the registry
+    (under the tasks' registered names, so before labelling), then variants labelled."""
+    return label_variants(fill_from_registry(rows)) if len(rows) else rows
+
+
 def label_variants(rows: pd.DataFrame) -> pd.DataFrame:
     """A task or mechanism run with several parameter sets (or positional encodings) becomes
     separate table rows, e.g. ``multihop (hops=1)`` or ``softmax (pos=rope)``."""
@@ -96,6 +127,100 @@ def label_variants(rows: pd.DataFrame) -> pd.DataFrame:
         sources = ["mechanism_params", "config", "protocol"]
         rows = _label_variants(rows, "mechanism", sources, _mechanism_variant)
     return rows
+
+
+# -- what older rows lack, from the registered task ------------------------------------------
+
+
+@functools.cache
+def _registered_task(name: str, params: str):
+    """The registered task ``name`` with the JSON ``params``, or None (not registered here,
+    or parameters its current version rejects)."""
+    if name not in TASKS:
+        return None
+    try:
+        return TASKS.get(name)(**json.loads(params))
+    except (TypeError, ValueError):
+        return None
+
+
+@functools.cache
+def _registered_chance(name: str, params: str):
+    """audit.chance of a registered task (a fraction of a second each: cached per task and
+    parameters), or None."""
+    from synthbench.audit import chance  # torch: only where a row lacks its chance
+
+    task = _registered_task(name, params)
+    return None if task is None else chance(task)
+
+
+_CHANCES = {"chance_token_acc": "token_acc", "chance_exact_match": "exact_match"}
+
+
+def _task_keys(rows: pd.DataFrame) -> pd.Series:
+    """(task, canonical JSON of its parameters) per row."""
+    params = rows["task_params"] if "task_params" in rows else pd.Series(None, index=rows.index)
+    canonical = [json.dumps(json.loads(_text_or(p, "{}")), sort_keys=True) for p in params]
+    return pd.Series(list(zip(rows["task"], canonical, strict=True)), index=rows.index)
+
+
+def fill_from_registry(rows: pd.DataFrame, chance: bool = True) -> pd.DataFrame:
+    """``target_metric`` and (with ``chance``) ``chance_token_acc`` and
+    ``chance_exact_match`` as stored or, where a row of an older schema has them null, from
+    its registered task: its ``target_metric`` and ``audit.chance``. A task not registered
+    here gets token_acc and no chance (NaN)."""
+    rows = rows.copy()
+    columns = ["target_metric", *(_CHANCES if chance else ())]
+    for column in columns:
+        if column not in rows:
+            rows[column] = None
+    for column in columns[1:]:
+        rows[column] = pd.to_numeric(rows[column]).astype(float)
+    lacking = rows[columns].isna()
+    if not lacking.any().any():
+        return rows
+    keys = _task_keys(rows)
+    need = lacking["target_metric"]
+    tasks = [_registered_task(*key) for key in keys[need]]
+    rows["target_metric"] = rows["target_metric"].astype(object)
+    rows.loc[need, "target_metric"] = [t.target_metric if t else "token_acc" for t in tasks]
+    for column in columns[1:]:
+        need = lacking[column]
+        chances = [_registered_chance(*key) for key in keys[need]]
+        rows.loc[need, column] = [getattr(c, _CHANCES[column]) if c else np.nan for c in chances]
+    return rows
+
+
+def metric_column(rows: pd.DataFrame, metric: str) -> pd.Series:
+    """Per row, the column its ``metric`` is read from: the row's ``target_metric`` for
+    target (rows filled by ``fill_from_registry``), else the metric itself."""
+    if metric == "target":
+        return rows["target_metric"].astype(str)
+    return pd.Series(metric, index=rows.index)
+
+
+def metric_values(rows: pd.DataFrame, metric: str) -> pd.Series:
+    """Per row, the value of ``metric``: for target, that of the row's task's target metric."""
+    rows = fill_from_registry(rows, chance=False)
+    return _per_row(rows, metric_column(rows, metric))
+
+
+def _per_row(rows: pd.DataFrame, columns: pd.Series) -> pd.Series:
+    """Per row, the value of the column ``columns`` names for it (NaN where absent)."""
+    values = pd.Series(np.nan, index=rows.index)
+    for name in columns.unique():
+        if name in rows:
+            here = columns == name
+            values[here] = rows.loc[here, name].astype(float)
+    return values
+
+
+def normalise(value, chance):
+    """(value - chance) / (1 - chance): 0 at chance, 1 perfect; NaN without a chance (or
+    with a chance of 1, where nothing can be learnt)."""
+    value, chance = np.asarray(value, float), np.asarray(chance, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(chance < 1, (value - chance) / (1 - chance), np.nan)
 
 
 def _check_metric(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
@@ -115,22 +240,48 @@ def _check_metric(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
 KEYS = ["protocol", "category", "task", "mechanism"]
 
 
-def selected_runs(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
-    """One row per successful (cell, seed): its selected lr's ``metric`` as ``value``. Runs
-    that differ only in their eval length multiplier trained the same model, so a seed counts
-    once (the mean of its runs). ``rows`` must already be labelled (``label_variants``)."""
-    rows = _check_metric(rows, metric)
+def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
+    """One row per successful (cell, seed) at its selected lr: ``value`` (the ``metric``),
+    ``metric`` (the column it came from: for target, the task's target metric), ``chance``,
+    ``score`` (``value`` chance-normalised; ``value`` itself for the long_* metrics, which
+    have no chance), ``se`` (the test-set standard error of ``value``; NaN where not stored)
+    and ``lr_edge`` (the selected lr is alone at an edge of its grid). Runs that differ only
+    in their eval length multiplier trained the same model, so a seed counts once (the mean
+    of its runs). ``rows`` must be labelled (``prepare_rows``) if they hold variants."""
+    rows = fill_from_registry(_check_metric(rows, metric))
     ok = rows[(rows["status"] == "ok") & rows["selected"].astype(bool)]
     keys = [*KEYS, "protocol_version", "seed"]
-    runs = ok[keys].assign(value=ok[metric].astype(float))
-    return runs.groupby(keys, sort=False)["value"].mean().reset_index()
+    source = metric_column(ok, metric)
+    chance = ok[CHANCE_COLUMN[metric]] if metric in CHANCE_COLUMN else np.nan
+    edge = ok["lr_edge"].eq(True) if "lr_edge" in ok else False  # null in older rows
+    runs = ok[keys].assign(
+        value=_per_row(ok, source),
+        metric=source,
+        chance=chance,
+        se=_per_row(ok, source + "_se"),
+        lr_edge=edge,
+    )
+    runs = (
+        runs.groupby(keys, sort=False)
+        .agg(
+            value=("value", "mean"),
+            metric=("metric", "first"),
+            chance=("chance", "mean"),
+            se=("se", "mean"),
+            lr_edge=("lr_edge", "any"),
+        )
+        .reset_index()
+    )
+    normalised = metric in CHANCE_COLUMN
+    runs["score"] = normalise(runs["value"], runs["chance"]) if normalised else runs["value"]
+    return runs
 
 
-def aggregate(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
+def aggregate(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Per (protocol, category, task, mechanism): mean, std (ddof 1; 0 for one seed), number
     of successful seeds, and the number of runs that diverged or raised. A task or mechanism
     run with several parameter sets gives one row per set (``label_variants``)."""
-    rows = _check_metric(label_variants(rows), metric)
+    rows = _check_metric(prepare_rows(rows), metric)
     return _aggregate(rows, selected_runs(rows, metric))
 
 
@@ -230,8 +381,9 @@ class ReportTables:
     n_seeds: int
     full: Grid
     categories: dict[str, Grid]
-    summary: list[Grid]  # core capabilities, higher-level behaviour
+    summary: list[Grid]  # core capabilities, higher-level behaviour: chance-normalised
     runs: pd.DataFrame  # one row per successful run (``selected_runs``), variants labelled
+    heat: Grid  # the full table's layout, of the score (chance-normalised): the heatmap's
 
 
 def _cell(r) -> Stat | None:
@@ -255,7 +407,8 @@ def _missing_note(agg: pd.DataFrame, cells_missing: int) -> list[str]:
     return notes
 
 
-def _sort_tasks(agg: pd.DataFrame) -> list[tuple[str, str]]:
+def sort_tasks(agg: pd.DataFrame) -> list[tuple[str, str]]:
+    """The (category, task) pairs of ``agg``, categories in the suite's order, then by name."""
     pairs = set(zip(agg["category"], agg["task"], strict=True))
     return sorted(pairs, key=lambda ct: (CATEGORY_ORDER.get(ct[0], len(CATEGORIES)), ct[1]))
 
@@ -267,9 +420,30 @@ def _head_note(protocol: str, version: int, metric: str, n_seeds: int, last: str
     )
 
 
-def full_grid(agg: pd.DataFrame, head: str, n_seeds: int) -> Grid:
+def score_note(metric: str) -> str:
+    """What the score of ``metric`` is (category averages, leaderboard, heatmap): one
+    sentence, the same in every output."""
+    if metric in CHANCE_COLUMN:
+        return (
+            f"Chance-normalised: (accuracy - chance) / (1 - chance), chance the best constant "
+            f"answer per position (synthbench audit; {CHANCE_COLUMN[metric]}): 0 is chance, 1 "
+            "perfect, below 0 worse than chance."
+        )
+    return f"Raw {metric}, not chance-normalised: no chance is known at the longer length."
+
+
+def target_note(runs: pd.DataFrame) -> str:
+    """Which metric ``target`` is on which tasks of ``runs`` (``selected_runs``)."""
+    by_metric = runs.groupby("metric")["task"].unique()
+    if len(by_metric) == 1:
+        return f"target: {by_metric.index[0]} on every task."
+    parts = [f"{m} on {', '.join(sorted(t))}" for m, t in by_metric.items() if m != "token_acc"]
+    return f"target: {'; '.join(parts)}; token_acc on the others."
+
+
+def full_grid(agg: pd.DataFrame, head: list[str], n_seeds: int) -> Grid:
     mechanisms = sorted(agg["mechanism"].unique())
-    tasks = _sort_tasks(agg)
+    tasks = sort_tasks(agg)
     lookup = {(r.category, r.task, r.mechanism): _cell(r) for r in agg.itertuples()}
     cells = [[lookup.get((c, t, m)) for m in mechanisms] for c, t in tasks]
     missing = sum(v is None for row in cells for v in row)
@@ -281,14 +455,14 @@ def full_grid(agg: pd.DataFrame, head: str, n_seeds: int) -> Grid:
         cells,
         n_seeds,
         best="row",
-        notes=[head, *_missing_note(agg, missing)],
+        notes=[*head, *_missing_note(agg, missing)],
     )
 
 
-def category_grid(agg: pd.DataFrame, category: str, head: str, n_seeds: int) -> Grid:
+def category_grid(agg: pd.DataFrame, category: str, head: list[str], n_seeds: int) -> Grid:
     part = agg[agg["category"] == category]
     mechanisms = sorted(agg["mechanism"].unique())  # every mechanism of the report
-    tasks = [t for _, t in _sort_tasks(part)]
+    tasks = [t for _, t in sort_tasks(part)]
     lookup = {(r.task, r.mechanism): _cell(r) for r in part.itertuples()}
     cells = [[lookup.get((t, m)) for t in tasks] for m in mechanisms]
     missing = sum(v is None for row in cells for v in row)
@@ -299,27 +473,30 @@ def category_grid(agg: pd.DataFrame, category: str, head: str, n_seeds: int) -> 
         tasks,
         cells,
         n_seeds,
-        notes=[head, *_missing_note(part, missing)],
+        notes=[*head, *_missing_note(part, missing)],
     )
 
 
 def category_scores(runs: pd.DataFrame) -> pd.DataFrame:
-    """Per (mechanism, category, seed): the mean over the category's tasks, for the seeds
-    that have a successful run on every task of the category (in the report)."""
+    """Per (mechanism, category, seed): the mean ``score`` over the category's tasks, for the
+    seeds that have a score (a successful run, and a known chance) on every task of the
+    category (in the report)."""
     tasks_in = runs.groupby("category")["task"].nunique()
-    per_seed = runs.groupby(["mechanism", "category", "seed"])["value"].agg(["mean", "count"])
+    per_seed = runs.groupby(["mechanism", "category", "seed"])["score"].agg(["mean", "count"])
     complete = per_seed["count"] == per_seed.index.get_level_values("category").map(tasks_in)
-    return per_seed[complete]["mean"].rename("value").reset_index()
+    return per_seed[complete]["mean"].rename("score").reset_index()
 
 
-def _stat(values: pd.Series) -> Stat:
+def stat_over_seeds(values: pd.Series) -> Stat:
+    """mean, std (ddof 1; 0 for one value) and count of ``values``."""
     std = float(values.std(ddof=1)) if len(values) > 1 else 0.0
     return Stat(float(values.mean()), std, len(values))
 
 
-def summary_grids(runs: pd.DataFrame, mechanisms: list[str], n_seeds: int, head: str):
+def summary_grids(runs: pd.DataFrame, mechanisms: list[str], n_seeds: int, head: list[str]):
     """The category averages of 001 Table 3, (a) core and (b) higher-level, each with the
-    average over its categories; mean ± std over seeds of the per-seed averages."""
+    average over its categories; mean ± std over seeds of the per-seed averages of the
+    score (chance-normalised, ``selected_runs``)."""
     scores = category_scores(runs)
     grids = []
     for title, group in (
@@ -331,16 +508,22 @@ def summary_grids(runs: pd.DataFrame, mechanisms: list[str], n_seeds: int, head:
             continue
         part = scores[scores["category"].isin(present)]
         # the group average, per seed, where the seed has every category of the group
-        wide = part.pivot_table(index=["mechanism", "seed"], columns="category", values="value")
-        average = wide.dropna().mean(axis=1).rename("value").reset_index()
+        wide = part.pivot_table(index=["mechanism", "seed"], columns="category", values="score")
+        average = wide.dropna().mean(axis=1).rename("score").reset_index()
         columns = [*present, "average"]
-        stats = {(m, c): _stat(v) for (m, c), v in part.groupby(["mechanism", "category"])["value"]}
-        stats |= {(m, "average"): _stat(v) for m, v in average.groupby("mechanism")["value"]}
+        stats = {
+            (m, c): stat_over_seeds(v)
+            for (m, c), v in part.groupby(["mechanism", "category"])["score"]
+        }
+        stats |= {
+            (m, "average"): stat_over_seeds(v) for m, v in average.groupby("mechanism")["score"]
+        }
         cells = [[stats.get((m, c)) for c in columns] for m in mechanisms]
-        notes = [head]
+        notes = list(head)
         if any(v is None for row in cells for v in row):
             notes.append(
-                f"{MISSING}: some task of the category has no successful run, so it has no average."
+                f"{MISSING}: some task of the category has no successful run (or no known "
+                "chance), so it has no average."
             )
         grids.append(
             Grid(
@@ -356,28 +539,42 @@ def summary_grids(runs: pd.DataFrame, mechanisms: list[str], n_seeds: int, head:
     return grids
 
 
-def build_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[ReportTables]:
+def build_tables(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> list[ReportTables]:
     """Every table, one set per protocol. ``rows`` must hold one version per protocol
     (see ``latest_versions``)."""
     versions = rows.groupby("protocol")["protocol_version"].unique()
     mixed = [name for name, found in versions.items() if len(found) > 1]
     if mixed:
         raise ValueError(f"rows mix several versions of protocol {', '.join(mixed)}; keep one")
-    labelled = _check_metric(label_variants(rows), metric)
+    labelled = _check_metric(prepare_rows(rows), metric)
     runs_all = selected_runs(labelled, metric)
     agg_all = _aggregate(labelled, runs_all)
+    # the same layout of the score (chance-normalised), for the heatmap
+    scores_all = _aggregate(labelled, runs_all.assign(value=runs_all["score"]))
     result = []
     for protocol, agg in agg_all.groupby("protocol", sort=True):
         version = int(versions[protocol][0])
         n_seeds = int(agg["count"].max())
-        head = _head_note(str(protocol), version, metric, n_seeds, "best in bold")
-        averages_head = _head_note(
-            str(protocol), version, metric, n_seeds, "category mean over its tasks, per seed"
-        )
         runs = runs_all[runs_all["protocol"] == protocol]
+        target = [target_note(runs)] if metric == "target" and len(runs) else []
+        raw = (
+            "Raw accuracy, not chance-normalised (the category averages, the heatmap and the "
+            "leaderboard are)."
+            if metric in CHANCE_COLUMN
+            else score_note(metric)
+        )
+        head = [_head_note(str(protocol), version, metric, n_seeds, "best in bold"), raw, *target]
+        averages_head = [
+            _head_note(
+                str(protocol), version, metric, n_seeds, "category mean over its tasks, per seed"
+            ),
+            score_note(metric),
+            *target,
+        ]
         mechanisms = sorted(agg["mechanism"].unique())
         present = [c for c in CATEGORIES if c in set(agg["category"])]
         present += sorted(set(agg["category"]) - set(present))  # a plugin's own category
+        scores = scores_all[scores_all["protocol"] == protocol]
         result.append(
             ReportTables(
                 str(protocol),
@@ -388,6 +585,7 @@ def build_tables(rows: pd.DataFrame, metric: str = "token_acc") -> list[ReportTa
                 {c: category_grid(agg, c, head, n_seeds) for c in present},
                 summary_grids(runs, mechanisms, n_seeds, averages_head),
                 runs,
+                full_grid(scores, [score_note(metric), *target], n_seeds),
             )
         )
     return result
@@ -478,11 +676,18 @@ def latex_document(fragments: list[str]) -> str:
     )
 
 
-def length_points(rows: pd.DataFrame, metric: str = "token_acc") -> pd.DataFrame:
+def length_metric(metric: str) -> str:
+    """The trained-length metric the length figure shows for ``metric``: only token accuracy
+    and exact match are measured at a longer length, so target and free_token_acc show
+    token_acc."""
+    return "exact_match" if metric.endswith("exact_match") else "token_acc"
+
+
+def length_points(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Accuracy against evaluation length, for the runs evaluated at a longer length: per
     (protocol, task, mechanism, mult) the mean and std over seeds, mult 1 being the trained
-    length (``metric``) and the others ``long_<metric>``."""
-    base = metric.removeprefix("long_")
+    length and the others ``long_<metric>`` (``length_metric``)."""
+    base = length_metric(metric)
     rows = label_variants(rows[rows["eval_length_mult"].notna()]) if len(rows) else rows
     ok = rows[(rows["status"] == "ok") & rows["selected"].astype(bool)]
     keys = ["protocol", "task", "mechanism", "seed"]

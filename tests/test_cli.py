@@ -304,7 +304,7 @@ def test_corrupt_file_is_reported_and_rerun(results, tmp_path):
     report = invoke("report", "--results", results, "--out", tmp_path / "reports")
     assert report.exit_code == 0, report.output
     assert "warning" in report.stderr and str(bad) in report.stderr
-    assert (tmp_path / "reports" / "smoke" / "token_acc" / "full.md").exists()
+    assert (tmp_path / "reports" / "smoke" / "target" / "full.md").exists()
 
     listing = invoke("results", "--results", results)
     assert listing.exit_code == 0, listing.output
@@ -419,7 +419,7 @@ def test_report_writes_tables(stored, tmp_path):
     out = tmp_path / "reports"
     result = invoke("report", "--results", stored[0], "--out", out)
     assert result.exit_code == 0, result.output
-    md, tex = out / "smoke" / "token_acc" / "full.md", out / "smoke" / "token_acc" / "full.tex"
+    md, tex = out / "smoke" / "target" / "full.md", out / "smoke" / "target" / "full.tex"
     assert md.is_file() and tex.is_file()
     text = md.read_text()
     for word in ("copy", "kv_recall", "softmax", "linear", "±", "protocol smoke"):
@@ -427,7 +427,7 @@ def test_report_writes_tables(stored, tmp_path):
     assert r"kv\_recall" in tex.read_text() and r"\toprule" in tex.read_text()
     for name in ("leaderboard.md", "leaderboard.html"):
         assert (out / name).is_file()
-    assert (out / "smoke" / "token_acc" / "heatmap.png").is_file()
+    assert (out / "smoke" / "target" / "heatmap.png").is_file()
     assert f"wrote {md}" in result.stdout
     assert "Core capabilities" in result.stdout  # the category averages are printed
     assert result.stderr == ""
@@ -452,14 +452,16 @@ def test_report_filters_and_formats(stored, tmp_path):
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert written == [
         "leaderboard.md",
-        "smoke/token_acc/category-memory.md",
-        "smoke/token_acc/full.md",
-        "smoke/token_acc/summary.md",
+        "smoke/separation.md",
+        "smoke/target/category-memory.md",
+        "smoke/target/curves.md",
+        "smoke/target/full.md",
+        "smoke/target/summary.md",
     ]
-    full = (out / "smoke" / "token_acc" / "full.md").read_text()
+    full = (out / "smoke" / "target" / "full.md").read_text()
     assert "softmax" in full and "linear" not in full and "copy" not in full
     basic = invoke("report", "--results", stored[0], "--out", out, "--category", "basic")
-    assert basic.exit_code == 0 and "kv_recall" not in (out / "smoke/token_acc/full.md").read_text()
+    assert basic.exit_code == 0 and "kv_recall" not in (out / "smoke/target/full.md").read_text()
 
 
 @pytest.mark.parametrize(

@@ -1,20 +1,27 @@
-"""The leaderboard's ranking: scores, bootstrap intervals over seeds, ties between
-neighbours, and mechanisms without a run on every task."""
+"""The leaderboard's ranking: scores, Student-t intervals over seeds, paired ties between
+neighbours, and mechanisms without a score on every task. The critical values are typed in
+from a printed t table (no scipy)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from synthbench.leaderboard import build, to_markdown
+from synthbench.leaderboard import build, t_critical, to_markdown
+
+# two-sided 95% critical values of Student's t, from a printed table: df -> t
+T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228, 30: 2.042}
+T2 = 4.302653  # df 2 to more digits (3 seeds), for the hand-computed intervals
 
 
 def runs(values: dict[tuple[str, str, str], list[float]]) -> pd.DataFrame:
-    """{(category, task, mechanism): per-seed values} -> the runs frame build() takes."""
+    """{(category, task, mechanism): per-seed scores} -> the runs frame build() takes."""
     return pd.DataFrame(
         [
-            {"category": c, "task": t, "mechanism": m, "seed": s, "value": v}
+            {"category": c, "task": t, "mechanism": m, "seed": s, "score": v}
             for (c, t, m), seeds in values.items()
             for s, v in enumerate(seeds)
         ]
@@ -43,35 +50,53 @@ def test_score_is_the_mean_over_categories_of_task_means():
     assert (board.n_seeds, row["n_tasks"], row["rank"]) == (2, 3, 1)
 
 
-def test_interval_is_the_bootstrap_over_seeds():
-    """One task, seeds 0, 0.5, 1: a resample is all zeros with probability 1/27 (3.7%),
-    more than the 2.5% tail, so the interval is exactly [0, 1]; constant seeds give none."""
+def test_t_critical_matches_the_printed_table():
+    for df, t in T_TABLE.items():
+        assert t_critical(df) == pytest.approx(t, abs=5e-4)
+    assert t_critical(2) == pytest.approx(T2, abs=1e-6)
+
+
+def test_interval_is_the_t_interval_of_the_per_seed_score():
+    """Basic = copy, Memory = kv_recall; per seed the score is (copy + kv) / 2: 0.4, 0.5,
+    0.75; mean 0.55, sd sqrt(0.0325), half width t(2) sd / sqrt(3)."""
     board = build(
-        runs({("Basic", "copy", "a"): [0.0, 0.5, 1.0], ("Basic", "copy", "b"): [0.4] * 3}),
+        runs(
+            {
+                ("Basic", "copy", "a"): [0.2, 0.4, 0.6],
+                ("Memory", "kv_recall", "a"): [0.6, 0.6, 0.9],
+                ("Basic", "copy", "b"): [0.4] * 3,
+                ("Memory", "kv_recall", "b"): [0.4] * 3,
+            }
+        ),
         "quick",
         2,
-        "token_acc",
+        "target",
     )
+    assert board.per_seed["a"].tolist() == pytest.approx([0.4, 0.5, 0.75])
     table = board.table.set_index("mechanism")
-    assert (table.loc["a", "ci_low"], table.loc["a", "ci_high"]) == (0.0, 1.0)
-    assert table.loc["a", "score"] == pytest.approx(0.5)
+    half = T2 * math.sqrt(0.0325) / math.sqrt(3)  # 0.447834
+    assert table.loc["a", "score"] == pytest.approx(0.55)
+    assert table.loc["a", "ci_low"] == pytest.approx(0.55 - half)
+    assert table.loc["a", "ci_high"] == pytest.approx(0.55 + half)
+    assert table.loc["a", "ci_seeds"] == 3
+    # constant seeds: an interval of no width
     assert table.loc["b", "ci_low"] == pytest.approx(0.4) == table.loc["b", "ci_high"]
+    assert "0.550 [0.102, 0.998]" in to_markdown(board)
 
 
-def test_interval_narrows_with_more_seeds_and_holds_the_score():
-    rng = np.random.default_rng(0)
-    widths = []
-    for n in (3, 30):
-        board = build(
-            runs({("Basic", "copy", "a"): list(0.6 + 0.1 * rng.standard_normal(n))}),
-            "q",
-            1,
-            "token_acc",
-        )
-        row = board.table.iloc[0]
-        assert row["ci_low"] <= row["score"] <= row["ci_high"]
-        widths.append(row["ci_high"] - row["ci_low"])
-    assert widths[1] < widths[0]
+def test_interval_uses_the_seeds_with_a_run_on_every_task():
+    """Seed 2 of kv_recall diverged: the interval is over seeds 0 and 1 (t with 1 degree of
+    freedom), centred on the score, which still uses every seed of copy."""
+    values = runs(
+        {("Basic", "copy", "a"): [0.2, 0.4, 0.6], ("Memory", "kv_recall", "a"): [0.6, 0.8]}
+    )
+    board = build(values, "quick", 2, "target")
+    row = board.table.iloc[0]
+    assert row["score"] == pytest.approx((0.4 + 0.7) / 2)
+    per_seed = [0.4, 0.6]  # (0.2 + 0.6) / 2, (0.4 + 0.8) / 2
+    half = T_TABLE[1] * np.std(per_seed, ddof=1) / math.sqrt(2)
+    assert row["ci_seeds"] == 2
+    assert row["ci_high"] - row["score"] == pytest.approx(half, rel=1e-4)
 
 
 def test_neighbours_that_overlap_are_marked_and_clear_gaps_are_not():
@@ -96,7 +121,7 @@ def test_neighbours_that_overlap_are_marked_and_clear_gaps_are_not():
     assert "close ≈" in md and "best ≈" not in md
 
 
-def test_the_bootstrap_is_paired_by_seed():
+def test_the_comparison_is_paired_by_seed():
     """b is a every seed minus 0.01: paired, it is always below a, though the seeds vary
     far more than the gap."""
     a = [0.2, 0.9, 0.5]
@@ -107,6 +132,65 @@ def test_the_bootstrap_is_paired_by_seed():
         "token_acc",
     )
     assert board.table["same_as_next"].tolist() == [False, False]
+
+
+def test_the_paired_t_interval_by_hand():
+    """a - b per seed: 0.05, 0.08, 0.02: mean 0.05, sd 0.03, half width t(2) 0.03 / sqrt(3)
+    = 0.0745 > 0.05: the interval reaches 0, so a ≈ b. a - c: 0.2, 0.25, 0.15: mean 0.2,
+    sd 0.05, half width 0.124 < 0.2: a is above c."""
+    assert T2 * 0.03 / math.sqrt(3) > 0.05 and T2 * 0.05 / math.sqrt(3) < 0.2
+    a = [0.5, 0.7, 0.9]
+    b = [0.45, 0.62, 0.88]
+    c = [0.3, 0.45, 0.75]
+    board = build(
+        runs({("Basic", "copy", "a"): a, ("Basic", "copy", "b"): b, ("Basic", "copy", "c"): c}),
+        "quick",
+        2,
+        "token_acc",
+    )
+    table = board.table.set_index("mechanism")
+    assert list(table.index) == ["a", "b", "c"]
+    assert table["same_as_next"].tolist() == [True, False, False]
+    # b - c: 0.15, 0.17, 0.13: mean 0.15, sd 0.02: above
+    two = build(
+        runs({("Basic", "copy", "a"): a, ("Basic", "copy", "c"): c}), "quick", 2, "token_acc"
+    )
+    assert two.table["same_as_next"].tolist() == [False, False]
+
+
+def test_one_seed_has_no_interval_and_tells_no_neighbours_apart():
+    board = build(
+        runs({("Basic", "copy", "a"): [0.9], ("Basic", "copy", "b"): [0.1]}), "q", 1, "target"
+    )
+    assert board.table["ci_low"].isna().all() and board.table["ci_high"].isna().all()
+    assert board.table["same_as_next"].tolist() == [True, False]
+    md = to_markdown(board)
+    (line,) = [x for x in md.splitlines() if "| a" in x]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells == ["1", "a ≈", "0.900", "0.900", "1/1"]
+    assert "One seed: no interval" in md
+
+
+def test_a_score_without_a_chance_is_listed_unranked():
+    """A NaN score (no known chance to normalise by) counts as missing: listed, not ranked,
+    never dropped."""
+    board = build(
+        runs({("Basic", "copy", "a"): [0.5, 0.6], ("Basic", "copy", "b"): [np.nan, np.nan]}),
+        "q",
+        1,
+        "target",
+    )
+    table = board.table.set_index("mechanism")
+    assert table.loc["a", "rank"] == 1 and pd.isna(table.loc["b", "rank"])
+    assert table.loc["b", "n_tasks"] == 0 and not table.loc["b", "complete"]
+    assert "no known chance" in to_markdown(board)
+
+
+def test_markdown_says_what_is_normalised():
+    values = runs({("Basic", "copy", "a"): [0.5, 0.6]})
+    assert "Chance-normalised" in to_markdown(build(values, "q", 1, "target"))
+    assert "Raw long_token_acc" in to_markdown(build(values, "q", 1, "long_token_acc"))
+    assert "Student-t" in to_markdown(build(values, "q", 1, "target"))
 
 
 def test_a_mechanism_without_every_task_is_not_ranked():

@@ -47,7 +47,7 @@ def _runs(levels: dict, n_seeds: int = 3, seed: int = 0) -> pd.DataFrame:
         for task in tasks
         for s in range(n_seeds)
     ]
-    return pd.DataFrame(rows, columns=["category", "task", "mechanism", "seed", "value"])
+    return pd.DataFrame(rows, columns=["category", "task", "mechanism", "seed", "score"])
 
 
 @pytest.fixture(scope="module")
@@ -60,9 +60,9 @@ def boards():
         ("Memory", "m2", BREAKOUT, 0, 0.65),
     ]
     runs = pd.concat([runs, pd.DataFrame(partial, columns=runs.columns)], ignore_index=True)
-    core = build(runs, "core", 1, "token_acc", n_bootstrap=200)
+    core = build(runs, "core", 1, "target")
     other = {"softmax": LEVELS["softmax"], "mamba-ish": LEVELS["linear"]}
-    long = build(_runs(other, n_seeds=1), "long", 2, "exact_match", n_bootstrap=50)
+    long = build(_runs(other, n_seeds=1), "long", 2, "exact_match")
     assert core.table["same_as_next"].any()  # else the ≈ checks would check nothing
     return [core, long]
 
@@ -91,7 +91,7 @@ def test_states_protocol_metric_seeds_and_date(page, boards):
     core = boards[0]
     assert 'id="protocol-name">core<' in page
     assert ">v1<" in page
-    assert 'id="metric">token_acc<' in page
+    assert 'id="metric">target<' in page
     assert 'id="n-seeds">3<' in page
     assert f">{core.generated}<" in page
     # the selector's options come from the data: both protocols are there
@@ -122,6 +122,20 @@ def test_missing_values_are_null_never_zero(page):
     assert partial["categories"][0] is None  # Basic: b2 is missing
     assert partial["categories"][1] == pytest.approx(0.65)  # Memory is complete
     assert rows["softmax"]["rank"] == 1
+
+
+def test_says_how_the_score_and_its_interval_are_made(page, boards):
+    """The legend states the normalisation and the t-interval; the one-seed board has no
+    interval in its data."""
+    assert "Chance-normalised: (accuracy - chance) / (1 - chance)" in page
+    assert "Student-t" in page and "bootstrap" not in page
+    data = _embedded(page)["boards"]
+    assert data[0]["score_note"].startswith("Chance-normalised")
+    ranked = [r for r in data[0]["rows"] if r["complete"]]
+    assert all(r["ci_low"] < r["score"] < r["ci_high"] for r in ranked)
+    assert all(r["ci_low"] is None for r in data[1]["rows"])  # one seed: no interval
+    raw = to_html([build(_runs(LEVELS), "core", 1, "long_token_acc")])
+    assert _embedded(raw)["boards"][0]["score_note"].startswith("Raw long_token_acc")
 
 
 def test_one_board_and_no_board(boards):

@@ -12,20 +12,40 @@ from test_report import frame, row
 
 from synthbench.compare import comparison_grid, published
 from synthbench.publish import write_reports
-from synthbench.report import MISSING, Stat, build_tables
+from synthbench.report import MISSING, Stat, build_tables, latex_document
 from synthbench.task import TASKS
+from synthbench.train import curve_points
 
 PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"
+
+
+def learnt(task, mech, seed, acc, **more):
+    """A smoke row (20 steps) with a learning curve rising linearly to ``acc`` and a
+    standard error, so that curves and separation have something to show."""
+    points = curve_points(20)
+    curve = [acc * (i + 1) / len(points) for i in range(len(points))]
+    return row(
+        task,
+        mech,
+        seed,
+        acc,
+        steps=20,
+        curve_steps=points,
+        curve_val_token_acc=curve,
+        token_acc_se=0.01,
+        lr_edge=False,
+        **more,
+    )
 
 
 @pytest.fixture
 def rows() -> pd.DataFrame:
     return frame(
-        *(row("copy", "softmax", s, 0.9 + s / 100) for s in range(3)),
-        *(row("kv_recall", "softmax", s, 0.5 + s / 10) for s in range(3)),
-        *(row("copy", "linear", s, 0.7) for s in range(3)),
+        *(learnt("copy", "softmax", s, 0.9 + s / 100) for s in range(3)),
+        *(learnt("kv_recall", "softmax", s, 0.5 + s / 10) for s in range(3)),
+        *(learnt("copy", "linear", s, 0.7) for s in range(3)),
         *(row("kv_recall", "linear", s, None, status="diverged") for s in range(3)),
-        *(row("stack", "linear", s, 0.3, category="Reasoning") for s in range(3)),
+        *(learnt("stack", "linear", s, 0.3, category="Reasoning") for s in range(3)),
     )
 
 
@@ -35,15 +55,25 @@ def relative(paths, root) -> list[str]:
 
 def test_everything_is_written(rows, tmp_path):
     written = write_reports(rows, tmp_path)
-    folder = "smoke/token_acc"
-    tables = ["full", "summary", "category-basic", "category-memory", "category-reasoning"]
+    folder = "smoke/target"  # the default metric
+    tables = [
+        "full",
+        "summary",
+        "category-basic",
+        "category-memory",
+        "category-reasoning",
+        "curves",
+    ]
+    figures = ("heatmap", "categories", "curves")
     assert relative(written, tmp_path) == sorted(
         [
             "leaderboard.md",
             "leaderboard.html",
             *(f"{folder}/{t}.{s}" for t in tables for s in ("md", "tex")),
             f"{folder}/tables.tex",
-            *(f"{folder}/{f}.{s}" for f in ("heatmap", "categories") for s in ("png", "pdf")),
+            *(f"{folder}/{f}.{s}" for f in figures for s in ("png", "pdf")),
+            "smoke/separation.md",
+            "smoke/separation.tex",
         ]
     )
     for path in written:
@@ -53,9 +83,18 @@ def test_everything_is_written(rows, tmp_path):
             assert path.read_bytes().startswith(PDF)
     summary = (tmp_path / folder / "summary.md").read_text()
     assert "Core capabilities" in summary and "Higher-level behaviour" in summary
+    assert "Chance-normalised" in summary
     board = (tmp_path / "leaderboard.md").read_text()
     assert "## smoke" in board and "Unranked" in board  # stack never ran with softmax
+    assert "# Leaderboard (target)" in board and "Student-t" in board
     assert "smoke" in (tmp_path / "leaderboard.html").read_text()
+    curves = (tmp_path / folder / "curves.md").read_text()
+    assert "Steps to 0.9 validation accuracy" in curves and "Learning-curve area" in curves
+    separation = (tmp_path / "smoke" / "separation.md").read_text()
+    # copy: softmax 0.91 on average, linear 0.70: beyond 2 SE on every seed
+    copy = next(line for line in separation.splitlines() if "| copy" in line)  # the target's
+    assert "softmax +0.21" in copy
+    assert "Informative tasks (at least one pair separates): 1 of 3." in separation
 
 
 def test_formats_select_the_outputs(rows, tmp_path):
@@ -69,6 +108,10 @@ def test_other_metric_names_its_leaderboard(rows, tmp_path):
     written = write_reports(rows, tmp_path, "exact_match", formats=("md",))
     assert "leaderboard-exact_match.md" in relative(written, tmp_path)
     assert "smoke/exact_match/full.md" in relative(written, tmp_path)
+    # separation is on the target metric, whatever the report's: one file per protocol
+    assert "smoke/separation.md" in relative(written, tmp_path)
+    written = write_reports(rows, tmp_path, "token_acc", formats=("md",))
+    assert "leaderboard-token_acc.md" in relative(written, tmp_path)
 
 
 def test_length_figure_when_rows_were_evaluated_longer(rows, tmp_path):
@@ -81,8 +124,9 @@ def test_length_figure_when_rows_were_evaluated_longer(rows, tmp_path):
 def test_two_protocols_are_reported_apart(rows, tmp_path):
     quick = frame(*(row("copy", "softmax", s, 0.123, protocol="quick") for s in range(2)))
     written = write_reports(pd.concat([rows, quick]), tmp_path, formats=("md",))
-    assert "quick/token_acc/full.md" in relative(written, tmp_path)
-    assert "0.123" not in (tmp_path / "smoke" / "token_acc" / "full.md").read_text()
+    assert "quick/target/full.md" in relative(written, tmp_path)
+    assert "0.123" not in (tmp_path / "smoke" / "target" / "full.md").read_text()
+    assert "quick/separation.md" in relative(written, tmp_path)
     board = (tmp_path / "leaderboard.md").read_text()
     assert board.index("## quick") < board.index("## smoke")
 
@@ -95,20 +139,24 @@ def test_latex_compiles(rows, tmp_path):
             "no LaTeX engine: install Debian's texlive-latex-base and "
             "texlive-latex-recommended to compile the tables"
         )
-    rows = pd.concat([rows, frame(row("copy", "my_mech & 50%#", 0, 0.5))])
+    rows = pd.concat([rows, frame(*(learnt("copy", "my_mech & 50%#", s, 0.5) for s in range(3)))])
     paper = frame(*(row("copy", "slay", s, 0.8, protocol="slay-paper") for s in range(3)))
     write_reports(pd.concat([rows, paper]), tmp_path, formats=("tex",), compare="slay-paper")
     for protocol in ("smoke", "slay-paper"):
-        folder = tmp_path / protocol / "token_acc"
-        result = subprocess.run(
-            ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "tables.tex"],
-            cwd=folder,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert result.returncode == 0, result.stdout[-2000:]
-        assert (folder / "tables.pdf").read_bytes().startswith(PDF)
+        folder = tmp_path / protocol / "target"
+        separation = (tmp_path / protocol / "separation.tex").read_text()
+        (folder / "separation-doc.tex").write_text(latex_document([separation]))
+        for document in ("tables.tex", "separation-doc.tex"):
+            result = subprocess.run(
+                ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", document],
+                cwd=folder,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert result.returncode == 0, result.stdout[-2000:]
+            pdf = folder / document.replace(".tex", ".pdf")
+            assert pdf.read_bytes().startswith(PDF)
 
 
 # -- the published SLAY numbers -------------------------------------------------------------

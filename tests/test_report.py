@@ -7,10 +7,13 @@ import json
 import math
 import warnings
 
+import numpy as np
 import pandas as pd
 import pytest
 
 from synthbench.report import (
+    DEFAULT_METRIC,
+    METRICS,
     MISSING,
     Stat,
     aggregate,
@@ -20,10 +23,13 @@ from synthbench.report import (
     latest_versions,
     latex_escape,
     length_points,
+    metric_values,
+    normalise,
     selected_runs,
     to_latex,
     to_markdown,
 )
+from synthbench.task import TASKS
 
 NAN = float("nan")
 
@@ -41,7 +47,11 @@ def row(
     selected=True,
     status="ok",
     exact=None,
+    chance=0.0,
+    **more,
 ):
+    """One stored row; chance 0 unless given, so the chance-normalised score is the value
+    itself; ``more`` sets or adds columns (e.g. free_token_acc, token_acc_se, lr_edge)."""
     category = category or {"kv_recall": "Memory", "copy": "Basic", "add": "Arithmetic"}[task]
     ok = status == "ok"
     return {
@@ -57,6 +67,10 @@ def row(
         "status": status,
         "token_acc": acc if ok else NAN,
         "exact_match": (acc / 2 if exact is None else exact) if ok else NAN,
+        "target_metric": "token_acc",
+        "chance_token_acc": chance,
+        "chance_exact_match": chance,
+        **more,
     }
 
 
@@ -193,7 +207,7 @@ def two_task_rows():
 def test_category_scores_per_seed():
     scores = category_scores(selected_runs(two_task_rows())).set_index(
         ["mechanism", "category", "seed"]
-    )["value"]
+    )["score"]
     assert scores[("softmax", "Basic", 0)] == pytest.approx(0.8)
     assert scores[("softmax", "Basic", 1)] == pytest.approx(0.6)
     assert scores[("linear", "Basic", 0)] == pytest.approx(0.1)
@@ -439,3 +453,141 @@ def test_runs_differing_only_in_eval_length_count_as_one_seed():
     (tables,) = build_tables(frame(*rows))
     assert tables.n_seeds == 1
     assert tables.full.cells == [[Stat(pytest.approx(0.9), 0.0, 1)]]
+
+
+# -- target: each task's own metric --------------------------------------------------------
+
+
+def test_target_is_the_default_and_reads_each_rows_target_metric():
+    assert METRICS[0] == DEFAULT_METRIC == "target"
+    rows = frame(
+        row("copy", "softmax", 0, 0.8, free_token_acc=0.3),
+        row("add", "softmax", 0, 0.9, free_token_acc=0.4, target_metric="free_token_acc"),
+    )
+    agg = aggregate(rows).set_index("task")  # the default: target
+    assert agg.loc["copy", "mean"] == pytest.approx(0.8)  # token_acc
+    assert agg.loc["add", "mean"] == pytest.approx(0.4)  # free_token_acc
+    runs = selected_runs(rows, "target").set_index("task")
+    assert (
+        runs.loc["add", "metric"] == "free_token_acc" and runs.loc["copy", "metric"] == "token_acc"
+    )
+    assert aggregate(rows, "token_acc").set_index("task").loc["add", "mean"] == pytest.approx(0.9)
+    assert aggregate(rows, "free_token_acc").set_index("task").loc["copy", "mean"] == 0.3
+    (tables,) = build_tables(rows)
+    assert "target: free_token_acc on add; token_acc on the others." in tables.full.notes
+
+
+def test_a_null_target_metric_comes_from_the_registered_task():
+    """Rows of older schemas: multihop (registered, a chain of steps) is scored free-running,
+    a task not registered here by token accuracy."""
+    assert TASKS.get("multihop")().target_metric == "free_token_acc"
+    rows = frame(
+        row("copy", "softmax", 0, 0.8, target_metric=None, free_token_acc=0.1, category="Basic"),
+        row(
+            "multihop",
+            "softmax",
+            0,
+            0.8,
+            target_metric=None,
+            free_token_acc=0.2,
+            category="Long-Range",
+        ),  # fmt: skip
+        row("mine", "softmax", 0, 0.8, target_metric=None, free_token_acc=0.3, category="Basic"),
+    )
+    values = dict(zip(rows["task"], metric_values(rows, "target"), strict=True))
+    assert values == {"copy": 0.8, "multihop": 0.2, "mine": 0.8}
+
+
+# -- chance-normalised scores --------------------------------------------------------------
+
+
+def test_normalise_puts_chance_at_0_and_perfect_at_1():
+    assert normalise(0.25, 0.25) == 0.0 and normalise(1.0, 0.25) == 1.0
+    assert normalise(0.625, 0.25) == pytest.approx(0.5)  # (0.625 - 0.25) / 0.75
+    assert normalise(0.1, 0.25) == pytest.approx(-0.2)  # worse than chance
+    assert np.isnan(normalise(0.5, NAN)) and np.isnan(normalise(1.0, 1.0))
+
+
+def chance_rows():
+    """copy (chance 0.25): chancy at chance, perfect at 1, half at 0.625; kv_recall
+    (chance 0.5, exact match chance 0.1): 0.5, 1.0 and 0.75."""
+    values = {"chancy": (0.25, 0.5), "perfect": (1.0, 1.0), "half": (0.625, 0.75)}
+    rows = []
+    for mech, (copy, kv) in values.items():
+        for seed in range(2):
+            rows.append(row("copy", mech, seed, copy, chance=0.25))
+            rows.append({**row("kv_recall", mech, seed, kv, chance=0.5), "chance_exact_match": 0.1})
+    return frame(*rows)
+
+
+def test_category_averages_are_chance_normalised_and_the_full_table_is_raw():
+    (tables,) = build_tables(chance_rows())
+    (core,) = tables.summary
+    assert core.columns == ["Basic", "Memory", "average"]
+    stats = {m: cells for (m,), cells in zip(core.rows, core.cells, strict=True)}
+    assert [c.mean for c in stats["chancy"]] == [0.0, 0.0, 0.0]
+    assert [c.mean for c in stats["perfect"]] == [1.0, 1.0, 1.0]
+    assert [c.mean for c in stats["half"]] == pytest.approx([0.5, 0.5, 0.5])
+    assert any("Chance-normalised: (accuracy - chance) / (1 - chance)" in n for n in core.notes)
+    raw = dict(zip(tables.full.columns, tables.full.cells[0], strict=True))  # copy
+    assert raw["chancy"].mean == 0.25 and raw["half"].mean == 0.625
+    assert any(n.startswith("Raw accuracy, not chance-normalised") for n in tables.full.notes)
+    heat = dict(zip(tables.heat.columns, tables.heat.cells[1], strict=True))  # kv_recall
+    assert heat["chancy"].mean == 0.0 and heat["half"].mean == pytest.approx(0.5)
+
+
+def test_exact_match_is_normalised_by_its_own_chance():
+    runs = selected_runs(chance_rows(), "exact_match").set_index(["task", "mechanism"])
+    # kv_recall / perfect: exact match 0.5 (the row helper's acc / 2), chance 0.1
+    assert runs.loc[("kv_recall", "perfect"), "chance"].tolist() == [0.1, 0.1]
+    assert runs.loc[("kv_recall", "perfect"), "score"].tolist() == pytest.approx([0.4 / 0.9] * 2)
+
+
+def test_long_metrics_stay_raw_and_say_so():
+    rows = frame(*(row("copy", "softmax", s, 0.9, chance=0.5) for s in range(2)))
+    rows = rows.assign(eval_length_mult=2.0, long_token_acc=[0.3, 0.5])
+    runs = selected_runs(rows, "long_token_acc")
+    assert runs["score"].tolist() == [0.3, 0.5] and runs["chance"].isna().all()
+    (tables,) = build_tables(rows, "long_token_acc")
+    assert "Raw long_token_acc, not chance-normalised" in " ".join(tables.summary[0].notes)
+
+
+def test_a_null_chance_comes_from_the_audit_and_an_unknown_one_is_nan():
+    from synthbench.audit import chance
+
+    expected = chance(TASKS.get("copy")(n=8))
+    rows = frame(
+        row("copy", "softmax", 0, 0.9, chance=None, task_params='{"n": 8}'),
+        row("mine", "softmax", 0, 0.9, chance=None, category="Basic"),  # not registered
+    )
+    runs = selected_runs(rows).set_index("task")
+    assert runs.loc["copy", "chance"] == pytest.approx(expected.token_acc)
+    assert runs.loc["copy", "score"] == pytest.approx(
+        (0.9 - expected.token_acc) / (1 - expected.token_acc)
+    )
+    assert np.isnan(runs.loc["mine", "chance"]) and np.isnan(runs.loc["mine", "score"])
+    assert runs.loc["mine", "value"] == 0.9  # the raw value is kept
+    (tables,) = build_tables(rows)
+    (core,) = tables.summary
+    assert core.cells == [[None, None]]  # Basic has no average without mine's chance
+    assert any("no known chance" in n for n in core.notes)
+    assert tables.full.cells[1][0].mean == 0.9  # the raw table shows it
+
+
+def test_selected_runs_carry_the_standard_error_and_lr_edge():
+    rows = frame(
+        row("copy", "softmax", 0, 0.9, token_acc_se=0.01, lr_edge=True),
+        row(
+            "add",
+            "softmax",
+            0,
+            0.9,
+            free_token_acc=0.5,
+            free_token_acc_se=0.03,
+            target_metric="free_token_acc",
+            lr_edge=None,
+        ),  # fmt: skip
+    )
+    runs = selected_runs(rows).set_index("task")
+    assert runs.loc["copy", "se"] == 0.01 and runs.loc["add", "se"] == 0.03
+    assert runs.loc["copy", "lr_edge"] and not runs.loc["add", "lr_edge"]  # null: not known

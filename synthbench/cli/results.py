@@ -24,7 +24,7 @@ from synthbench.cli.common import (
 )
 from synthbench.mechanism import MECHANISMS
 from synthbench.publish import FORMATS, write_reports
-from synthbench.report import METRICS, latest_versions
+from synthbench.report import DEFAULT_METRIC, METRICS, latest_versions, metric_values
 
 
 def results_command(
@@ -70,12 +70,15 @@ def results_command(
         "seed",
         "lr",
         "status",
+        "target",
         "token_acc",
         "exact_match",
         "seconds",
         "run_id",
     )
-    for r in rows.sort_values(["protocol", "task", "mechanism", "seed", "lr"]).itertuples():
+    rows = rows.sort_values(["protocol", "task", "mechanism", "seed", "lr"])
+    targets = metric_values(rows, "target")  # each task's own metric: token_acc or free_token_acc
+    for r, target in zip(rows.itertuples(), targets, strict=True):
         table.add_row(
             r.task,
             r.mechanism,
@@ -83,6 +86,7 @@ def results_command(
             str(r.seed),
             f"{r.lr:g}",
             r.status,
+            _metric(target),
             _metric(r.token_acc),
             _metric(r.exact_match),
             f"{r.wall_seconds:.1f}",
@@ -101,7 +105,7 @@ def report_command(
     out_dir: Annotated[Path, typer.Option("--out", help="Where reports are written.")] = Path(
         "reports"
     ),
-    metric: Annotated[str, typer.Option(help=" or ".join(METRICS))] = "token_acc",
+    metric: Annotated[str, typer.Option(help=" or ".join(METRICS))] = DEFAULT_METRIC,
     protocol: Annotated[
         str | None, typer.Option(help="Comma-separated protocols (default: every one).")
     ] = None,
