@@ -38,6 +38,9 @@ REFERENCE = "Choromanski et al. 2021, Rethinking Attention with Performers"
 KEY_LOGIT_BOUND = 40.0
 
 
+MAX_FEATURES = 2**16  # random projections a mechanism may draw
+
+
 def orthogonal_gaussian(n_rows: int, dim: int, generator: torch.Generator | None) -> torch.Tensor:
     """(n_rows, dim) float64 projections in orthogonal blocks, each row N(0, I_dim).
 
@@ -72,7 +75,8 @@ class RandomProjectionMechanism(FeatureMapMechanism):
         chunk_size: int = 64,
     ):
         super().__init__(head_dim, n_heads, eps=eps, chunk_size=chunk_size)
-        check_int("nb_features", nb_features, 1)
+        # above it, drawing the projections (a QR per block of head_dim rows) takes minutes
+        check_int("nb_features", nb_features, 1, MAX_FEATURES)
         generator = random_generator(seed)
         self.nb_features, self.seed = nb_features, seed
         projection = orthogonal_gaussian(nb_features, head_dim, generator)

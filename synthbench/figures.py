@@ -13,6 +13,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
+from synthbench.atomic import atomic_output  # noqa: E402
 from synthbench.curves import THRESHOLD  # noqa: E402
 from synthbench.report import Grid, Stat, sort_tasks  # noqa: E402
 
@@ -20,11 +21,14 @@ from synthbench.report import Grid, Stat, sort_tasks  # noqa: E402
 def _save(fig, stem: Path, suffixes: list[str]) -> list[Path]:
     stem.parent.mkdir(parents=True, exist_ok=True)
     written = []
-    for suffix in suffixes:
-        path = stem.with_suffix(suffix)
-        fig.savefig(path, dpi=150)
-        written.append(path)
-    plt.close(fig)
+    try:
+        for suffix in suffixes:
+            path = stem.with_suffix(suffix)
+            with atomic_output(path) as handle:  # a full disk never leaves a truncated figure
+                fig.savefig(handle, dpi=150, format=suffix[1:])
+            written.append(path)
+    finally:
+        plt.close(fig)
     return written
 
 

@@ -20,9 +20,8 @@ from datetime import date
 
 import numpy as np
 import pandas as pd
-from tabulate import tabulate
 
-from synthbench.report import score_note
+from synthbench.report import markdown_table, score_note
 from synthbench.task import CATEGORIES
 
 CONFIDENCE = 0.95
@@ -108,18 +107,27 @@ def same_as_next(upper: pd.Series, lower: pd.Series) -> bool:
     return bool(differences.mean() - t_half_width(differences) <= 0)
 
 
-def build(runs: pd.DataFrame, protocol: str, protocol_version: int, metric: str) -> Leaderboard:
+def build(
+    runs: pd.DataFrame,
+    protocol: str,
+    protocol_version: int,
+    metric: str,
+    mechanisms: list[str] | None = None,
+    tasks: list[tuple[str, str]] | None = None,
+) -> Leaderboard:
     """``runs``: one row per successful run of one protocol version, with columns category,
     task, mechanism, seed and score (``report.selected_runs``). A run whose score is NaN (no
-    known chance) counts as missing: its mechanism is listed, not ranked."""
+    known chance) counts as missing: its mechanism is listed, not ranked. ``mechanisms`` and
+    ``tasks`` ((category, task) pairs) are those of the report, with the ones that have no
+    successful run (listed unranked; default: those of ``runs``)."""
     order = {c: i for i, c in enumerate(CATEGORIES)}
     tasks = sorted(
-        set(zip(runs["category"], runs["task"], strict=True)),
+        set(zip(runs["category"], runs["task"], strict=True)) | set(tasks or ()),
         key=lambda ct: (order.get(ct[0], 99), ct[1]),
     )
     task_categories = [c for c, _ in tasks]
     categories = sorted(set(task_categories), key=lambda c: order.get(c, 99))
-    mechanisms = sorted(runs["mechanism"].unique())
+    mechanisms = sorted(set(runs["mechanism"]) | set(mechanisms or ()))
     # per mechanism, seeds x tasks; a task it lacks is a column of NaN
     scored = runs.dropna(subset=["score"])
     columns = pd.MultiIndex.from_tuples(tasks, names=["category", "task"])
@@ -152,7 +160,8 @@ def build(runs: pd.DataFrame, protocol: str, protocol_version: int, metric: str)
                 **{c: float(s) for c, s in zip(categories, per_category, strict=True)},
             }
         )
-    table = pd.DataFrame(rows)
+    fields = ["mechanism", "score", "ci_low", "ci_high", "ci_seeds", "n_tasks", "complete"]
+    table = pd.DataFrame(rows, columns=[*fields, *categories])  # the columns even when empty
     table = table.sort_values(
         ["complete", "score", "mechanism"], ascending=[False, False, True]
     ).reset_index(drop=True)
@@ -162,7 +171,8 @@ def build(runs: pd.DataFrame, protocol: str, protocol_version: int, metric: str)
     ranked = table[table["complete"]]["mechanism"].tolist()
     for i, (upper, lower) in enumerate(zip(ranked, ranked[1:], strict=False)):
         table.loc[i, "same_as_next"] = same_as_next(per_seed[upper], per_seed[lower])
-    n_seeds = int(runs.groupby(["category", "task", "mechanism"]).size().max())
+    # 0 for a protocol with no successful run
+    n_seeds = int(runs.groupby(["category", "task", "mechanism"]).size().max()) if len(runs) else 0
     return Leaderboard(
         protocol,
         protocol_version,
@@ -202,7 +212,9 @@ def notes(board: Leaderboard) -> list[str]:
             "Unranked: a mechanism without a score on every task (no successful run, or no "
             "known chance to normalise by)."
         )
-    if board.n_seeds < 2:
+    if not board.n_seeds:
+        notes.append("No successful run: nothing is ranked.")
+    elif board.n_seeds < 2:
         notes.append("One seed: no interval, and no two mechanisms can be told apart (≈).")
     return notes
 
@@ -217,10 +229,7 @@ def to_markdown(board: Leaderboard) -> str:
         cells = ["--" if pd.isna(row[c]) else f"{row[c]:.3f}" for c in board.categories]
         tasks = f"{row['n_tasks']}/{n_tasks}"
         body.append([rank, row["mechanism"] + tie, _interval(row), *cells, tasks])
-    text = tabulate(
-        body,
-        headers=["rank", "mechanism", f"score [{CONFIDENCE:.0%} CI]", *board.categories, "tasks"],
-        tablefmt="pipe",
-        disable_numparse=True,
+    text = markdown_table(
+        body, ["rank", "mechanism", f"score [{CONFIDENCE:.0%} CI]", *board.categories, "tasks"]
     )
     return text + "\n\n" + "\n".join(f"- {n}" for n in notes(board)) + "\n"

@@ -232,7 +232,7 @@ _JS = """
     byId("counts").textContent = ranked + " of " + board.rows.length + " mechanisms ranked on " +
       board.tasks.length + " tasks in " + board.categories.length + " categories";
     byId("note-unranked").hidden = ranked === board.rows.length;
-    byId("note-one-seed").hidden = board.n_seeds >= 2;
+    byId("note-one-seed").hidden = board.n_seeds !== 1;  // 0: no success, all unranked
     byId("caption").textContent = "Leaderboard, protocol " + board.protocol + " v" +
       board.protocol_version + (state.category ? ", category " + state.category : "");
   }

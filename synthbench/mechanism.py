@@ -110,7 +110,37 @@ def mechanism_params(cls: type[nn.Module], overrides: dict[str, Any] | None = No
 
     Raises ValueError naming an unknown parameter, a wrong type or a missing value.
     """
-    return constructor_params(f"mechanism {cls.__name__}", cls, overrides)
+    return constructor_params(f"mechanism {MECHANISMS.name_of(cls)}", cls, overrides)
+
+
+MAX_MECHANISM_BYTES = 2**30  # parameters and buffers of one layer; built-ins hold kilobytes
+
+
+def build_once(name: str, head_dim: int, n_heads: int, params: dict[str, Any]) -> None:
+    """Build mechanism ``name`` once, so that a parameter value it rejects, a (plugin's)
+    constructor that raises, or parameters too large for memory (``prf_features=10**8``) are
+    a ValueError naming it before any work, not a traceback or the machine's memory."""
+    cls = MECHANISMS.get(name)
+    try:
+        with torch.device("meta"):  # the sizes without the memory
+            module = cls(head_dim, n_heads, **params)
+    except Exception:  # invalid values, or a constructor that needs real tensors (a .item()):
+        module = None  # the real build below says which
+    try:
+        if module is None:
+            module = cls(head_dim, n_heads, **params)
+    except (TypeError, ValueError) as exc:  # the user's parameter values, most likely
+        raise ValueError(f"mechanism {name}: {exc}") from exc
+    except Exception as exc:
+        raise ValueError(f"mechanism {name} cannot be built: {type(exc).__name__}: {exc}") from exc
+    size = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+    if size > MAX_MECHANISM_BYTES:
+        values = ", ".join(f"{k}={v}" for k, v in params.items())
+        raise ValueError(
+            f"mechanism {name} ({values}) holds {size / 2**30:,.1f} GiB of parameters and "
+            f"buffers per layer, more than the {MAX_MECHANISM_BYTES / 2**30:g} GiB synthbench "
+            "allows"
+        )
 
 
 STATE_LENGTH, STATE_HEAD_DIM = 1024, 16  # where `list mechs` and the docs quote state sizes

@@ -150,7 +150,7 @@ class Model(nn.Module):
             Block(
                 d_model,
                 n_heads,
-                self._mechanism(mechanism, max_len),
+                prepared_mechanism(mechanism, max_len),
                 arch,
                 make_rotation(pos, head_dim, n_heads, pos_params),
             )
@@ -159,15 +159,9 @@ class Model(nn.Module):
         self.norm = nn.LayerNorm(d_model) if arch == "transformer" else nn.Identity()
         self.head = nn.Linear(d_model, vocab_size)
 
-    @staticmethod
-    def _mechanism(make: Callable[[], nn.Module], max_len: int) -> nn.Module:
-        mechanism = make()
-        if hasattr(mechanism, "set_max_len"):  # optional for plugins (synthbench/mechanism.py)
-            mechanism.set_max_len(max_len)
-        return mechanism
-
-    def forward(self, tokens: torch.Tensor, causal: bool = True) -> torch.Tensor:
-        """tokens (B, L) int64 -> logits (B, L, vocab)."""
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens (B, L) int64 -> what enters the first block (B, L, d_model): the token
+        embeddings plus the absolute positions, if any."""
         L = tokens.shape[1]
         if L > self.max_len:
             raise ValueError(f"sequence of length {L} exceeds the model's max_len {self.max_len}")
@@ -176,6 +170,26 @@ class Model(nn.Module):
             x = x + self.pos_emb(torch.arange(L, device=tokens.device))
         elif self.pos == "sinusoidal":
             x = x + self.pos_table[:L]
+        return x
+
+    def from_embeddings(self, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        """The blocks and the head: ``embed``'s output (B, L, d_model) -> logits (B, L,
+        vocab). Apart so that the causality check (synthbench/check.py) can differentiate
+        the logits with respect to every position's input."""
         for block in self.blocks:
             x = block(x, causal)
         return self.head(self.norm(x))
+
+    def forward(self, tokens: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        """tokens (B, L) int64 -> logits (B, L, vocab)."""
+        return self.from_embeddings(self.embed(tokens), causal)
+
+
+def prepared_mechanism(make: Callable[[], nn.Module], max_len: int) -> nn.Module:
+    """A new mechanism from ``make``, told the longest sequence it will see, as a model
+    builds each of its layers' (``set_max_len`` is optional for a plugin:
+    synthbench/mechanism.py)."""
+    mechanism = make()
+    if hasattr(mechanism, "set_max_len"):
+        mechanism.set_max_len(max_len)
+    return mechanism

@@ -23,6 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from synthbench import curves, leaderboard, separation
+from synthbench.atomic import write_atomically
 from synthbench.compare import PUBLISHED, comparison_grid
 from synthbench.report import (
     CHANCE_COLUMN,
@@ -46,7 +47,7 @@ def _slug(text: str) -> str:
 
 def _write(path: Path, text: str, written: list[Path]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
+    write_atomically(path, text)  # a full disk never leaves a truncated report
     written.append(path)
 
 
@@ -70,8 +71,8 @@ def _figures(
     label = "(accuracy - chance) / (1 - chance)" if normalised else tables.metric
     title = f"{score}, {where}, {seeds}"
     written += figures.heatmap(tables.heat, title, folder / "heatmap", suffixes, label)
-    if tables.summary:
-        stem = folder / "categories"
+    if any(cell is not None for grid in tables.summary for row in grid.cells for cell in row):
+        stem = folder / "categories"  # not for a protocol without any category average
         written += figures.category_bars(tables.summary, title, stem, suffixes, label)
     if len(runs):
         title = f"validation token accuracy, {where}, mean over seeds at each run's selected lr"
@@ -97,6 +98,8 @@ def write_reports(
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         raise ValueError(f"unknown format {', '.join(unknown)} ({', '.join(FORMATS)})")
+    if not formats:  # `--format ''`: nothing to write is not a success
+        raise ValueError(f"no report format given ({', '.join(FORMATS)})")
     if compare is not None and compare not in PUBLISHED:
         raise ValueError(f"unknown comparison {compare!r} ({', '.join(PUBLISHED)})")
     all_tables = build_tables(rows, metric)
@@ -144,7 +147,15 @@ def write_reports(
         if suffixes:
             _figures(tables, mine, runs, folder, suffixes, written)
         boards.append(
-            leaderboard.build(tables.runs, tables.protocol, tables.protocol_version, metric)
+            leaderboard.build(
+                tables.runs,
+                tables.protocol,
+                tables.protocol_version,
+                metric,
+                # every mechanism and task of the tables: those without a success are unranked
+                tables.full.columns,
+                tables.full.rows,
+            )
         )
     stem = "leaderboard" if metric == DEFAULT_METRIC else f"leaderboard-{metric}"
     if "md" in formats:

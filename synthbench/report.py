@@ -27,6 +27,7 @@ import pandas as pd
 from tabulate import tabulate
 
 from synthbench.protocols import PROTOCOLS
+from synthbench.store import LEAKY
 from synthbench.task import CATEGORIES, TASKS
 
 # target: per row, the metric its task is scored by (token_acc, or free_token_acc for a chain
@@ -84,12 +85,40 @@ def _label_variants(rows: pd.DataFrame, column: str, sources: list[str], params)
 
 
 def _task_variant(values: dict) -> tuple[dict, set]:
-    return json.loads(_text_or(values.get("task_params"), "{}")), set()
+    params = json.loads(_text_or(values.get("task_params"), "{}"))
+    return params | _plugin_code(json.loads(_text_or(values.get("config"), "{}")), "task"), set()
+
+
+def _plugin_code(config: dict, kind: str) -> dict:
+    """{"code": hash} of a plugin task or mechanism (spec.RunSpec.plugin_code): runs of its
+    code before and after an edit are separate variants, never seeds of one."""
+    code = config.get("plugin_code", {}).get(kind)
+    return {} if code is None else {"code": code}
 
 
 def _text_or(value: str | None, default: str) -> str:
     """``value``, or ``default`` for a null one (None, NaN, or that as text)."""
     return default if not isinstance(value, str) or value in ("None", "nan", "") else value
+
+
+JSON_COLUMNS = ("task_params", "mechanism_params", "config")  # JSON objects, or null
+
+
+def malformed_json(rows: pd.DataFrame) -> pd.Series:
+    """Per row, the first of its ``JSON_COLUMNS`` that is not a JSON object (None where
+    every one is): the reports parse them, so such a row (a file edited by hand) is left out
+    by the caller, which knows the file."""
+    found = pd.Series(None, index=rows.index, dtype=object)
+    for column in (c for c in JSON_COLUMNS if c in rows):
+        bad = set()
+        for value in rows[column].dropna().unique():
+            try:
+                if not isinstance(json.loads(_text_or(value, "{}")), dict):
+                    bad.add(value)
+            except (TypeError, ValueError):
+                bad.add(value)
+        found[found.isna() & rows[column].isin(bad)] = column
+    return found
 
 
 def _preset_pos(protocol: str) -> str | None:
@@ -101,6 +130,7 @@ def _mechanism_variant(values: dict) -> tuple[dict, set]:
     not the protocol's own (``run --pos``)."""
     params = json.loads(_text_or(values.get("mechanism_params"), "{}"))
     config = json.loads(_text_or(values.get("config"), "{}"))
+    params |= _plugin_code(config, "mechanism")
     pos = config.get("protocol", {}).get("pos")
     if pos is None:
         return params, set()
@@ -122,7 +152,7 @@ def label_variants(rows: pd.DataFrame) -> pd.DataFrame:
         return rows
     rows = rows.copy()
     if "task_params" in rows:
-        rows = _label_variants(rows, "task", ["task_params"], _task_variant)
+        rows = _label_variants(rows, "task", ["task_params", "config"], _task_variant)
     if "mechanism_params" in rows or "config" in rows:
         sources = ["mechanism_params", "config", "protocol"]
         rows = _label_variants(rows, "mechanism", sources, _mechanism_variant)
@@ -279,7 +309,8 @@ def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFr
 
 def aggregate(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Per (protocol, category, task, mechanism): mean, std (ddof 1; 0 for one seed), number
-    of successful seeds, and the number of runs that diverged or raised. A task or mechanism
+    of successful seeds, and the number of runs that diverged, raised or leaked (``leaky``:
+    not causal, synthbench/check.py). A task or mechanism
     run with several parameter sets gives one row per set (``label_variants``)."""
     rows = _check_metric(prepare_rows(rows), metric)
     return _aggregate(rows, selected_runs(rows, metric))
@@ -289,9 +320,10 @@ def _aggregate(rows: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """``aggregate`` of rows already labelled and checked, given their ``selected_runs``."""
     stats = runs.groupby(KEYS)["value"].agg(["mean", "std", "count"])
     stats["std"] = stats["std"].fillna(0.0)
-    # a run failed if none of its rows succeeded; its status is that of its last row
+    # a run failed if none of its rows succeeded; its status is that of its last row (a
+    # leaky row at any lr makes the whole run leaky: synthbench/sweep.py selects nothing)
     per_run = rows.groupby([*KEYS, "run_id"])["status"].agg(
-        lambda s: "ok" if (s == "ok").any() else s.iloc[-1]
+        lambda s: LEAKY if (s == LEAKY).any() else "ok" if (s == "ok").any() else s.iloc[-1]
     )
     failed = (
         per_run[per_run != "ok"]
@@ -300,13 +332,13 @@ def _aggregate(rows: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
         .agg(
             diverged=lambda s: int((s == "diverged").sum()),
             error=lambda s: int((s == "error").sum()),
+            leaky=lambda s: int((s == LEAKY).sum()),
         )
         .astype(int)  # an empty aggregation would otherwise come back with object columns
     )
     table = stats.join(failed, how="outer")
-    table[["count", "diverged", "error"]] = (
-        table[["count", "diverged", "error"]].fillna(0).astype(int)
-    )
+    counts = ["count", "diverged", "error", LEAKY]
+    table[counts] = table[counts].fillna(0).astype(int)
     return table.reset_index()
 
 
@@ -395,7 +427,12 @@ def _missing_note(agg: pd.DataFrame, cells_missing: int) -> list[str]:
     its ``--`` cells stand for."""
     notes = []
     diverged, raised = int(agg["diverged"].sum()), int(agg["error"].sum())
-    failed = [f"{n} {what}" for n, what in ((diverged, "diverged"), (raised, "raised")) if n]
+    leaky = int(agg[LEAKY].sum())
+    failed = [
+        f"{n} {what}"
+        for n, what in ((diverged, "diverged"), (raised, "raised"), (leaky, "leaky: not causal"))
+        if n
+    ]
     if failed:
         notes.append(f"Failed runs left out: {', '.join(failed)}.")
     if cells_missing:
@@ -414,6 +451,8 @@ def sort_tasks(agg: pd.DataFrame) -> list[tuple[str, str]]:
 
 
 def _head_note(protocol: str, version: int, metric: str, n_seeds: int, last: str) -> str:
+    if not n_seeds:  # every run of the protocol failed: its tables are all --
+        return f"{metric} on the test set: no successful run; protocol {protocol} v{version}."
     return (
         f"{metric} on the test set, mean ± std over {n_seeds} seed(s) (a cell with fewer says "
         f"n=); protocol {protocol} v{version}; {last}."
@@ -493,17 +532,25 @@ def stat_over_seeds(values: pd.Series) -> Stat:
     return Stat(float(values.mean()), std, len(values))
 
 
-def summary_grids(runs: pd.DataFrame, mechanisms: list[str], n_seeds: int, head: list[str]):
+def summary_grids(
+    runs: pd.DataFrame,
+    mechanisms: list[str],
+    n_seeds: int,
+    head: list[str],
+    categories: list[str] | None = None,
+):
     """The category averages of 001 Table 3, (a) core and (b) higher-level, each with the
     average over its categories; mean ± std over seeds of the per-seed averages of the
-    score (chance-normalised, ``selected_runs``)."""
+    score (chance-normalised, ``selected_runs``). ``categories``: those of the report (a
+    category without a successful run has ``--``; default: those of ``runs``)."""
     scores = category_scores(runs)
+    categories = set(runs["category"]) | set(categories or ())
     grids = []
     for title, group in (
         ("Core capabilities", CORE),
         ("Higher-level behaviour", HIGHER_LEVEL),
     ):
-        present = [c for c in group if c in set(runs["category"])]
+        present = [c for c in group if c in categories]
         if not present:
             continue
         part = scores[scores["category"].isin(present)]
@@ -583,7 +630,7 @@ def build_tables(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> list[Repor
                 n_seeds,
                 full_grid(agg, head, n_seeds),
                 {c: category_grid(agg, c, head, n_seeds) for c in present},
-                summary_grids(runs, mechanisms, n_seeds, averages_head),
+                summary_grids(runs, mechanisms, n_seeds, averages_head, present),
                 runs,
                 full_grid(scores, [score_note(metric), *target], n_seeds),
             )
@@ -603,15 +650,29 @@ def _text(value: Cell, grid: Grid, pm: str) -> str:
     return text if value.n >= grid.n_seeds else f"{text} (n={value.n})"
 
 
+def markdown_cell(text) -> str:
+    """``text`` safe in a Markdown table cell: names come from the results tree, and a | would
+    end the cell, a line break the row."""
+    return " ".join(str(text).splitlines()).replace("|", "\\|")
+
+
+def markdown_table(body: list[list], headers: list) -> str:
+    """A pipe table with every cell and header escaped (``markdown_cell``)."""
+    return tabulate(
+        [[markdown_cell(c) for c in row] for row in body],
+        headers=[markdown_cell(h) for h in headers],
+        tablefmt="pipe",
+        disable_numparse=True,
+    )
+
+
 def to_markdown(grid: Grid) -> str:
     best = grid.best_cells()
     body = []
     for i, labels in enumerate(grid.rows):
         texts = [_text(v, grid, "±") for v in grid.cells[i]]
         body.append([*labels, *(f"**{t}**" if (i, j) in best else t for j, t in enumerate(texts))])
-    table = tabulate(
-        body, headers=[*grid.row_headers, *grid.columns], tablefmt="pipe", disable_numparse=True
-    )
+    table = markdown_table(body, [*grid.row_headers, *grid.columns])
     notes = "".join(f"\n{note}" for note in grid.notes)
     return f"**{grid.title}**\n\n{table}\n{notes}\n"
 
@@ -627,6 +688,10 @@ def latex_escape(text: str) -> str:
         "{": r"\{",
         "}": r"\}",
         "~": r"\textasciitilde{}",
+        # names from the results tree: in the default font encoding these print as other glyphs
+        "<": r"\textless{}",
+        ">": r"\textgreater{}",
+        "|": r"\textbar{}",
         "^": r"\textasciicircum{}",
         "±": r"$\pm$",
         "≈": r"$\approx$",

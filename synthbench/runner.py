@@ -10,7 +10,10 @@ The unit of work is one training: a run at one learning rate, so the lrs of a ru
 on different workers. Only this process writes to the store; a worker returns its row.
 Every write replaces the run's file atomically with all its rows so far (``selected`` set
 once the sweep is complete), so a kill at any moment keeps every finished training and
-leaves no half-written file, and the same command resumes with what is missing.
+leaves no half-written file, and the same command resumes with what is missing. The store
+merges each write with what it holds (``ResultStore.save``): a stored result is never
+replaced by a failed training. Before it hands out a run's first training this process
+claims the run (synthbench/claims.py): a run claimed by another live command is left to it.
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from synthbench.claims import Claims
+from synthbench.limits import MAX_SEEDS
 from synthbench.protocols import Protocol
 from synthbench.spec import RunSpec
-from synthbench.store import ResultStore
+from synthbench.store import LEAKY, NewerSchemaError, ResultStore
 from synthbench.sweep import lr_key, mark_selected, sweep_state
 
 
@@ -57,8 +62,10 @@ def plan(
 ) -> list[RunSpec]:
     """Every (task, mechanism, seed 0..seeds-1), resolved and checked before anything runs;
     names that resolve to the same run (an alias and its name) give it once."""
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ValueError(f"the number of seeds must be an integer >= 1, got {seeds!r}")
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
+        raise ValueError(
+            f"the number of seeds must be an integer in [1, {MAX_SEEDS}], got {seeds!r}"
+        )
     specs: dict[str, RunSpec] = {}
     for task in tasks:
         for mechanism in mechanisms:
@@ -95,6 +102,14 @@ class Events:
     def run_done(self, spec: RunSpec, rows: list[dict[str, Any]]) -> None:
         """A run's sweep is complete; its rows are stored with the selected lr marked."""
 
+    def notice(self, spec: RunSpec, message: str) -> None:
+        """One line the user must read about a run: a stored result kept over a failed
+        training, an unreadable file moved aside, a run refused or left to another command."""
+
+    def unplanned(self, units: list[Unit]) -> None:
+        """Planned trainings this command will not do: their run is claimed by another
+        command, was stored by one meanwhile, or is refused."""
+
 
 @dataclass
 class Outcome:
@@ -102,12 +117,29 @@ class Outcome:
     stored: int = 0  # of which already complete in the store
     statuses: Counter = field(default_factory=Counter)  # runs completed now, by status
     trainings: int = 0  # rows trained now
+    claimed: int = 0  # runs left to another command that holds their claim
+    kept: int = 0  # failed trainings not stored: a result stored at their lr was kept
+    refused: int = 0  # runs whose file is of a newer schema version (never overwritten)
+    stored_leaky: int = 0  # of the stored runs, those not causal after training
+
+    def failure(self) -> str | None:
+        """The command's one-line failure for kept and refused runs (an error status
+        aside), or None."""
+        parts = []
+        if self.kept:
+            parts.append(f"{self.kept} training(s) failed where a stored result was kept")
+        if self.refused:
+            parts.append(f"{self.refused} run(s) refused: their files are of a newer schema "
+                         "version (upgrade synthbench)")  # fmt: skip
+        return "; ".join(parts) + " (see the warnings above)" if parts else None
 
 
 def run_status(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """The row that speaks for a run: its selected one, else its last by lr."""
+    """The row that speaks for a run: a leaky one (the run has no result), else its
+    selected one, else its last by lr."""
     rows = sorted(rows, key=lambda r: r["lr"])
-    return next((r for r in rows if r["selected"]), rows[-1])
+    leaky = (r for r in rows if r["status"] == LEAKY)
+    return next(leaky, None) or next((r for r in rows if r["selected"]), rows[-1])
 
 
 class _Sweep:
@@ -118,13 +150,27 @@ class _Sweep:
         self.rows = {lr_key(r["lr"]): r for r in rows}
         # hold: write only once complete (a --force rerun keeps the stored result until then)
         self.hold = hold
+        self.claimed = False  # this command holds the run's claim
+        self.dropped = False  # left to another command, or refused: its rows are not stored
+        self.done = False  # complete and counted
 
-    def add(self, row: dict[str, Any]) -> tuple[bool, tuple[float, ...]]:
-        """Take a finished row; return (complete, lrs still to train)."""
-        self.rows[lr_key(row["lr"])] = row
+    def add(self, *rows: dict[str, Any]) -> tuple[bool, tuple[float, ...]]:
+        """Take finished rows; return (complete, lrs still to train)."""
+        for row in rows:
+            self.rows[lr_key(row["lr"])] = row
         state = sweep_state(self.spec.protocol, self.rows.values())
         mark_selected(self.spec.protocol, self.sorted_rows())
         return state.complete, state.pending
+
+    def adopt(self, rows: Iterable[dict[str, Any]]) -> tuple[bool, tuple[float, ...]]:
+        """Take ``rows`` as the run's rows (what the store holds); as ``add``."""
+        self.rows = {}
+        return self.add(*rows)
+
+    def settle(self, rows: list[dict[str, Any]]) -> bool:
+        """Mark the selected lr of ``rows`` (the rows about to be stored); False holds the
+        write back: a --force rerun keeps the stored result until it is complete."""
+        return mark_selected(self.spec.protocol, rows) or not self.hold
 
     def sorted_rows(self) -> list[dict[str, Any]]:
         return [self.rows[lr] for lr in sorted(self.rows)]
@@ -146,11 +192,13 @@ def execute(
 ) -> Outcome:
     """Train every training of ``specs`` not already stored. ``make_executor(n)`` gives the
     executor for ``n`` trainings (synthbench/executors.py); it is called only if there is
-    something to train, and the executor is closed on the way out, Ctrl-C included."""
+    something to train, and the executor is closed on the way out, Ctrl-C included.
+    Each run is claimed before its first training is handed out (a run another command
+    holds is left to it) and released when it completes or this returns."""
     events = events or Events()
     outcome = Outcome(runs=len(specs))
-    sweeps, units = _pending(specs, store, force, events)
-    outcome.stored = len(specs) - len(sweeps)
+    sweeps, units = _pending(specs, store, force, events, outcome)
+    outcome.stored = len(specs) - len(sweeps) - outcome.refused
     executor = make_executor(len(units)) if units else None
     capacity = executor.capacity if executor is not None else 0
     if len(units) > 1 and capacity > 1:
@@ -158,23 +206,43 @@ def execute(
     events.planned(len(specs), outcome.stored, units, capacity)
     if executor is None:
         return outcome
+    claims = Claims(store.root)
     try:
         queue, in_flight = deque(units), set()
         while queue or in_flight:
             while queue and len(in_flight) < capacity:
                 unit = queue.popleft()
+                sweep = sweeps[unit.spec.run_id]
+                if sweep.done or sweep.dropped:
+                    continue
+                if not sweep.claimed and not _claim(
+                    sweep, unit, queue, claims, store, force, events, outcome
+                ):
+                    continue
                 executor.submit(unit)
                 in_flight.add(unit.key)
                 events.started(unit)
+            if not in_flight:
+                continue  # what was queued is another command's
             unit, row = executor.wait()
             in_flight.discard(unit.key)
             sweep = sweeps[unit.spec.run_id]
             complete, pending = sweep.add(row)
-            if complete or not sweep.hold:
-                store.write(sweep.sorted_rows())
+            if not sweep.dropped and (complete or not sweep.hold):
+                saved = _save(sweep, store, force, events, outcome)
+                if saved is None:  # refused: its file is of a newer schema now
+                    sweep.dropped = True
+                    claims.release(sweep.spec.run_id)
+                    events.unplanned(_drop(queue, sweep.spec.run_id))
+                else:
+                    complete, pending = saved
             outcome.trainings += 1
             events.finished(unit, row)
+            if sweep.dropped or sweep.done:
+                continue
             if complete:
+                sweep.done = True
+                claims.release(sweep.spec.run_id)
                 outcome.statuses[run_status(sweep.rows.values())["status"]] += 1
                 events.run_done(sweep.spec, sweep.sorted_rows())
                 continue
@@ -185,12 +253,96 @@ def execute(
                 queue.extendleft(reversed(more))
                 events.grew(more)
     finally:
-        executor.close()
+        try:
+            executor.close()
+        finally:
+            claims.close()
     return outcome
 
 
+def _claim(
+    sweep: _Sweep,
+    unit: Unit,
+    queue: deque,
+    claims: Claims,
+    store: ResultStore,
+    force: bool,
+    events: Events,
+    outcome: Outcome,
+) -> bool:
+    """Claim the run of ``unit`` before its first training is handed out. False when the
+    run is another command's (its trainings leave the plan), or when another command stored
+    some of it since the plan was made (what is left to train goes back to the queue)."""
+    spec = sweep.spec
+    holder = claims.take(spec.run_id)
+    if holder is not None:
+        sweep.dropped = True
+        outcome.claimed += 1
+        events.notice(spec, f"skipped: claimed by {holder}, another command computing it")
+        events.unplanned([unit, *_drop(queue, spec.run_id)])
+        return False
+    sweep.claimed = True
+    if force:
+        return True
+    rows = _finished(store.read_run(spec.task, spec.mechanism, spec.run_id))
+    if {lr_key(r["lr"]) for r in rows} == set(sweep.rows):
+        return True  # as planned
+    complete, pending = sweep.adopt(rows)
+    planned = [unit, *_drop(queue, spec.run_id)]
+    keep = [u for u in planned if u.key[1] in pending]
+    more = [Unit(spec, lr) for lr in pending if lr not in {u.key[1] for u in keep}]
+    events.unplanned([u for u in planned if u not in keep])
+    if more:
+        events.grew(more)
+    queue.extendleft(reversed(keep + more))
+    if complete:
+        sweep.done = True
+        claims.release(spec.run_id)
+        outcome.stored += 1
+        events.notice(spec, "stored by another command meanwhile")
+    return False
+
+
+def _save(
+    sweep: _Sweep, store: ResultStore, force: bool, events: Events, outcome: Outcome
+) -> tuple[bool, tuple[float, ...]] | None:
+    """Store a run's rows so far, merged with what the store holds (a stored result is
+    never replaced by a failure); the run's state after that, or None if it is refused."""
+    spec = sweep.spec
+    try:
+        saved = store.save(sweep.sorted_rows(), replace=force, settle=sweep.settle)
+    except NewerSchemaError as exc:  # such a file appeared at the run's path since the plan
+        outcome.refused += 1
+        events.notice(spec, f"refused: {exc}")
+        return None
+    for line in saved.notices():
+        events.notice(spec, line)
+    outcome.kept += len(saved.kept)
+    return sweep.adopt(saved.rows)
+
+
+def _drop(queue: deque, run_id: str) -> list[Unit]:
+    """Take the trainings of ``run_id`` out of ``queue``; return them."""
+    dropped = [u for u in queue if u.spec.run_id == run_id]
+    if dropped:
+        rest = [u for u in queue if u.spec.run_id != run_id]
+        queue.clear()
+        queue.extend(rest)
+    return dropped
+
+
+def _finished(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stored rows a run keeps: an lr stored as an error trains again; ok and diverged
+    are results; leaky is kept too (it would leak again; a plugin's new code is a new run)."""
+    return [r for r in rows if r["status"] != "error"]
+
+
 def _pending(
-    specs: Sequence[RunSpec], store: ResultStore, force: bool, events: Events
+    specs: Sequence[RunSpec],
+    store: ResultStore,
+    force: bool,
+    events: Events,
+    outcome: Outcome,
 ) -> tuple[dict[str, _Sweep], list[Unit]]:
     """The runs with work left (by run_id) and their trainings to do."""
     store.remove_stale_temporaries()
@@ -205,9 +357,15 @@ def _pending(
             stored.setdefault(record["run_id"], []).append(record)
     sweeps, units = {}, []
     for spec in specs:
-        # an lr stored as an error trains again; ok and diverged are results
-        kept = [r for r in stored.get(spec.run_id, []) if r["status"] != "error"]
+        kept = _finished(stored.get(spec.run_id, []))
         state = sweep_state(spec.protocol, kept)
+        refusal = None if state.complete else store.refusal(spec.task, spec.mechanism, spec.run_id)
+        if refusal is not None:  # before anything trains: its file would never be written
+            outcome.refused += 1
+            events.notice(spec, f"refused: {refusal}")
+            continue
+        if state.complete and any(r["status"] == LEAKY for r in kept):
+            outcome.stored_leaky += 1  # it would leak again: never retrained, always said
         if state.complete and all(
             bool(r["selected"]) == (lr_key(r["lr"]) == state.selected)
             # null in files of schema < 5, which are left as they are
@@ -215,8 +373,7 @@ def _pending(
             for r in kept
         ):
             continue  # complete, and stored with its selection
-        full = [r for r in store.read_run(spec.task, spec.mechanism, spec.run_id)
-                if r["status"] != "error"] if kept else []  # fmt: skip
+        full = _finished(store.read_run(spec.task, spec.mechanism, spec.run_id)) if kept else []
         sweeps[spec.run_id] = _Sweep(spec, full, hold=force)
         if state.complete:  # stored complete but not marked (an interrupted write): mark now
             mark_selected(spec.protocol, full)

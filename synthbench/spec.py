@@ -13,10 +13,11 @@ import dataclasses
 import functools
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from synthbench.mechanism import MECHANISMS, mechanism_params
+from synthbench.mechanism import MECHANISMS, build_once, mechanism_params
 from synthbench.model import check_position, make_rotation, position_params
 from synthbench.params import check_int
 from synthbench.protocols import Protocol
@@ -46,6 +47,9 @@ class RunSpec:
     # torch's intra-op threads: they change the floating-point sums, so they are in the run id
     threads: int = 1
     category: str = ""  # the task's, from its registry entry
+    # {"task"/"mechanism": Entry.code_hash} for those that come from a plugin, hashed here in
+    # the driver (workers load the plugin again, Ray's from a copy): edited code, new run id
+    plugin_code: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def resolve(
@@ -80,25 +84,31 @@ class RunSpec:
         task_entry, mech_entry = TASKS.entry(task), MECHANISMS.entry(mechanism)
         # the protocol's own task parameters, under the run's
         task_params = {**protocol.pinned_task_params(task_entry.name), **(task_overrides or {})}
-        task_obj = task_entry.obj(**task_params)
+        try:
+            task_obj = task_entry.obj(**task_params)
+        except ValueError:  # the parameters' own checks, naming them
+            raise
+        except Exception as exc:  # a plugin task whose construction raises
+            raise ValueError(
+                f"task {task_entry.name} cannot be built: {type(exc).__name__}: {exc}"
+            ) from exc
         if eval_length_mult is not None:
-            if not eval_length_mult > 0:
-                raise ValueError(f"the eval length multiplier must be > 0, got {eval_length_mult}")
+            if not (math.isfinite(eval_length_mult) and eval_length_mult > 0):
+                raise ValueError(
+                    f"the eval length multiplier must be > 0 and finite, got {eval_length_mult}"
+                )
             if task_obj.length_param is None:
                 eval_length_mult = None
             else:
                 try:
                     task_obj.at_length(eval_length_mult)
-                except ValueError as exc:
+                except (ValueError, OverflowError) as exc:  # overflow: a length past any int
                     raise ValueError(
                         f"task {task_entry.name} at {eval_length_mult:g}x length: {exc}"
                     ) from exc
         mech_params = mechanism_params(mech_entry.obj, mechanism_overrides)
-        # build the mechanism once so that an invalid parameter fails here, before any run
-        try:
-            mech_entry.obj(protocol.d_model // protocol.n_heads, protocol.n_heads, **mech_params)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"mechanism {mech_entry.name}: {exc}") from exc
+        build_once(mech_entry.name, protocol.d_model // protocol.n_heads, protocol.n_heads,
+                   mech_params)  # fmt: skip
         return cls(
             task=task_entry.name,
             mechanism=mech_entry.name,
@@ -110,6 +120,11 @@ class RunSpec:
             pos_params=pos_params,
             threads=threads,
             category=task_entry.metadata["category"],
+            plugin_code={
+                kind: entry.code_hash
+                for kind, entry in (("task", task_entry), ("mechanism", mech_entry))
+                if entry.code_hash is not None
+            },
         )
 
     def with_seed(self, seed: int) -> RunSpec:
@@ -132,6 +147,8 @@ class RunSpec:
             config["eval_length_mult"] = self.eval_length_mult
         if self.pos_params:  # a rotation's; absolute positions have none: run ids unchanged
             config["pos_params"] = self.pos_params
+        if self.plugin_code:  # built-ins have none (SUITE_VERSION): their run ids unchanged
+            config["plugin_code"] = self.plugin_code
         return config
 
     @functools.cached_property

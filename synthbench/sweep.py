@@ -6,6 +6,8 @@ protocol's grid has a row, the sweep either grows or ends:
 - it grows when ``protocol.lr_extend`` allows and the best lr on the validation set sits
   alone at an edge of the grid: the lr one grid step past that edge is added (the step is
   the ratio of the two outermost lrs on that side), since the optimum may lie beyond;
+- a run with a ``leaky`` training (synthbench/check.py) ends there with no lr selected: the
+  mechanism saw later positions, so none of its scores is a result;
 - otherwise it ends, and the best lr is *selected* (the lowest of equal bests): the test
   metrics of that row are the run's result. A best lr still alone at an edge is marked
   ``lr_edge``: the optimum may lie beyond the grid, so the run cannot show a mechanism
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from synthbench.protocols import Protocol
+from synthbench.store import LEAKY
 
 
 def lr_key(lr: float) -> float:
@@ -61,6 +64,8 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
         missing = tuple(lr for lr in grid if lr not in by_lr)
         if missing:
             return SweepState(missing, False, None)
+        if any(r["status"] == LEAKY for r in by_lr.values()):
+            return SweepState((), True, None)  # a leak at any lr: the run has no result
         scores = {lr: score(protocol, by_lr[lr]) for lr in grid if by_lr[lr]["status"] == "ok"}
         best = max(scores.values(), default=None)
         winners = [lr for lr in grid if lr in scores and scores[lr] == best]

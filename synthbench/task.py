@@ -148,7 +148,7 @@ class Task:
             f.name: REQUIRED if f.default is dataclasses.MISSING else f.default
             for f in dataclasses.fields(self.Params)
         }
-        params = resolve_params(f"task {type(self).__name__}", defaults, overrides)
+        params = resolve_params(f"task {TASKS.name_of(type(self))}", defaults, overrides)
         self.params = self.Params(**params)
 
     @classmethod

@@ -2,8 +2,8 @@
 
 The run is fully described by its :class:`~synthbench.spec.RunSpec`; the runner
 (synthbench/runner.py) decides which learning rates to train and which one a run reports.
-A failure is never raised: it is the row's status (``diverged``, or ``error`` with its
-message), never an accuracy of 0.
+A failure is never raised: it is the row's status (``diverged``, ``leaky``: the trained
+model sees later positions, or ``error`` with its message), never an accuracy of 0.
 """
 
 from __future__ import annotations
@@ -19,10 +19,12 @@ import torch.nn.functional as F
 
 from synthbench import provenance
 from synthbench.audit import Chance, chance
+from synthbench.check import BATCH as CHECK_BATCH
+from synthbench.check import Leaky, check_model_causality
 from synthbench.model import Model
 from synthbench.protocols import Protocol
 from synthbench.spec import TEST_SEED, VAL_SEED, RunSpec
-from synthbench.store import RESULT_METRICS
+from synthbench.store import LEAKY, RESULT_METRICS
 from synthbench.task import IGNORE, TASKS, Batch, Task
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW
@@ -215,6 +217,17 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
                 break  # solved: the rest of the schedule would only cost time
     row["steps_done"] = step + 1
     row["final_loss"] = sum(recent) / len(recent)
+    long_test = None
+    if long_task is not None:
+        gen = torch.Generator().manual_seed(TEST_SEED)
+        long_test = long_task.generate(p.test_examples, gen, device)
+    # a leak can be switched on by a learned parameter: the trained model is checked too,
+    # on test sequences at every length it is evaluated at, before any result is kept
+    for data in (test, long_test):
+        if data is not None:
+            verdict = check_model_causality(model, data.inputs[:CHECK_BATCH])
+            if verdict.leaks:
+                raise Leaky(f"not causal after training: {verdict.detail}")
 
     # val_metrics: the last point of the curve, at the end of training
     row.update(evaluate(model, test, p.eval_batch_size, with_se=True))
@@ -225,9 +238,7 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
     row["chance_token_acc"] = task_chance.token_acc
     row["chance_exact_match"] = task_chance.exact_match
     row.update({f"val_{k}": v for k, v in val_metrics.items()})
-    if long_task is not None:
-        gen = torch.Generator().manual_seed(TEST_SEED)
-        long_test = long_task.generate(p.test_examples, gen, device)
+    if long_test is not None:
         long_metrics = evaluate(model, long_test, p.eval_batch_size)
         row.update({f"long_{k}": v for k, v in long_metrics.items()})
     row["status"] = "ok"
@@ -267,6 +278,8 @@ def train_eval(spec: RunSpec, lr: float, device: torch.device) -> dict[str, Any]
         _train_and_evaluate(spec, lr, device, row)
     except Diverged as exc:
         row.update(status="diverged", error=str(exc))
+    except Leaky as exc:  # never a result; not retrained either (it would leak again)
+        row.update(status=LEAKY, error=str(exc))
     except Exception as exc:  # stored as an error row; the suite goes on
         row.update(status="error", error=f"{type(exc).__name__}: {exc}")
     finally:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import torch
+from clitools import SMOKE, invoke  # tests/clitools.py, beside this file
 
 
 @pytest.fixture(scope="module")
@@ -14,3 +17,32 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@pytest.fixture(scope="session")
+def smoke_tree(tmp_path_factory):
+    """copy x (softmax, linear), smoke, seed 0: two runs stored through the real CLI, once
+    for every test that needs a results tree; never written to (copy it: ``results``)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # as single_thread: tiny models
+    root = tmp_path_factory.mktemp("smoke_tree") / "results"
+    result = invoke("run", "--task", "copy", "--mech", "softmax,linear", *SMOKE, "--results", root)
+    torch.set_num_threads(previous)
+    assert result.exit_code == 0, result.output
+    return root
+
+
+@pytest.fixture
+def results(smoke_tree, tmp_path):
+    """A copy of ``smoke_tree`` that a test may change."""
+    root = tmp_path / "results"
+    shutil.copytree(smoke_tree, root)
+    return root
+
+
+@pytest.fixture
+def afile(tmp_path):
+    """A file where a folder is expected."""
+    path = tmp_path / "afile"
+    path.write_text("not a folder\n")
+    return path

@@ -1,6 +1,6 @@
 """`synthbench bench`: scaling, fidelity, train and plot on tiny sizes; the stored rows, forced
-out-of-memory and time-limit points, the fidelity trends, and the bench subtree kept out of
-the task results."""
+out-of-memory and time-limit points, the fidelity trends, and the bench rows kept out of
+the task results (their own tree; tests/test_readers.py reads both trees side by side)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 import synthbench.bench.common
 import synthbench.provenance
 from synthbench.bench import scaling
-from synthbench.bench.common import META, BenchFile, bench_files
+from synthbench.bench.common import META, BenchFile, bench_dir, bench_files, legacy_bench_dir
 from synthbench.bench.fidelity import METRICS as FIDELITY_METRICS
 from synthbench.bench.fidelity import QUADRATURE_METRICS
 from synthbench.bench.scaling import METRICS as SCALING_METRICS
@@ -81,9 +81,9 @@ def stored(root: Path, kind: str) -> pd.DataFrame:
 
 
 def check_schema(root: Path, kind: str, metrics) -> None:
-    """One Parquet file under <root>/bench/<kind>/, nothing else there (no temporaries), with
-    the shared columns and the kind's own."""
-    folder = root / BENCH_DIR / kind
+    """One Parquet file under <root>/<kind>/ (root: the bench tree), nothing else there (no
+    temporaries), with the shared columns and the kind's own."""
+    folder = bench_dir(root, kind)
     files = sorted(p.name for p in folder.iterdir())
     assert len(files) == 1 and files[0].endswith(".parquet"), files
     schema = pq.read_schema(folder / files[0])
@@ -100,7 +100,7 @@ def scaling_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("scaling")
     result = invoke(
         "scaling", "--mech", "linear,slay", *TINY, *LENGTHS,
-        "--results", root / "results", "--out", root / "reports",
+        "--bench-results", root / "bench-results", "--out", root / "reports",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     return root, result
@@ -108,8 +108,8 @@ def scaling_run(tmp_path_factory):
 
 def test_scaling_stores_well_formed_rows(scaling_run):
     root, result = scaling_run
-    check_schema(root / "results", "scaling", SCALING_METRICS)
-    rows = stored(root / "results", "scaling")
+    check_schema(root / "bench-results", "scaling", SCALING_METRICS)
+    rows = stored(root / "bench-results", "scaling")
     # slay at head_dim 16 has 2 x 8 x 16 = 256 features: linear is also timed at as many
     assert list(dict.fromkeys(rows["label"])) == ["linear", "slay", "linear (F=256)"]
     assert (rows["status"] == "ok").all()
@@ -140,11 +140,11 @@ def test_forced_limits_are_stored_and_the_sweep_goes_on(tmp_path, monkeypatch):
     plugin = tmp_path / "slow_plugin.py"
     plugin.write_text(SLOW_PLUGIN)
     monkeypatch.setattr(scaling, "GRACE_S", 1.0)
-    root = tmp_path / "results"
+    root = tmp_path / "bench-results"
     result = invoke(
         "scaling", "--mech", "yat,sleepy,stuck,linear", *TINY, "--min-len", "256",
         "--max-len", "1024", "--memory-limit-gb", "0.004", "--time-limit", "0.5", "--plugin",
-        plugin, "--no-compare-features", "--no-plot", "--results", root,
+        plugin, "--no-compare-features", "--no-plot", "--bench-results", root,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     rows = stored(root, "scaling")
@@ -196,7 +196,7 @@ def fidelity_run(tmp_path_factory):
     result = invoke(
         "fidelity", "--seeds", 16, "--budget", "small,large", "--seq-len", 64, "--d-model", 32,
         "--heads", 2, "--batch", 2, "--repeats", 1, "--warmup", 0, "--max-nodes", 8,
-        "--results", root / "results", "--out", root / "reports",
+        "--bench-results", root / "bench-results", "--out", root / "reports",
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     return root, result
@@ -204,9 +204,9 @@ def fidelity_run(tmp_path_factory):
 
 def test_fidelity_rows_and_tables(fidelity_run):
     root, result = fidelity_run
-    check_schema(root / "results", "fidelity", FIDELITY_METRICS)
-    check_schema(root / "results", "quadrature", QUADRATURE_METRICS)
-    rows = stored(root / "results", "fidelity")
+    check_schema(root / "bench-results", "fidelity", FIDELITY_METRICS)
+    check_schema(root / "bench-results", "quadrature", QUADRATURE_METRICS)
+    rows = stored(root / "bench-results", "fidelity")
     assert len(rows) == 2 * 16 * 8  # budgets x seeds x (reference + 7 variants)
     assert (rows["status"] == "ok").all() and (rows["latency_ms"] > 0).all()
     reference = rows[rows["mechanism"] == "yat-spherical"]
@@ -233,7 +233,7 @@ def test_fidelity_rows_and_tables(fidelity_run):
 
 
 def test_fidelity_errors_fall_with_the_budget(fidelity_run):
-    rows = stored(fidelity_run[0] / "results", "fidelity")
+    rows = stored(fidelity_run[0] / "bench-results", "fidelity")
     error = rows.groupby(["budget", "mechanism"])["rel_l2"].mean()
     for name in ("slay", "slay-laplace"):  # the positive estimators
         assert error["large", name] < error["small", name], name
@@ -242,7 +242,7 @@ def test_fidelity_errors_fall_with_the_budget(fidelity_run):
 
 
 def test_quadrature_error_falls_with_the_nodes(fidelity_run):
-    rows = stored(fidelity_run[0] / "results", "quadrature").sort_values("quad_nodes")
+    rows = stored(fidelity_run[0] / "bench-results", "quadrature").sort_values("quad_nodes")
     assert rows["quad_nodes"].tolist() == list(range(1, 9))
     for column in ("max_abs_err", "mean_abs_err", "max_abs_err_half", "median_rel_err"):
         assert rows[column].is_monotonic_decreasing, column
@@ -252,12 +252,12 @@ def test_quadrature_error_falls_with_the_nodes(fidelity_run):
 # -- train ------------------------------------------------------------------------------------
 
 
-def test_train_measures_the_real_loop(tmp_path):
-    root = tmp_path / "results"
+def test_train_measures_the_real_loop(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default places: bench-results/ beside results/
+    root = tmp_path / "bench-results"
     result = invoke(
-        "train", "--protocol", "smoke", "--task", "copy", "--mech", "softmax", "--steps", 10,
-        "--results", root,
-    )  # fmt: skip
+        "train", "--protocol", "smoke", "--task", "copy", "--mech", "softmax", "--steps", 10
+    )
     assert result.exit_code == 0, result.output
     check_schema(root, "train", TRAIN_METRICS)
     row = stored(root, "train").iloc[0]
@@ -266,17 +266,18 @@ def test_train_measures_the_real_loop(tmp_path):
     assert row["tokens_per_s"] == pytest.approx(row["steps_per_s"] * 16 * row["seq_len"])
     assert row["run_s"] == pytest.approx(row["fixed_s"] + 20 * row["step_ms"] / 1e3)
     assert "`synthbench run --task all --mech softmax --protocol smoke` would take" in result.stdout
-    assert not list((tmp_path / "results").glob("task=*"))  # no task results written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bench-results"]  # nothing else
 
 
 # -- storage, plot ----------------------------------------------------------------------------
 
 
-def test_bench_subtree_is_not_task_results(scaling_run, tmp_path):
-    """ResultStore and `synthbench report` see the task runs only; no bench file is
-    reported as corrupt."""
+def test_old_bench_subtree_is_not_task_results(scaling_run, tmp_path):
+    """A results tree that still holds bench rows where older versions put them
+    (<results>/bench/): ResultStore and `synthbench report` see the task runs only; no bench
+    file is reported as corrupt."""
     root = tmp_path / "results"
-    shutil.copytree(scaling_run[0] / "results", root)
+    shutil.copytree(scaling_run[0] / "bench-results", root / BENCH_DIR)
     smoke = dataclasses.replace(PROTOCOLS.get("smoke"), steps=3)
     spec = RunSpec.resolve("copy", "linear", smoke, 0, {"n": 4})
     ResultStore(root).write(run_sweep(spec, torch.device("cpu")))
@@ -293,19 +294,35 @@ def test_bench_subtree_is_not_task_results(scaling_run, tmp_path):
 
 
 def test_plot_writes_figures_and_tables(scaling_run, fidelity_run, tmp_path):
-    root = tmp_path / "results"
-    shutil.copytree(scaling_run[0] / "results", root)
-    shutil.copytree(fidelity_run[0] / "results" / BENCH_DIR, root / BENCH_DIR, dirs_exist_ok=True)
+    root = tmp_path / "bench-results"
+    shutil.copytree(scaling_run[0] / "bench-results", root)
+    shutil.copytree(fidelity_run[0] / "bench-results", root, dirs_exist_ok=True)
     out = tmp_path / "plots"
-    result = invoke("plot", "--results", root, "--out", out, "--format", "png")
+    result = invoke("plot", "--bench-results", root, "--out", out, "--format", "png")
     assert result.exit_code == 0, result.output
     for name in ("scaling.png", "quadrature.png", "fidelity.md", "fidelity.tex"):
         assert (out / name).stat().st_size > 0, name
     assert not (out / "scaling.pdf").exists()
     scaling_id = bench_files(root, "scaling")[0].stem
     only = tmp_path / "only"
-    assert invoke("plot", "--results", root, "--out", only, "--id", scaling_id).exit_code == 0
+    assert invoke("plot", "--bench-results", root, "--out", only, "--id", scaling_id).exit_code == 0
     assert sorted(p.name for p in only.iterdir()) == ["scaling.pdf", "scaling.png"]
+
+
+def test_plot_reads_rows_older_versions_stored_in_the_results_tree(scaling_run, tmp_path):
+    legacy = tmp_path / "results"
+    shutil.copytree(scaling_run[0] / "bench-results", legacy / BENCH_DIR)
+    (scaling_id,) = [p.stem for p in bench_files(legacy / BENCH_DIR, "scaling")]
+    assert bench_files(tmp_path / "bench-results", "scaling", legacy=legacy) == [
+        legacy_bench_dir(legacy, "scaling") / f"{scaling_id}.parquet"
+    ]
+    out = tmp_path / "plots"
+    result = invoke(
+        "plot", "--bench-results", tmp_path / "bench-results", "--results", legacy, "--out", out,
+        "--id", scaling_id, "--format", "png",
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == ["scaling.png"]
 
 
 def test_bench_file_rows_accumulate_atomically(tmp_path):
@@ -335,15 +352,29 @@ BAD = {
     "format": (["plot", "--format", "gif"], "unknown format 'gif'"),
     "nothing": (["plot"], "no bench results"),
     "id": (["plot", "--id", "nope"], "no bench results with id nope"),
+    "old-option": (["train", "--results", "results"], "use --bench-results DIR"),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD))
-def test_user_errors_exit_2_with_one_line(case, tmp_path):
+def test_user_errors_exit_2_with_one_line(case, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # plot also reads ./results/bench/
     args, culprit = BAD[case]
-    result = invoke(*args, "--results", tmp_path / "results")
+    result = invoke(*args, "--bench-results", tmp_path / "bench-results")
     assert result.exit_code == 2, result.output
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error:"), result.stderr
     assert culprit in lines[0]
-    assert not (tmp_path / "results").exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("inside", ["results", "results/task=copy/mechanism=linear"])
+def test_bench_rows_are_refused_inside_a_results_tree(tmp_path, inside):
+    (tmp_path / "results" / "task=copy" / "mechanism=linear").mkdir(parents=True)
+    before = sorted(tmp_path.rglob("*"))
+    result = invoke("train", "--steps", 2, "--bench-results", tmp_path / inside / "bench")
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "inside the results tree" in lines[0], result.stderr
+    assert f"{tmp_path / 'results'} " in lines[0]
+    assert sorted(tmp_path.rglob("*")) == before

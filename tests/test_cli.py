@@ -311,14 +311,17 @@ def test_corrupt_file_is_reported_and_rerun(results, tmp_path):
     assert "warning" in listing.stderr and str(bad) in listing.stderr
     assert "7 rows" in listing.stdout
 
-    before = snapshot(results)
+    before, truncated = snapshot(results), bad.read_bytes()
     rerun = invoke(*RUN, "--seeds", 2, "--results", results)
     assert rerun.exit_code == 0, rerun.output
     assert "7 already stored, 1 to run" in rerun.stdout
     assert str(bad) in rerun.stderr
     after = snapshot(results)
     changed = {k for k in after if after[k] != before.get(k) and after[k][0] >= 0}  # files
-    assert changed == {str(bad.relative_to(results))}
+    # the unreadable file is kept, moved aside to a hidden name (README, "Errors")
+    (aside,) = [k for k in changed if ".unreadable-" in k]
+    assert changed == {str(bad.relative_to(results)), aside}
+    assert (results / aside).read_bytes() == truncated and str(results / aside) in rerun.stderr
     store = ResultStore(results)
     whole = store.load(warn=False)
     assert whole.skipped == [] and len(whole.rows) == 8

@@ -5,33 +5,46 @@
   offline into a folder that the commands put on their path;
 - broken plugins: a local file that raises or takes a built-in's name stops the command with
   exit status 2 and one line, touching nothing stored; a broken entry point is one warning
-  line and the built-ins still work.
+  line and the built-ins still work;
+- a plugin's code in its run id: an edited file or installed package is trained again;
+- ``--version``, shell completion, and the README's plugin walkthrough, run as written.
 
 Every subprocess gets a fresh interpreter, so nothing registered here leaks into the
-registries of the other tests.
+registries of the other tests; the commands run in this process load only plugin files
+that register nothing.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pandas as pd
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from synthbench.cli import app
+from synthbench.registry import entry_point_hash
+from synthbench.report import label_variants
 from synthbench.store import ResultStore
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "synthbench-example-plugin"
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "synthbench-example-plugin"
 LOCAL_PLUGIN = EXAMPLE / "local_plugin.py"
 SMOKE = ("--protocol", "smoke", "--seeds", "1", "--task", "copy", "--device", "cpu")
 BUILTINS = ("softmax", "linear")
+ENV = {"COLUMNS": "400", "NO_COLOR": "1"}  # in-process commands (CliRunner): whole lines
 
 
 def cli(
@@ -63,14 +76,12 @@ def stderr_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.strip()]
 
 
-def table_rows(stdout: str) -> dict[str, list[str]]:
-    """The body rows of a rich table, keyed by their first cell."""
-    rows = {}
-    for line in stdout.splitlines():
-        if line.startswith("│"):
-            cells = [cell.strip() for cell in line.strip("│").split("│")]
-            rows[cells[0]] = cells
-    return rows
+def list_mechanisms(
+    *args: object, cwd: Path, pythonpath: Path | None = None
+) -> tuple[subprocess.CompletedProcess[str], dict[str, dict]]:
+    """``synthbench list mechs --json ARGS``: the finished command and its rows by name."""
+    proc = ok(cli("list", "mechs", "--json", *args, cwd=cwd, pythonpath=pythonpath))
+    return proc, {row["name"]: row for row in json.loads(proc.stdout)}
 
 
 def assert_one_run_stored(results: Path, mechanism: str) -> pd.DataFrame:
@@ -107,28 +118,45 @@ def stored_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # -- the local-file route ----------------------------------------------------------------
 
 
-def test_local_file_plugin_runs_end_to_end(tmp_path: Path) -> None:
+def test_local_file_plugin_runs_end_to_end_and_again_once_edited(tmp_path: Path) -> None:
+    plugin = tmp_path / "local_plugin.py"  # a copy, to edit
+    shutil.copy(LOCAL_PLUGIN, plugin)
     results = tmp_path / "results"
-    proc = ok(
-        cli(
-            "run", "--plugin", LOCAL_PLUGIN, "--mech", "scaled-softmax", *SMOKE,
-            "--results", results, cwd=tmp_path,
-        )
-    )  # fmt: skip
-    assert "done: 1 ok" in proc.stdout
+
+    def run() -> str:
+        return ok(
+            cli(
+                "run", "--plugin", plugin, "--mech", "scaled-softmax", *SMOKE,
+                "--results", results, cwd=tmp_path,
+            )
+        ).stdout  # fmt: skip
+
+    assert "done: 1 ok" in run()
     rows = assert_one_run_stored(results, "scaled-softmax")
     # the plugin's constructor default is resolved and stored like a built-in's
     assert {json.loads(p)["temperature"] for p in rows["mechanism_params"]} == {2.0}
+    # the file's code is in the run id and in the row's config
+    code = hashlib.sha256(plugin.read_bytes()).hexdigest()[:16]
+    assert all(json.loads(c)["plugin_code"] == {"mechanism": code} for c in rows["config"])
+    first = {path: value for path, value in snapshot(results).items() if value[1] is not None}
+
+    assert "1 already stored, 0 to run" in run()  # unchanged: resumed
+    plugin.write_text(plugin.read_text() + "# any edit is other code\n")
+    assert "0 already stored, 1 to run" in run()  # edited: trained again, beside the first
+    loaded = ResultStore(results).load(warn=False).rows
+    assert len(set(loaded["run_id"])) == 2
+    codes = {json.loads(c)["plugin_code"]["mechanism"] for c in loaded["config"]}
+    assert codes == {code, hashlib.sha256(plugin.read_bytes()).hexdigest()[:16]}
+    assert all(snapshot(results)[path] == value for path, value in first.items())  # kept
 
 
 def test_local_file_plugin_is_listed_with_its_source(tmp_path: Path) -> None:
-    proc = ok(cli("list", "mechs", "--plugin", LOCAL_PLUGIN, cwd=tmp_path))
-    rows = table_rows(proc.stdout)
+    proc, rows = list_mechanisms("--plugin", LOCAL_PLUGIN, cwd=tmp_path)
     assert set(BUILTINS) <= set(rows)
-    _name, complexity, family, _state, _aliases, _reference, source = rows["scaled-softmax"]
-    assert (complexity, family) == ("quadratic", "softmax")
-    assert source.startswith("plugin file") and "local_plugin.py" in source
-    assert rows["softmax"][-1] == "builtin"
+    plugin = rows["scaled-softmax"]
+    assert (plugin["complexity"], plugin["family"]) == ("quadratic", "softmax")
+    assert plugin["source"].startswith("plugin file") and "local_plugin.py" in plugin["source"]
+    assert rows["softmax"]["source"] == "builtin"
     assert stderr_lines(proc) == []
 
 
@@ -142,20 +170,24 @@ def _setuptools_version() -> tuple[int, ...]:
         return (0,)
 
 
-@pytest.mark.skipif(
+needs_pip = pytest.mark.skipif(
     importlib.util.find_spec("pip") is None or _setuptools_version() < (77,),
     reason="needs pip and setuptools >= 77 in this interpreter to build the example offline",
 )
-def test_entry_point_plugin_installed_as_a_package(tmp_path: Path) -> None:
-    # Build from a copy so the checkout gets no build/ or *.egg-info.
-    src = tmp_path / "synthbench-example-plugin"
+
+
+def pip_install(package: Path, tmp_path: Path) -> Path:
+    """Install ``package`` into tmp_path/site, which the commands then put on their path.
+
+    Built from a copy so the checkout gets no build/ or *.egg-info. Installed with this
+    interpreter's pip into a folder of its own: the same interpreter and packages as the test
+    run, whether that is the system's or a virtual environment's (a nested venv would see the
+    base interpreter's packages instead, not this environment's).
+    """
+    src = tmp_path / package.name
     shutil.copytree(
-        EXAMPLE, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
+        package, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__")
     )
-    # Installed with this interpreter's pip into a folder of its own, which the commands
-    # below put on their path: the same interpreter and packages as the test run, whether
-    # that is the system's or a virtual environment's (a nested venv would see the base
-    # interpreter's packages instead, not this environment's).
     site = tmp_path / "site"
     ok(
         subprocess.run(
@@ -166,14 +198,19 @@ def test_entry_point_plugin_installed_as_a_package(tmp_path: Path) -> None:
             capture_output=True, text=True, cwd=tmp_path, timeout=300,
         )
     )  # fmt: skip
+    return site
 
-    listed = ok(cli("list", "mechs", cwd=tmp_path, pythonpath=site))
-    rows = table_rows(listed.stdout)
+
+@needs_pip
+def test_entry_point_plugin_installed_as_a_package(tmp_path: Path) -> None:
+    site = pip_install(EXAMPLE, tmp_path)
+
+    listed, rows = list_mechanisms(cwd=tmp_path, pythonpath=site)
     assert set(BUILTINS) <= set(rows)
-    _name, complexity, family, state, _aliases, _reference, source = rows["relu-linear"]
-    assert (complexity, family) == ("linear", "feature-map")
-    assert state == f"{16 * 17:,}"  # feature_dim (d) x (d + 1) at d 16
-    assert source == "plugin relu-linear (synthbench-example-plugin)"
+    plugin = rows["relu-linear"]
+    assert (plugin["complexity"], plugin["family"]) == ("linear", "feature-map")
+    assert plugin["state_per_head"] == 16 * 17  # feature_dim (d) x (d + 1) at d 16
+    assert plugin["source"] == "plugin relu-linear (synthbench-example-plugin)"
     assert stderr_lines(listed) == []
 
     results = tmp_path / "results"
@@ -184,9 +221,18 @@ def test_entry_point_plugin_installed_as_a_package(tmp_path: Path) -> None:
     assert "done: 1 ok" in proc.stdout
     stored = assert_one_run_stored(results, "relu-linear")
     assert {json.loads(p)["offset"] for p in stored["mechanism_params"]} == {0.01}
+    # the installed package's code is in the run id (and shown in the row's config): the
+    # hash of its version and module files, which an edit of an installed file changes
+    (dist,) = importlib.metadata.distributions(path=[str(site)])
+    (ep,) = dist.entry_points
+    code = entry_point_hash(ep)
+    assert all(json.loads(c)["plugin_code"] == {"mechanism": code} for c in stored["config"])
+    module = site / "synthbench_example_plugin" / "__init__.py"
+    module.write_text(module.read_text() + "# edited\n")
+    assert entry_point_hash(ep) != code
 
     # installed into that folder only: without it on the path, the plugin is not there
-    assert "relu-linear" not in table_rows(ok(cli("list", "mechs", cwd=tmp_path)).stdout)
+    assert "relu-linear" not in list_mechanisms(cwd=tmp_path)[1]
 
 
 def test_example_relu_feature_map_keeps_the_denominator_positive() -> None:
@@ -261,9 +307,23 @@ def test_local_file_taking_a_builtin_name_exits_2_naming_both(
     assert snapshot(stored_results) == before
 
 
-def test_broken_entry_point_is_one_warning_and_builtins_still_work(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("module", "failure"),
+    [
+        (
+            'raise RuntimeError("boom in broken_plugin_mod")\n',
+            "failed to load: RuntimeError: boom in broken_plugin_mod",
+        ),
+        # SystemExit is no Exception: it used to end every command, silently, with status 0
+        ("import sys\nsys.exit(0)\n", "called sys.exit(0) while being imported"),
+    ],
+    ids=["raises", "sys.exit"],
+)
+def test_broken_entry_point_is_one_warning_and_builtins_still_work(
+    tmp_path: Path, module: str, failure: str
+) -> None:
     # An installed distribution is only its *.dist-info on sys.path: write one by hand whose
-    # entry point names a module that raises on import.
+    # entry point names a module that fails on import.
     site = tmp_path / "site"
     dist_info = site / "broken_plugin-0.1.dist-info"
     dist_info.mkdir(parents=True)
@@ -273,14 +333,176 @@ def test_broken_entry_point_is_one_warning_and_builtins_still_work(tmp_path: Pat
     (dist_info / "entry_points.txt").write_text(
         "[synthbench.mechanisms]\nbroken-mech = broken_plugin_mod:Attention\n"
     )
-    (site / "broken_plugin_mod.py").write_text('raise RuntimeError("boom in broken_plugin_mod")\n')
+    (site / "broken_plugin_mod.py").write_text(module)
 
-    proc = ok(cli("list", "mechs", cwd=tmp_path, pythonpath=site))
-    rows = table_rows(proc.stdout)
+    proc, rows = list_mechanisms(cwd=tmp_path, pythonpath=site)
     assert set(BUILTINS) <= set(rows)
     assert "broken-mech" not in rows
     lines = stderr_lines(proc)
     assert len(lines) == 1, proc.stderr
     assert lines[0].startswith("warning:")
     assert "'broken-mech'" in lines[0] and "broken-plugin" in lines[0]
-    assert "RuntimeError: boom in broken_plugin_mod" in lines[0]
+    assert failure in lines[0]
+
+
+def test_a_plugins_code_before_and_after_an_edit_are_separate_variants_in_reports() -> None:
+    """Not two seeds of one mechanism (or task): each code is its own table row."""
+
+    def stored(task_code: str | None, mech_code: str | None) -> dict[str, str]:
+        code = {"task": task_code, "mechanism": mech_code}
+        config = {"plugin_code": {k: v for k, v in code.items() if v is not None}}
+        return {
+            "task": "my-task", "task_params": "{}", "mechanism": "my-mech",
+            "mechanism_params": "{}", "protocol": "smoke", "config": json.dumps(config),
+        }  # fmt: skip
+
+    rows = pd.DataFrame([stored("t1", "m1"), stored("t1", "m2"), stored("t2", "m2")])
+    labelled = label_variants(rows)
+    assert list(labelled["mechanism"]) == ["my-mech (code=m1)", *["my-mech (code=m2)"] * 2]
+    assert list(labelled["task"]) == [*["my-task (code=t1)"] * 2, "my-task (code=t2)"]
+    one_code = label_variants(pd.DataFrame([stored(None, "m1"), stored(None, "m1")]))
+    assert set(one_code["mechanism"]) == {"my-mech"} and set(one_code["task"]) == {"my-task"}
+
+
+# -- plugin files that cannot be loaded: one line each, in process (none registers anything) --
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        ("exits.py", "import sys\nsys.exit(0)\n", "plugin file {path} called sys.exit(0) while"),
+        ("exits_1.py", "raise SystemExit(1)\n", "plugin file {path} called sys.exit(1) while"),
+        ("plugins", None, "plugin {path} is a directory, not a Python file"),
+        ("missing.py", "", "plugin file {path} does not exist"),
+        ("notes.txt", "x = 1\n", "plugin file {path} is not a Python file (.py)"),
+        (
+            "typo.py",
+            "import torch\n\ndef f(:\n",
+            "plugin file {path} failed to import: SyntaxError at {path}:3: invalid syntax",
+        ),
+        (
+            "needs.py",
+            "import synthbench_no_such_module\n",
+            "failed to import: ModuleNotFoundError: No module named 'synthbench_no_such_module'",
+        ),
+    ],
+    ids=["sys.exit(0)", "SystemExit(1)", "directory", "missing", "not-py", "syntax", "import"],
+)
+def test_plugin_file_that_cannot_load_is_one_line_and_exit_2(
+    tmp_path: Path, name: str, content: str | None, message: str
+) -> None:
+    path = tmp_path / name
+    if content is None:
+        path.mkdir()
+    elif name != "missing.py":
+        path.write_text(content)
+    result = CliRunner().invoke(app, ["list", "mechs", "--plugin", str(path)], env=ENV)
+    assert result.exit_code == 2, result.output
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and message.format(path=path) in lines[0]
+
+
+def test_plugin_file_that_registers_nothing_is_a_warning(tmp_path: Path) -> None:
+    path = tmp_path / "empty.py"
+    path.write_text("# nothing registered here\n")
+    result = CliRunner().invoke(app, ["list", "mechs", "--plugin", str(path)], env=ENV)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [
+        f"warning: plugin file {path} registers no task or mechanism"
+    ]
+
+
+# -- the command line's own options ----------------------------------------------------------
+
+
+def test_version_names_synthbench_and_torch() -> None:
+    result = CliRunner().invoke(app, ["--version"], env=ENV)
+    assert result.exit_code == 0, result.output
+    version = importlib.metadata.version("synthbench")
+    assert result.stdout == f"synthbench {version} (torch {torch.__version__})\n"
+
+
+def test_shell_completion_is_available() -> None:
+    """The options are there, the script for a named shell (the README's recipe, which
+    needs no shell detection and no terminal), and a completion request is answered."""
+    help_text = CliRunner().invoke(app, ["--help"], env=ENV).stdout
+    assert "--install-completion" in help_text and "--show-completion" in help_text
+
+    def complete(env: dict[str, str]) -> str:
+        result = CliRunner().invoke(app, [], env={**ENV, **env}, prog_name="synthbench")
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    assert "compdef synthbench" in complete({"_SYNTHBENCH_COMPLETE": "source_zsh"})
+    script = complete({"_SYNTHBENCH_COMPLETE": "source_bash"})
+    assert "complete -o default -F _synthbench_completion synthbench" in script
+    request = {"_SYNTHBENCH_COMPLETE": "complete_bash", "COMP_CWORD": "1"}
+    assert complete({**request, "COMP_WORDS": "synthbench ru"}).split() == ["run"]
+    request["COMP_CWORD"] = "2"
+    assert complete({**request, "COMP_WORDS": "synthbench run --prot"}).split() == ["--protocol"]
+
+
+# -- the README's plugin walkthrough -----------------------------------------------------------
+
+
+def readme_plugin_walkthrough() -> tuple[list[str], list[str]]:
+    """From the README's "Adding a mechanism": the plugin file's code (the python block that
+    starts ``# my_mechanism.py``) and the commands of its bash blocks, in order."""
+    section = (REPO / "README.md").read_text().split("\n## Adding a mechanism\n")[1]
+    section = section.split("\n## ")[0]
+    blocks = re.findall(r"^( *)```(\w+)\n(.*?)^\1```", section, flags=re.M | re.S)
+    code = [
+        textwrap.dedent(body)
+        for _, lang, body in blocks
+        if lang == "python" and body.lstrip().startswith("# my_mechanism.py")
+    ]
+    commands = [
+        line.strip()
+        for _, lang, body in blocks
+        if lang == "bash"
+        for line in body.splitlines()
+        if line.strip()
+    ]
+    return code, commands
+
+
+def test_readme_plugin_commands_try_one_task_with_the_smoke_protocol() -> None:
+    """Trying a plugin must not start the whole suite (66 runs under quick)."""
+    lines = [
+        line
+        for line in (REPO / "README.md").read_text().splitlines()
+        if "synthbench run" in line and "--plugin" in line
+    ]
+    assert lines
+    for line in lines:
+        argv = shlex.split(line.split("#")[0].strip().strip("`"))
+        options = dict(zip(argv, argv[1:], strict=False))  # option -> the word after it
+        assert options.get("--protocol") == "smoke", line
+        assert "--task" in options and "," not in options["--task"], line
+
+
+@needs_pip
+def test_readme_plugin_walkthrough_works_in_order(tmp_path: Path) -> None:
+    """The README's plugin file and commands, run top to bottom as a newcomer would: a local
+    file, then the example package installed, then both at once (no name collision)."""
+    code, commands = readme_plugin_walkthrough()
+    assert len(code) == 1, "the README shows the plugin file, # my_mechanism.py, once"
+    (tmp_path / "my_mechanism.py").write_text(code[0])
+    installs = [c for c in commands if c.startswith("pip install ")]
+    assert len(installs) == 1, commands  # the entry-point route
+    assert any("--plugin my_mechanism.py" in c for c in commands), commands  # the file route
+    site = tmp_path / "site"
+    for command in commands:
+        argv = shlex.split(command)
+        if argv[:2] == ["pip", "install"]:
+            (package,) = argv[2:]
+            assert pip_install(REPO / package, tmp_path) == site
+            continue
+        assert argv[0] == "synthbench", command
+        proc = cli(*argv[1:], cwd=tmp_path, pythonpath=site)
+        assert proc.returncode == 0, f"{command}: exit {proc.returncode}\n{proc.stderr}"
+        assert not re.search(r"^(error|warning):", proc.stderr, flags=re.M), proc.stderr
+    stored = ResultStore(tmp_path / "results").load(warn=False).rows
+    assert {"my-relu-linear", "relu-linear"} <= set(stored["mechanism"])
+    assert set(stored["protocol"]) == {"smoke"} and set(stored["task"]) == {"copy"}

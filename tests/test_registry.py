@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import importlib
 import importlib.metadata
+import json
+import shutil
 import sys
 import types
 import uuid
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 from synthbench import MECHANISMS, TASKS
+from synthbench.protocols import PROTOCOLS
 from synthbench.registry import (
     PluginError,
     Registry,
@@ -20,6 +25,7 @@ from synthbench.registry import (
     UnknownNameError,
     load_plugin_file,
 )
+from synthbench.spec import RunSpec
 
 GROUP = "synthbench.test_widgets"
 HOLDER = "_synthbench_test_holder"  # module through which plugin code reaches the test registry
@@ -347,3 +353,138 @@ def test_same_plugin_file_twice_is_loaded_once(tmp_path):
 def test_names_that_cannot_be_folder_names_or_cli_values_are_refused(bad):
     with pytest.raises(RegistryError, match="invalid mechanism name"):
         Registry("mechanism").add(bad, object())
+
+
+# -- plugins that exit or interrupt at import ---------------------------------------------
+
+
+def test_entry_point_that_calls_sys_exit_is_a_plugin_error(entry_points, holder, builtins_module):
+    entry_points[GROUP] = [FakeEntryPoint("quits", raising(SystemExit(0)))]
+    holder.REGISTRY = reg = widget_registry(entry_point_group=GROUP, builtins=builtins_module)
+    with pytest.warns(UserWarning, match=r"called sys\.exit\(0\) while being imported"):
+        assert reg.names() == ["alpha", "beta"]  # and the process is still here
+    assert [str(e) for e in reg.plugin_errors] == [
+        "widget plugin 'quits' from fake-dist called sys.exit(0) while being imported"
+    ]
+
+
+def test_plugin_file_that_calls_sys_exit_is_a_plugin_error_and_registers_nothing(tmp_path):
+    registry = Registry("mechanism")
+    globals()["EXIT_REGISTRY"] = registry
+    plugin = tmp_path / "quits.py"
+    plugin.write_text(
+        f"import sys\nsys.modules[{__name__!r}].EXIT_REGISTRY.add('early', object())\n"
+        "sys.exit('bye')\n"
+    )
+    with pytest.raises(PluginError) as info:
+        load_plugin_file(plugin, [registry])
+    assert str(info.value) == f"plugin file {plugin} called sys.exit('bye') while being imported"
+    assert "early" not in registry
+
+
+def test_ctrl_c_while_a_plugin_imports_is_not_swallowed(tmp_path, entry_points, holder):
+    """Ctrl-C is the user's: it still stops the command."""
+    plugin = tmp_path / "interrupted.py"
+    plugin.write_text("raise KeyboardInterrupt\n")
+    with pytest.raises(KeyboardInterrupt):
+        load_plugin_file(plugin, [Registry("mechanism")])
+    entry_points[GROUP] = [FakeEntryPoint("slow", raising(KeyboardInterrupt()))]
+    holder.REGISTRY = reg = widget_registry(entry_point_group=GROUP)
+    with pytest.raises(KeyboardInterrupt):
+        reg.names()
+
+
+def test_plugin_file_returns_what_it_registered(tmp_path, holder):
+    holder.REGISTRY = reg = widget_registry()
+    empty = tmp_path / "empty_widgets.py"
+    empty.write_text("x = 1\n")
+    assert load_plugin_file(empty, [reg]) == []  # the command line warns about it
+    one = tmp_path / "one_widget.py"
+    one.write_text(f"from {HOLDER} import REGISTRY\nREGISTRY.add('solo', 1, category='Basic')\n")
+    assert [e.name for e in load_plugin_file(one, [reg])] == ["solo"]
+    assert [e.name for e in load_plugin_file(one, [reg])] == ["solo"]  # named twice: once
+
+
+# -- a plugin's code hash (it goes into the run id) -----------------------------------------
+
+
+def test_plugin_file_entries_carry_the_hash_of_the_file(tmp_path, holder):
+    holder.REGISTRY = reg = widget_registry()
+    path = tmp_path / "hashed_widgets.py"
+    path.write_text(f"from {HOLDER} import REGISTRY\nREGISTRY.add('hashed', 1, category='Basic')\n")
+    load_plugin_file(path, [reg])
+    assert reg.entry("hashed").code_hash == hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+    reg.add("later", Thing, category="Basic")
+    assert reg.entry("later").code_hash is None  # only the file's entries
+
+
+def test_builtins_have_no_code_hash():
+    for registry in (TASKS, MECHANISMS):
+        assert {e.code_hash for e in registry.entries() if e.source == "builtin"} == {None}
+
+
+def install_fake_distribution(site, module: str, version: str, record: bool) -> None:
+    """A distribution in ``site`` whose entry point names the class ``module:Widget``: its
+    package (two files) and *.dist-info; ``record``: a RECORD listing the files, as a regular
+    install has (an editable install lists only a .pth file)."""
+    package = site / module
+    package.mkdir(parents=True, exist_ok=True)
+    (package / "__init__.py").write_text("from .widget import Widget\n", encoding="utf-8")
+    (package / "widget.py").write_text(
+        "class Widget:\n    registry_metadata = {'category': 'Basic'}\n", encoding="utf-8"
+    )
+    for old in site.glob("*.dist-info"):
+        shutil.rmtree(old)
+    info = site / f"{module}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {module}\nVersion: {version}\n")
+    (info / "entry_points.txt").write_text(f"[{GROUP}]\nwidget = {module}:Widget\n")
+    if record:
+        files = [f"{module}/__init__.py", f"{module}/widget.py", f"{info.name}/METADATA"]
+        (info / "RECORD").write_text("".join(f"{f},,\n" for f in files))
+
+
+@pytest.fixture
+def fake_module_name():
+    """A unique package name; the package and its modules leave sys.modules afterwards."""
+    name = f"_synthbench_test_dist_{uuid.uuid4().hex[:12]}"
+    yield name
+    for loaded in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+        del sys.modules[loaded]
+
+
+@pytest.mark.parametrize("record", [True, False], ids=["installed", "editable"])
+def test_entry_point_code_hash_follows_the_installed_files_and_version(
+    tmp_path, monkeypatch, fake_module_name, record
+):
+    module = fake_module_name
+    site = tmp_path / "site"
+    install_fake_distribution(site, module, "0.1", record)
+    monkeypatch.syspath_prepend(str(site))
+
+    def code_hash() -> str:
+        reg = widget_registry(entry_point_group=GROUP)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            return reg.entry("widget").code_hash
+
+    first = code_hash()
+    assert first is not None and first == code_hash()  # the same code, the same hash
+    widget = site / module / "widget.py"
+    widget.write_text(widget.read_text() + "# edited\n")  # a module other than the entry's
+    edited = code_hash()
+    assert edited != first
+    install_fake_distribution(site, module, "0.2", record)  # the files as first, a new version
+    assert code_hash() not in (first, edited)
+
+
+def test_plugin_code_is_in_the_config_and_run_id_only_when_there_is_some():
+    smoke = PROTOCOLS.get("smoke")
+    builtin = RunSpec.resolve("copy", "softmax", smoke, 0)
+    assert builtin.plugin_code == {} and "plugin_code" not in builtin.config()
+    plugin = dataclasses.replace(builtin, plugin_code={"mechanism": "0123456789abcdef"})
+    assert plugin.config()["plugin_code"] == {"mechanism": "0123456789abcdef"}
+    assert json.loads(plugin.row_fields()["config"])["plugin_code"] == plugin.plugin_code
+    edited = dataclasses.replace(builtin, plugin_code={"mechanism": "fedcba9876543210"})
+    assert len({builtin.run_id, plugin.run_id, edited.run_id}) == 3
+    assert plugin.with_seed(1).plugin_code == plugin.plugin_code  # every seed of the run

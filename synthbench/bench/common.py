@@ -1,12 +1,17 @@
 """What the bench commands share: where their rows go, what every row carries, timing.
 
-Rows are stored as Parquet, one file per command run:
+Rows are stored as Parquet, one file per command run, in a tree of their own (default
+``bench-results/``, beside ``results/``):
 
-    <results>/bench/<kind>/<bench_id>.parquet        kind: scaling | fidelity | quadrature | train
+    <bench-results>/<kind>/<bench_id>.parquet       kind: scaling | fidelity | quadrature | train
+
+Not inside the results tree: rows of another schema there make its readers (pandas, pyarrow,
+DuckDB, Polars reading ``results/`` as one table) fail. Older versions wrote them to
+``<results>/bench/<kind>/``, which ``bench plot`` still reads and ``ResultStore`` skips.
 
 ``bench_id`` starts with the UTC time, so names sort by age. The file is rewritten (to a
 hidden temporary name, then renamed) after every measured point, so a killed sweep keeps
-what it finished and never leaves half a file. ``ResultStore`` skips ``<results>/bench/``.
+what it finished and never leaves half a file.
 """
 
 from __future__ import annotations
@@ -50,8 +55,28 @@ META = [
 ]
 
 
-def bench_dir(results: Path, kind: str) -> Path:
+DEFAULT_BENCH_RESULTS = Path("bench-results")
+
+
+def bench_dir(bench_results: Path, kind: str) -> Path:
+    return Path(bench_results) / kind
+
+
+def legacy_bench_dir(results: Path, kind: str) -> Path:
+    """Where older versions stored the rows: inside the results tree."""
     return Path(results) / BENCH_DIR / kind
+
+
+def check_bench_results(bench_results: Path) -> None:
+    """Refuse a bench tree in a results tree (a folder with task=... folders, or under
+    one): the results' readers would trip on the bench rows."""
+    folder = Path(bench_results).absolute()
+    for place in (folder, *folder.parents):
+        if place.is_dir() and any(p.is_dir() for p in place.glob("task=*")):
+            raise ValueError(
+                f"--bench-results {bench_results} is inside the results tree {place} (bench rows "
+                "there make its readers fail); choose a folder beside it, e.g. bench-results"
+            )
 
 
 def new_bench_id() -> str:
@@ -74,12 +99,16 @@ class BenchFile:
     """The rows of one command run of one kind, rewritten atomically as they come."""
 
     def __init__(
-        self, results: Path, kind: str, metrics: list[tuple[str, pa.DataType]], bench_id: str
+        self,
+        bench_results: Path,
+        kind: str,
+        metrics: list[tuple[str, pa.DataType]],
+        bench_id: str,
     ) -> None:
         if kind not in KINDS:
             raise ValueError(f"unknown bench kind {kind!r} ({', '.join(KINDS)})")
         self.kind, self.bench_id = kind, bench_id
-        self.path = bench_dir(results, kind) / f"{bench_id}.parquet"
+        self.path = bench_dir(bench_results, kind) / f"{bench_id}.parquet"
         self.schema = pa.schema(META + metrics, metadata={"synthbench_bench_kind": kind})
         self.rows: list[dict[str, Any]] = []
 
@@ -97,21 +126,25 @@ class BenchFile:
         write_atomically(table, self.path)
 
 
-def bench_files(results: Path, kind: str) -> list[Path]:
-    """The stored files of one kind, oldest first (their names start with the UTC time)."""
-    folder = bench_dir(results, kind)
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
+def bench_files(bench_results: Path, kind: str, legacy: Path | None = None) -> list[Path]:
+    """The stored files of one kind, oldest first (their names start with the UTC time);
+    with ``legacy`` (a results tree) also those older versions stored inside it."""
+    folders = [bench_dir(bench_results, kind)]
+    if legacy is not None:
+        folders.append(legacy_bench_dir(legacy, kind))
+    files = [p for f in folders if f.is_dir() for p in f.glob("*.parquet")]
+    return sorted((p for p in files if not p.name.startswith(".")), key=lambda p: p.name)
 
 
-def load_bench(results: Path, kind: str, bench_id: str | None = None) -> pd.DataFrame | None:
+def load_bench(
+    bench_results: Path, kind: str, bench_id: str | None = None, legacy: Path | None = None
+) -> pd.DataFrame | None:
     """The rows of one stored run of ``kind``: ``bench_id``'s, else the newest; None if none."""
-    files = bench_files(results, kind)
+    files = bench_files(bench_results, kind, legacy)
     if bench_id is not None:
         files = [p for p in files if p.stem == bench_id]
         if not files:
-            raise ValueError(f"no {kind} results with id {bench_id} under {results}/")
+            raise ValueError(f"no {kind} results with id {bench_id} under {bench_results}/")
     return pd.read_parquet(files[-1]) if files else None
 
 

@@ -5,20 +5,100 @@ list, show-task,    cli/catalog.py
 audit
 results, report     cli/results.py
 bench ...           cli/bench.py     (the measurements: synthbench/bench)
+--version,          here
+--*-completion
 """
 
-import typer
+import sys
 
-from synthbench.cli import bench, catalog, results, run
-from synthbench.cli.common import guard
+
+def _interrupted(kind, value, traceback, previous=sys.excepthook) -> None:
+    """Ctrl-C while the command line loads (torch takes seconds, before ``main`` runs): one
+    line instead of a traceback; Python still exits as killed by SIGINT (status 130)."""
+    if issubclass(kind, KeyboardInterrupt):
+        sys.stderr.write("error: interrupted\n")
+    else:
+        previous(kind, value, traceback)
+
+
+sys.excepthook = _interrupted  # first, before the imports below
+
+import importlib.metadata  # noqa: E402
+from typing import Annotated  # noqa: E402
+
+import torch  # noqa: E402
+import typer  # noqa: E402
+
+from synthbench.cli import bench, catalog, check, results, run  # noqa: E402
+from synthbench.cli.common import (  # noqa: E402
+    INTERRUPTED,
+    STDOUT,
+    ClickException,
+    closed_stdout,
+    echo,
+    fail,
+    guard,
+    os_error,
+)
+
+
+class _OneLineErrors(typer.core.TyperGroup):
+    """click's own parse errors (an unknown option or command, a value that is not a
+    number, a missing value or argument) as one line ``error: ...`` with exit status 2, as
+    every other input error, instead of typer's boxed usage; help, ``--version`` and
+    completion work as click has them."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        try:  # not standalone: click raises its errors here instead of printing them
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except ClickException as exc:
+            if type(exc).__name__ == "NoArgsIsHelpError":  # typer has printed the help
+                code = exc.exit_code
+            else:
+                message = " ".join(exc.format_message().split())
+                ctx = getattr(exc, "ctx", None)
+                where = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+                code = fail(message + where, exc.exit_code).exit_code
+        except typer.Abort:  # end of input at a prompt
+            code = fail("aborted", 1).exit_code
+        code = code if isinstance(code, int) else 0  # a command returns None
+        if standalone_mode:
+            sys.exit(code)
+        return code
+
 
 app = typer.Typer(
-    add_completion=False,
+    cls=_OneLineErrors,
+    # --install-completion, --show-completion: for the shell they detect (README: another one)
+    add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     help="Synthetic-task benchmark suite and leaderboard for attention mechanisms.",
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        try:
+            version = importlib.metadata.version("synthbench")
+        except importlib.metadata.PackageNotFoundError:  # a source tree that is not installed
+            version = "(not installed)"
+        echo(f"synthbench {version} (torch {torch.__version__})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+    ] = False,
+) -> None:
+    pass
+
+
 app.command("run")(guard(run.run_command))
+app.command("check")(guard(check.check_command))  # cli/check.py: synthbench/check.py
 app.command("list")(guard(catalog.list_command))
 app.command("show-task")(guard(catalog.show_task_command))
 app.command("audit")(guard(catalog.audit_command))
@@ -28,4 +108,17 @@ app.add_typer(bench.bench_app, name="bench")  # cost and fidelity benchmarks
 
 
 def main() -> None:
-    app()
+    try:
+        try:
+            app()
+        finally:
+            if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
+                sys.stdout.flush()  # a reader gone (`| head`) shows here, not at exit
+    except BrokenPipeError:
+        sys.exit(closed_stdout())
+    except OSError as exc:  # that flush, on a full disk say
+        fail(os_error(OSError(exc.errno, exc.strerror, exc.filename or STDOUT)), 1)
+        sys.exit(1)
+    except KeyboardInterrupt:  # outside a command (guard): while typer parses, say
+        fail("interrupted")
+        sys.exit(INTERRUPTED)

@@ -7,7 +7,7 @@ exact kernel (docs/BENCHMARKS.md).
     synthbench bench plot        figures and tables of the stored rows
 
 The measurements live in synthbench/bench; this module only parses options and prints.
-Rows go to ``<results>/bench/<kind>/<id>.parquet`` (``synthbench.bench.common``); figures and
+Rows go to ``bench-results/<kind>/<id>.parquet`` (``synthbench.bench.common``); figures and
 tables to ``reports/bench/``.
 """
 
@@ -23,11 +23,19 @@ import typer
 
 from synthbench.allocator import reuse_freed_memory
 from synthbench.bench import fidelity, scaling, throughput
-from synthbench.bench.common import DEFAULT_MECHS, BenchFile, load_bench, new_bench_id
+from synthbench.bench.common import (
+    DEFAULT_BENCH_RESULTS,
+    DEFAULT_MECHS,
+    BenchFile,
+    check_bench_results,
+    load_bench,
+    new_bench_id,
+)
 from synthbench.bench.memory import available_memory
 from synthbench.cli.common import (
     DeviceOption,
     PluginOption,
+    check_writable_folder,
     echo,
     fail,
     guard,
@@ -47,9 +55,15 @@ bench_app = typer.Typer(
     help="Cost and fidelity benchmarks of the mechanisms (docs/BENCHMARKS.md).",
 )
 
-ResultsOption = Annotated[
-    Path, typer.Option("--results", help="Results tree (rows go to <results>/bench/<kind>/).")
+BenchResultsOption = Annotated[
+    Path,
+    typer.Option(
+        "--bench-results",
+        help="Where bench rows go (<dir>/<kind>/<id>.parquet); not inside the results tree.",
+    ),
 ]
+# bench rows went to <results>/bench/ before they got their own tree: said so, not obeyed
+OldResultsOption = Annotated[Path | None, typer.Option("--results", hidden=True)]
 OutOption = Annotated[Path, typer.Option("--out", help="Where figures and tables go.")]
 DEFAULT_OUT = Path("reports/bench")
 FIGURE_FORMATS = ("png", "pdf")
@@ -74,6 +88,18 @@ def _plots():
     from synthbench.bench import plots
 
     return plots
+
+
+def _bench_results(bench_results: Path, results: Path | None) -> Path:
+    """The bench tree of a measuring command, checked before anything is measured."""
+    if results is not None:
+        raise ValueError(
+            "bench rows no longer go into the results tree (its readers would trip on them): "
+            f"use --bench-results DIR (default {DEFAULT_BENCH_RESULTS}/) instead of --results"
+        )
+    check_bench_results(bench_results)
+    check_writable_folder(bench_results, "--bench-results")  # before anything is measured
+    return bench_results
 
 
 def _interrupted(file: BenchFile):
@@ -118,11 +144,13 @@ def scaling_command(
         ),
     ] = True,
     plot: Annotated[bool, typer.Option(help="Write the figures when done.")] = True,
-    results: ResultsOption = Path("results"),
+    bench_results: BenchResultsOption = DEFAULT_BENCH_RESULTS,
     out: OutOption = DEFAULT_OUT,
     plugin: PluginOption = None,
+    results: OldResultsOption = None,
 ) -> None:
     """Latency, peak memory and throughput of one causal attention layer against length."""
+    bench_results = _bench_results(bench_results, results)
     load_plugins(plugin)
     names = select_mechanisms(mech)
     dev = resolve_device(device)
@@ -138,7 +166,7 @@ def scaling_command(
         torch.get_num_threads(), tuple(str(p.resolve()) for p in plugin or []),
     )  # fmt: skip
     series = scaling.make_series(names, setup, compare_features)
-    file = BenchFile(results, "scaling", scaling.METRICS, new_bench_id())
+    file = BenchFile(bench_results, "scaling", scaling.METRICS, new_bench_id())
     memory = f"{limit / 2**30:.3g} GiB" if limit else "no memory limit"
     echo(
         f"scaling {file.bench_id}: {len(series)} series x L {setup.min_len}..{setup.max_len}; "
@@ -191,11 +219,13 @@ def fidelity_command(
     warmup: Annotated[int, typer.Option(help="Untimed forwards before them.")] = 1,
     max_nodes: Annotated[int, typer.Option(help="Quadrature error for R = 1..N.")] = 16,
     device: DeviceOption = "auto",
-    results: ResultsOption = Path("results"),
+    bench_results: BenchResultsOption = DEFAULT_BENCH_RESULTS,
     out: OutOption = DEFAULT_OUT,
     plugin: PluginOption = None,
+    results: OldResultsOption = None,
 ) -> None:
     """SLAY variants against exact spherical Yat (001 Table 6, Fig. 7); quadrature (Fig. 9)."""
+    bench_results = _bench_results(bench_results, results)
     load_plugins(plugin)
     names = select_mechanisms(variants, "--variants")
     budgets = [fidelity.BUDGETS[b] for b in _choose("budget", budget, fidelity.BUDGETS)]
@@ -208,7 +238,7 @@ def fidelity_command(
     for name in names:  # every variant's parameters, checked before anything runs
         fidelity.variant_params(name, budgets[0], setup, 0)
     bench_id = new_bench_id()
-    file = BenchFile(results, "fidelity", fidelity.METRICS, bench_id)
+    file = BenchFile(bench_results, "fidelity", fidelity.METRICS, bench_id)
     echo(
         f"fidelity {bench_id}: {len(names)} variants x budgets {', '.join(b.name for b in budgets)}"
         f" x {seeds} seeds against {fidelity.REFERENCE}; d_model {d_model}, {heads} heads, "
@@ -224,7 +254,7 @@ def fidelity_command(
         fidelity.measure(setup, budgets, names, on_rows)
     except KeyboardInterrupt:
         raise _interrupted(file) from None
-    quadrature = BenchFile(results, "quadrature", fidelity.QUADRATURE_METRICS, bench_id)
+    quadrature = BenchFile(bench_results, "quadrature", fidelity.QUADRATURE_METRICS, bench_id)
     quadrature.add(fidelity.quadrature_rows(eps, max_nodes), dev)
     rows, quad_rows = pd.DataFrame(file.rows), pd.DataFrame(quadrature.rows)
     echo()
@@ -249,10 +279,12 @@ def train_command(
     ] = "softmax",
     steps: Annotated[int, typer.Option(help="Steps of the measured run per task.")] = 100,
     device: DeviceOption = "auto",
-    results: ResultsOption = Path("results"),
+    bench_results: BenchResultsOption = DEFAULT_BENCH_RESULTS,
     plugin: PluginOption = None,
+    results: OldResultsOption = None,
 ) -> None:
     """Steps/s and tokens/s of the real training loop; predicted time of `run --task all`."""
+    bench_results = _bench_results(bench_results, results)
     load_plugins(plugin)
     reuse_freed_memory()  # as `synthbench run` trains
     proto = PROTOCOLS.get(protocol)
@@ -261,7 +293,7 @@ def train_command(
     if steps < 2:
         raise ValueError(f"--steps must be >= 2, got {steps}")
     dev = resolve_device(device)
-    file = BenchFile(results, "train", throughput.METRICS, new_bench_id())
+    file = BenchFile(bench_results, "train", throughput.METRICS, new_bench_id())
     echo(
         f"train {file.bench_id}: {len(names)} mechanisms x {len(tasks)} tasks, protocol "
         f"{proto.name} v{proto.version}, {steps} steps per run, device {dev}, "
@@ -288,7 +320,13 @@ def train_command(
 @bench_app.command("plot")
 @guard
 def plot_command(
-    results: ResultsOption = Path("results"),
+    bench_results: BenchResultsOption = DEFAULT_BENCH_RESULTS,
+    results: Annotated[
+        Path,
+        typer.Option(
+            "--results", help="Also read the rows older versions stored in <results>/bench/."
+        ),
+    ] = Path("results"),
     out: OutOption = DEFAULT_OUT,
     bench_id: Annotated[
         str | None, typer.Option("--id", help="A stored run's id (default: the newest of each).")
@@ -302,12 +340,12 @@ def plot_command(
     found = {}
     for kind in ("scaling", "fidelity", "quadrature"):
         try:
-            found[kind] = load_bench(results, kind, bench_id)
+            found[kind] = load_bench(bench_results, kind, bench_id, legacy=results)
         except ValueError:  # that id is another kind's
             found[kind] = None
     if all(rows is None for rows in found.values()):
         what = f"with id {bench_id} " if bench_id else ""
-        raise ValueError(f"no bench results {what}under {results}/bench/")
+        raise ValueError(f"no bench results {what}under {bench_results}/ (nor {results}/bench/)")
     written = []
     if found["scaling"] is not None:
         written += _plots().scaling_figure(found["scaling"], out / "scaling", suffixes)

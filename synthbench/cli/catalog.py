@@ -3,22 +3,65 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Annotated
 
 import torch
 import typer
-from rich.table import Table
 
 from synthbench.audit import MARGIN, MIN_SEEN, TRAIN_ANSWERS, audit, markdown_table
-from synthbench.cli.common import PluginOption, UsageError, load_plugins, out
+from synthbench.cli.common import (
+    PluginOption,
+    UsageError,
+    load_plugins,
+    out,
+    print_rows,
+    write_stdout,
+)
+from synthbench.limits import check_length
 from synthbench.mechanism import MECHANISMS, STATE_HEAD_DIM, STATE_LENGTH, state_size_at_defaults
 from synthbench.params import parse_assignments
 from synthbench.protocols import PROTOCOLS
 from synthbench.task import CATEGORIES, IGNORE, TASKS
 
+# Per kind: the JSON keys of a record (``list --json``) and the column each one is shown
+# under in the table; the first is the name, never cut.
+LISTINGS = {
+    "tasks": {
+        "name": "task",
+        "category": "category",
+        "aliases": "aliases",
+        "description": "description",
+        "defaults": "defaults",
+        "length_param": "length knob",
+        "source": "source",
+    },
+    "mechs": {
+        "name": "mechanism",
+        "complexity": "complexity",
+        "family": "family",
+        "state_per_head": f"state/head (L {STATE_LENGTH}, d {STATE_HEAD_DIM})",
+        "aliases": "aliases",
+        "reference": "reference",
+        "source": "source",
+    },
+    "protocols": {
+        "name": "protocol",
+        "version": "version",
+        "model": "model",
+        "training": "training",
+        "lrs": "lrs",
+        "seeds": "seeds",
+        "description": "description",
+    },
+}
+
 
 def list_command(
     what: Annotated[str, typer.Argument(help="tasks, mechs or protocols.")],
+    as_json: Annotated[
+        bool, typer.Option("--json", help="A JSON array of objects, one per row, every column.")
+    ] = False,
     plugin: PluginOption = None,
 ) -> None:
     """List the registered tasks, mechanisms or protocols."""
@@ -35,65 +78,86 @@ def list_command(
         raise UsageError(f"cannot list '{what}' (tasks, mechs, protocols)")
     load_plugins(plugin)
     kind = kinds[what]
+    records = _records(kind)
+    if as_json:
+        write_stdout(json.dumps(records, indent=1) + "\n")
+        return
+    columns = LISTINGS[kind]
+    cells = [
+        [_cell(r[key], "?" if key == "state_per_head" else "") for key in columns] for r in records
+    ]
+    caption = None
     if kind == "tasks":
-        table = Table(
-            "category", "task", "aliases", "description", "defaults", "length knob", "source"
-        )
+        categories = {r["category"] for r in records}
+        caption = f"{len(records)} tasks in {len(categories)} categories"
+    print_rows(out, list(columns.values()), cells, caption)
+
+
+def _records(kind: str) -> list[dict]:
+    """The rows of ``list KIND`` with the keys of ``LISTINGS[kind]``, as values JSON keeps."""
+    if kind == "tasks":
         order = {c: i for i, c in enumerate(CATEGORIES)}
-        for e in sorted(TASKS.entries(), key=lambda e: (order[e.metadata["category"]], e.name)):
-            defaults = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(e.obj.Params))
-            table.add_row(
-                e.metadata["category"],
-                e.name,
-                ", ".join(e.aliases),
-                e.metadata["description"],
-                defaults,
-                e.obj.length_param or "",
-                e.source,
-            )
-        categories = {e.metadata["category"] for e in TASKS.entries()}
-        table.caption = f"{len(TASKS.names())} tasks in {len(categories)} categories"
-    elif kind == "mechs":
-        table = Table(
-            "mechanism",
-            "complexity",
-            "family",
-            f"state/head (L {STATE_LENGTH}, d {STATE_HEAD_DIM})",
-            "aliases",
-            "reference",
-            "source",
-        )
-        for e in MECHANISMS.entries():
-            table.add_row(
-                e.name,
-                e.metadata["complexity"],
-                e.metadata["family"],
-                _state_size(e.obj),
-                ", ".join(e.aliases),
-                e.metadata["reference"],
-                e.source,
-            )
-    else:
-        table = Table("protocol", "model", "training", "lrs", "seeds", "description")
-        for e in PROTOCOLS.entries():
-            p = e.obj
-            table.add_row(
-                f"{p.name} v{p.version}",
-                f"{p.arch}, {p.pos} pos, d {p.d_model}, {p.n_heads} heads, {p.n_layers} layers",
-                f"{p.steps} steps x batch {p.batch_size}",
-                ", ".join(f"{lr:g}" for lr in p.lrs),
-                str(p.seeds),
-                p.description,
-            )
-    out.print(table)
+        entries = sorted(TASKS.entries(), key=lambda e: (order[e.metadata["category"]], e.name))
+        return [
+            {
+                "name": e.name,
+                "category": e.metadata["category"],
+                "aliases": list(e.aliases),
+                "description": e.metadata["description"],
+                "defaults": {f.name: f.default for f in dataclasses.fields(e.obj.Params)},
+                "length_param": e.obj.length_param,
+                "source": e.source,
+            }
+            for e in entries
+        ]
+    if kind == "mechs":
+        return [
+            {
+                "name": e.name,
+                "complexity": e.metadata["complexity"],
+                "family": e.metadata["family"],
+                "state_per_head": _state_size(e.obj),
+                "aliases": list(e.aliases),
+                "reference": e.metadata["reference"],
+                "source": e.source,
+            }
+            for e in MECHANISMS.entries()
+        ]
+    return [
+        {
+            "name": p.name,
+            "version": p.version,
+            "model": f"{p.arch}, {p.pos} pos, d {p.d_model}, {p.n_heads} heads, "
+            f"{p.n_layers} layers",
+            "training": f"{p.steps} steps x batch {p.batch_size}",
+            "lrs": list(p.lrs),
+            "seeds": p.seeds,
+            "description": p.description,
+        }
+        for p in (e.obj for e in PROTOCOLS.entries())
+    ]
 
 
-def _state_size(cls) -> str:
-    """The recurrent state one head carries at the default parameters, or '?' if unknown."""
+def _cell(value, missing: str = "") -> str:
+    """A record's value as the table shows it."""
+    if value is None:
+        return missing
+    if isinstance(value, list):
+        return ", ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)
+
+
+def _state_size(cls) -> int | None:
+    """The recurrent state one head carries at the default parameters, or None (shown '?')
+    if unknown."""
     try:
-        return f"{state_size_at_defaults(cls):,}"
+        return int(state_size_at_defaults(cls))
     except Exception:  # a plugin that cannot say: shown, not fatal for the listing
-        return "?"
+        return None
 
 
 def show_task_command(
@@ -102,13 +166,16 @@ def show_task_command(
         list[str] | None, typer.Option("--param", help="KEY=VALUE task parameter (repeatable).")
     ] = None,
     difficulty: Annotated[str, typer.Option(help="easy, default or hard.")] = "default",
-    seed: Annotated[int, typer.Option(help="Generator seed of the example.")] = 0,
+    seed: Annotated[
+        int, typer.Option(min=0, max=2**64 - 1, help="Generator seed of the example.")
+    ] = 0,  # the seeds a torch.Generator takes
     plugin: PluginOption = None,
 ) -> None:
     """Print one generated example, decoded, with the answer tokens in square brackets."""
     load_plugins(plugin)
     entry = TASKS.entry(name)
     task = entry.obj.from_difficulty(difficulty, **parse_assignments(param))
+    check_length(task, f"task {entry.name} ({_cell(task.param_dict())})")
     batch = task.generate(1, torch.Generator().manual_seed(seed))
     inputs, targets = batch.inputs[0].tolist(), batch.targets[0].tolist()
     # the full sequence is the inputs plus the last target (the final answer token)
@@ -158,6 +225,8 @@ def audit_command(
                 f"task {task_name} has no difficulty {difficulty!r} (presets: {', '.join(presets)})"
             )
         for preset in presets if difficulty == "all" else (difficulty,):
+            task = TASKS.get(task_name).from_difficulty(preset, **overrides)
+            check_length(task, f"task {task_name} ({_cell(task.param_dict())})")
             audits.append(
                 audit(
                     task_name,

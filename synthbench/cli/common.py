@@ -6,8 +6,11 @@ corrupt results file) ends in one line naming the culprit; nothing stored is tou
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
+import sys
+import traceback
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -15,22 +18,68 @@ from typing import Annotated
 import typer
 from rich.console import Console
 from rich.markup import escape
+from rich.table import Table
+from tabulate import tabulate
 
 from synthbench.executors import ExecutorError
 from synthbench.mechanism import MECHANISMS
 from synthbench.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
+from synthbench.report import malformed_json
 from synthbench.store import LoadReport, ResultStore
 from synthbench.task import CATEGORIES, TASKS
 
-out = Console(soft_wrap=True)
+STDOUT = "stdout"  # the file name of an error writing to stdout (a full disk under `> file`)
+
+
+class _Stdout(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader of stdout went away (``| head``): rich would exit with status 1; exit
+        as a program killed by the closed pipe does (``closed_stdout``), from any thread."""
+        self.quiet = True
+        raise SystemExit(closed_stdout())
+
+    def _check_buffer(self) -> None:
+        """Where rich writes: an error names stdout, not taken for one of the files we write."""
+        try:
+            super()._check_buffer()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            exc.filename = exc.filename or STDOUT
+            raise
+
+
+out = _Stdout(soft_wrap=True)
 err = Console(stderr=True)
 warnings.simplefilter("ignore", PluginWarning)  # reported once, as one line each, below
 
+
+def path_parser(option: str):
+    """A path option's parser: an empty value, which Path reads as the current folder, is
+    refused (one line, exit 2) instead of writing there."""
+
+    def parse(value: str | Path) -> Path:  # the default comes as a Path
+        if not str(value).strip():
+            raise fail(f"{option} is empty: give a path ('.' for the current folder)")
+        return Path(value)
+
+    return parse
+
+
 PluginOption = Annotated[
     list[Path] | None,
-    typer.Option("--plugin", help="Python file that registers tasks or mechanisms (repeatable)."),
+    typer.Option(
+        "--plugin",
+        help="Python file that registers tasks or mechanisms (repeatable).",
+        parser=path_parser("--plugin"),
+        metavar="FILE",
+    ),
 ]
-ResultsOption = Annotated[Path, typer.Option("--results", help="Results tree.")]
+
+ResultsOption = Annotated[
+    Path,
+    typer.Option("--results", help="Results tree.", parser=path_parser("--results"), metavar="DIR"),
+]
 DeviceOption = Annotated[
     str, typer.Option(help="auto, cpu, cuda, cuda:N, mps or any other torch device.")
 ]
@@ -50,24 +99,152 @@ def warn(message: str) -> None:
     err.print(f"[yellow]warning:[/] {escape(message)}", highlight=False, soft_wrap=True)
 
 
+def write_stdout(text: str) -> None:
+    """Text as it is (JSON, CSV) on stdout; an error writing it names stdout."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, STDOUT) from None
+
+
 def echo(line: str = "") -> None:
     """A plain line on stdout (no markup, no highlighting)."""
     out.print(line, highlight=False, markup=False)
 
 
+def print_rows(console: Console, headers: list[str], cells: list[list[str]], caption=None) -> None:
+    """A table whose first column is a name, never cut: piped, plain aligned rows (for grep,
+    cut, less -S); in a terminal, a table whose columns are at least as wide as their widest
+    word (text wraps between words) or, where the terminal is too narrow for that, each name
+    beside its other columns, one a line."""
+    if not console.is_terminal:
+        console.print(
+            tabulate(cells, headers=headers, tablefmt="plain", disable_numparse=True),
+            highlight=False, markup=False, emoji=False,
+        )  # fmt: skip
+        if caption:
+            console.print(caption, highlight=False, markup=False)
+        return
+    widths = [
+        max(len(w) for text in [header, *(row[i] for row in cells)] for w in text.split())
+        for i, header in enumerate(headers)
+    ]
+    if sum(widths) + 3 * len(widths) + 1 <= console.width:  # a border and padding each
+        table = Table(caption=caption)
+        for i, (header, width) in enumerate(zip(headers, widths, strict=True)):
+            table.add_column(header, no_wrap=i == 0, min_width=width)
+        for row in cells:
+            table.add_row(*row)
+    else:
+        table = Table(headers[0], "", caption=caption, show_lines=True)
+        table.columns[0].no_wrap = True
+        table.columns[1].overflow = "fold"  # a word wider than the terminal breaks, not cut
+        for row in cells:
+            details = [f"{h}: {v}" for h, v in zip(headers[1:], row[1:], strict=True) if v]
+            table.add_row(row[0], "\n".join(details))
+    console.print(table)
+
+
 def guard(command):
-    """Turn user errors into one-line messages with exit status 2."""
+    """Turn user errors into one-line messages with exit status 2, an operating-system error
+    (a full disk, a permission) into one line naming its path with status 1, Ctrl-C into
+    one line with status 130, and a closed stdout (``| head``) into a quiet exit."""
 
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
+        debug = os.environ.get("SYNTHBENCH_DEBUG")  # the full traceback, for developers
         try:
             return command(*args, **kwargs)
         except (UnknownNameError, PluginError, UsageError, ExecutorError, ValueError) as exc:
-            if os.environ.get("SYNTHBENCH_DEBUG"):  # the full traceback, for developers
+            if debug:
                 raise
             raise fail(str(exc)) from None
+        except BrokenPipeError:
+            raise typer.Exit(closed_stdout()) from None
+        except KeyboardInterrupt:
+            raise fail("interrupted", INTERRUPTED) from None
+        except OSError as exc:
+            if debug:
+                raise
+            raise fail(os_error(exc), 1) from None
+        except (typer.Exit, typer.Abort, ClickException):
+            raise  # typer's and click's own: an exit status, a parse error
+        except Exception as exc:  # a bug, ours or a plugin's: one line naming where it was
+            if debug:
+                raise
+            raise fail(unexpected(exc), 1) from None
 
     return wrapper
+
+
+# click's error base: typer >= 0.24 carries its own copy of click, older ones use click's
+ClickException = next(c for c in typer.BadParameter.__mro__ if c.__name__ == "ClickException")
+
+
+def unexpected(exc: Exception) -> str:
+    """An exception nobody expected as one line: its type, message and the innermost place
+    in a file of ours or a plugin's (not a library's) where it was raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if "site-packages" not in f.filename] or frames
+    where = f" at {ours[-1].filename}:{ours[-1].lineno}" if ours else ""
+    text = " ".join(str(exc).split())
+    return (
+        f"unexpected {type(exc).__name__}" + (f": {text}" if text else "") + where
+        + " (SYNTHBENCH_DEBUG=1 shows the traceback)"
+    )  # fmt: skip
+
+
+INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for Ctrl-C
+CLOSED_PIPE = 141  # 128 + SIGPIPE, what a program killed by a closed pipe reports
+
+
+def closed_stdout() -> int:
+    """The reader of stdout went away (``synthbench ... | head``): send what is left to
+    /dev/null, so that the flush at exit does not fail again (the Python docs' recipe for
+    SIGPIPE), and return the exit status."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return CLOSED_PIPE
+
+
+def os_error(exc: OSError) -> str:
+    """An operating-system error as one line: the path(s) and the reason."""
+    reason = exc.strerror or str(exc)
+    if exc.filename is None:
+        return reason
+    where = f"{exc.filename} -> {exc.filename2}" if exc.filename2 else str(exc.filename)
+    return f"{where}: {reason}"
+
+
+def check_writable_folder(path: Path, option: str) -> None:
+    """Refuse, before any work, a folder option the command could not write into: a file, a
+    folder under a file, or one this user may not write (for a folder not made yet, its
+    nearest existing parent; root may write anywhere but on a read-only mount)."""
+    _check_writable(path, path, option)
+
+
+def check_writable_file(path: Path, option: str) -> None:
+    """Refuse, before any work, a file option that cannot be written: a folder, or one in a
+    folder the command could not write into (``check_writable_folder``)."""
+    if path.is_dir():
+        raise UsageError(f"{option} {path} is a folder, not a file")
+    _check_writable(path.parent, path, option)
+
+
+def _check_writable(folder: Path, given: Path, option: str) -> None:
+    place = next(p for p in (folder, *folder.parents) if os.path.lexists(p) or p == p.parent)
+    if not place.is_dir():
+        what = "a file, not a folder" if place.is_file() else "not a folder"
+    elif not os.access(place, os.W_OK | os.X_OK):
+        what = "not writable by this user"
+    else:
+        return
+    raise UsageError(
+        f"{option} {given} is {what}" if place == given else f"{option} {given}: {place} is {what}"
+    )
 
 
 def load_plugins(files: list[Path] | None) -> None:
@@ -77,7 +254,8 @@ def load_plugins(files: list[Path] | None) -> None:
         for error in registry.plugin_errors:
             warn(str(error))
     for path in files or []:
-        load_plugin_file(path, [TASKS, MECHANISMS])
+        if not load_plugin_file(path, [TASKS, MECHANISMS]):  # the wrong file, most likely
+            warn(f"plugin file {path} registers no task or mechanism")
 
 
 def split(value: str) -> list[str]:
@@ -109,8 +287,59 @@ def select_mechanisms(value: str, option: str = "--mech") -> list[str]:
 
 
 def load_results(results: Path, columns: list[str] | None = None) -> LoadReport:
-    """The stored rows, with one warning line per file that had to be skipped."""
-    report = ResultStore(results).load(columns=columns, warn=False)
+    """The stored rows, with one warning line per file that had to be skipped: those the
+    store cannot read, and those with a JSON column the reports cannot parse."""
+    if os.path.lexists(results) and not results.is_dir():
+        raise UsageError(f"--results {results} is not a folder")
+    if not results.exists():  # a mistyped path would read as a tree with nothing stored
+        raise UsageError(f"no results under {results}/: the folder does not exist")
+    store = ResultStore(results)
+    report = store.load(columns=columns, warn=False)
+    rows = report.rows
+    broken = malformed_json(rows)
+    bad_runs = rows.assign(column=broken)[broken.notna()].drop_duplicates("run_id")
+    for r in bad_runs.itertuples():  # a file edited by hand, say
+        path = store.path_for(r.task, r.mechanism, r.run_id)
+        report.skipped.append((path, f"its {r.column} column is not a JSON object"))
+    if len(bad_runs):
+        report.rows = rows[~rows["run_id"].isin(bad_runs["run_id"])]
     for path, reason in report.skipped:
         warn(f"skipping {path}: {reason}")
     return report
+
+
+def check_run_paths(store: ResultStore, specs) -> None:
+    """Refuse, before any training, a results tree where a run's file cannot go: anything
+    but a folder where its task= or mechanism= folder belongs, a folder (or anything but a
+    file) at the file's own path, or a folder of the tree this user may not write."""
+    folders = set()
+    for spec in specs:
+        path = store.path_for(spec.task, spec.mechanism, spec.run_id)
+        if os.path.lexists(path) and not path.is_file():
+            what = "a folder" if path.is_dir() else "not a file"
+            raise UsageError(f"{path} is {what}, where a run's results file goes: move it away")
+        folders |= {path.parent, path.parent.parent}
+    for folder in sorted(folders):
+        if os.path.lexists(folder) and not folder.is_dir():
+            raise UsageError(f"{folder} is a file, where a folder of the results tree goes")
+        if folder.is_dir() and not os.access(folder, os.W_OK | os.X_OK):
+            raise UsageError(f"{folder} is not writable by this user")
+
+
+def filter_names(value: str, stored, registry=None, kind: str = "name") -> list[str]:
+    """The comma-separated names of a filter option over stored rows: a name found in
+    ``stored`` as it is, else the ``registry``'s canonical name (an alias resolved; an
+    unknown name is its one-line error with the close matches); without a registry, an
+    unknown name is such an error of our own, over ``stored``."""
+    stored = sorted({str(s) for s in stored})
+    names = []
+    for name in split(value):
+        if name in stored:
+            names.append(name)
+        elif registry is not None:
+            names.append(registry.canonical(name))
+        else:
+            close = difflib.get_close_matches(name, stored, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise UsageError(f"unknown {kind} '{name}'{hint} (known: {', '.join(stored)})")
+    return names

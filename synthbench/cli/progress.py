@@ -36,6 +36,11 @@ class Eta:
         for unit in units:
             self.waiting[unit.key] = unit
 
+    def drop(self, units: list[Unit]) -> None:
+        """Trainings that will not run here after all (another command's)."""
+        for unit in units:
+            self.waiting.pop(unit.key, None)
+
     def started(self, unit: Unit) -> None:
         self.waiting.pop(unit.key, None)
         self.running[unit.key] = (unit, self.clock())

@@ -3,83 +3,113 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import pandas as pd
 import typer
-from rich.table import Table
 
+from synthbench.atomic import write_atomically
 from synthbench.cli.common import (
     PluginOption,
     ResultsOption,
     UsageError,
+    check_writable_file,
+    check_writable_folder,
+    fail,
+    filter_names,
     load_plugins,
     load_results,
+    os_error,
     out,
+    path_parser,
+    print_rows,
     select_tasks,
     split,
     warn,
+    write_stdout,
 )
 from synthbench.mechanism import MECHANISMS
+from synthbench.protocols import PROTOCOLS
 from synthbench.publish import FORMATS, write_reports
-from synthbench.report import DEFAULT_METRIC, METRICS, latest_versions, metric_values
+from synthbench.report import (
+    DEFAULT_METRIC,
+    JSON_COLUMNS,
+    METRICS,
+    latest_versions,
+    metric_values,
+)
+from synthbench.store import LEAKY, RESULT_STATUSES
+from synthbench.task import TASKS
+
+STATUSES = (*sorted(RESULT_STATUSES), "error", LEAKY)  # what a training stores
 
 
 def results_command(
     task: Annotated[str | None, typer.Option(help="Comma-separated task names.")] = None,
     mech: Annotated[str | None, typer.Option(help="Comma-separated mechanism names.")] = None,
-    protocol: Annotated[str | None, typer.Option(help="Protocol name.")] = None,
-    status: Annotated[str | None, typer.Option(help="ok, diverged or error.")] = None,
+    protocol: Annotated[str | None, typer.Option(help="Comma-separated protocols.")] = None,
+    status: Annotated[
+        str | None, typer.Option(help="Comma-separated statuses: ok, diverged, error, leaky.")
+    ] = None,
     all_lrs: Annotated[
         bool, typer.Option(help="Every lr's row, not only the selected one.")
     ] = False,
     csv: Annotated[
-        Path | None, typer.Option(help="Write the rows as CSV ('-' for stdout).")
+        Path | None,
+        typer.Option(
+            help="Write the rows as CSV ('-' for stdout).",
+            parser=path_parser("--csv"),
+            metavar="FILE",
+        ),
     ] = None,
+    as_json: Annotated[
+        bool,
+        typer.Option(
+            "--json", help="Print the rows as a JSON array of objects, every stored column."
+        ),
+    ] = False,
     results: ResultsOption = Path("results"),
 ) -> None:
-    """Filter the stored rows; print a summary or export them as CSV."""
-    rows = load_results(results).rows
+    """Filter the stored rows; print a summary or export them as CSV or JSON."""
+    if csv is not None and as_json:
+        raise UsageError("--csv and --json both say where the rows go: give one")
+    if csv is not None and str(csv) != "-":
+        check_writable_file(csv, "--csv")
+    rows = stored = load_results(results).rows
+    # a filter value is a name stored here or a registered one, as `run` takes it
     if task:
-        rows = rows[rows["task"].isin(split(task))]
+        rows = rows[rows["task"].isin(filter_names(task, stored["task"], TASKS))]
     if mech:
-        rows = rows[rows["mechanism"].isin(split(mech))]
+        rows = rows[rows["mechanism"].isin(filter_names(mech, stored["mechanism"], MECHANISMS))]
     if protocol:
-        rows = rows[rows["protocol"] == protocol]
+        rows = rows[rows["protocol"].isin(filter_names(protocol, stored["protocol"], PROTOCOLS))]
     if status:
-        rows = rows[rows["status"] == status]
+        known = {*STATUSES, *stored["status"]}
+        rows = rows[rows["status"].isin(filter_names(status, known, kind="status"))]
     if not all_lrs:  # failed runs have no selected row: keep them so they stay visible
         rows = rows[rows["selected"].astype(bool) | (rows["status"] != "ok")]
+    if as_json:
+        write_stdout(_to_json(rows) + "\n")
+        return
     if csv is not None:
         # list columns (the learning curve) as JSON, one CSV field each
         rows = rows.assign(
             **{c: rows[c].map(_as_json) for c in ("curve_steps", "curve_val_token_acc")}
         )
         if str(csv) == "-":
-            rows.to_csv(sys.stdout, index=False)
+            write_stdout(rows.to_csv(index=False))
         else:
-            rows.to_csv(csv, index=False)
+            csv.parent.mkdir(parents=True, exist_ok=True)
+            write_atomically(csv, rows.to_csv(index=False))
             out.print(f"{len(rows)} rows -> {csv}", highlight=False)
         return
-    table = Table(
-        "task",
-        "mechanism",
-        "protocol",
-        "seed",
-        "lr",
-        "status",
-        "target",
-        "token_acc",
-        "exact_match",
-        "seconds",
-        "run_id",
-    )
+    headers = ["task", "mechanism", "protocol", "seed", "lr", "status", "target", "token_acc"]
+    headers += ["exact_match", "seconds", "run_id"]
     rows = rows.sort_values(["protocol", "task", "mechanism", "seed", "lr"])
     targets = metric_values(rows, "target")  # each task's own metric: token_acc or free_token_acc
-    for r, target in zip(rows.itertuples(), targets, strict=True):
-        table.add_row(
+    cells = [
+        [
             r.task,
             r.mechanism,
             r.protocol,
@@ -91,8 +121,10 @@ def results_command(
             _metric(r.exact_match),
             f"{r.wall_seconds:.1f}",
             r.run_id,
-        )
-    out.print(table)
+        ]
+        for r, target in zip(rows.itertuples(), targets, strict=True)
+    ]
+    print_rows(out, headers, cells)  # names whole, in a terminal or piped
     out.print(f"{len(rows)} rows", highlight=False)
 
 
@@ -102,9 +134,12 @@ def _metric(value: float | None) -> str:
 
 def report_command(
     results: ResultsOption = Path("results"),
-    out_dir: Annotated[Path, typer.Option("--out", help="Where reports are written.")] = Path(
-        "reports"
-    ),
+    out_dir: Annotated[
+        Path,
+        typer.Option(
+            "--out", help="Where reports are written.", parser=path_parser("--out"), metavar="DIR"
+        ),
+    ] = Path("reports"),
     metric: Annotated[str, typer.Option(help=" or ".join(METRICS))] = DEFAULT_METRIC,
     protocol: Annotated[
         str | None, typer.Option(help="Comma-separated protocols (default: every one).")
@@ -123,11 +158,12 @@ def report_command(
     """Tables (Markdown, LaTeX), figures and the leaderboard page, one set per protocol."""
     if metric not in METRICS:
         raise UsageError(f"unknown metric '{metric}' ({', '.join(METRICS)})")
+    check_writable_folder(out_dir, "--out")
     load_plugins(plugin)  # a plugin's tasks and mechanisms have names and categories
     rows = load_results(results).rows
     keep = pd.Series(True, index=rows.index)
     if protocol:
-        keep &= rows["protocol"].isin(split(protocol))
+        keep &= rows["protocol"].isin(filter_names(protocol, rows["protocol"], PROTOCOLS))
     if task or category:
         keep &= rows["task"].isin(select_tasks(task or "all", category))
     if mech:
@@ -139,12 +175,34 @@ def report_command(
     for name, versions in left_out.items():
         old = ", ".join(f"v{v}" for v in versions)
         warn(f"protocol {name}: rows of older versions ({old}) left out; reporting the newest")
-    written = write_reports(rows, out_dir, metric, tuple(split(formats)), compare)
+    try:
+        written = write_reports(rows, out_dir, metric, tuple(split(formats)), compare)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # a full disk, say: each report file is replaced whole or not at all
+        raise fail(f"cannot write the reports: {os_error(exc)}", 1) from None
     for path in written:
         out.print(f"wrote {path}", highlight=False)
     summary = [p for p in written if p.name == "summary.md"]
     for path in summary:
         out.print(f"\n{path.parent}:\n{path.read_text()}", highlight=False, markup=False)
+
+
+def _to_json(rows: pd.DataFrame) -> str:
+    """The rows as a JSON array of objects with the stored columns as keys: the JSON columns
+    (parameters, config) as objects, lists as lists, times in ISO 8601, a missing value
+    null."""
+    text = rows.to_json(orient="records", date_format="iso", double_precision=15)
+    records = json.loads(text)
+    for record in records:
+        for column in JSON_COLUMNS:
+            try:
+                record[column] = json.loads(record[column])
+            except (KeyError, TypeError, ValueError):  # absent, null, or null as text
+                pass
+    if not records:
+        return "[]"
+    return "[\n" + ",\n".join(json.dumps(r) for r in records) + "\n]"  # a row a line
 
 
 def _as_json(values) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -10,13 +11,18 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from synthbench import runner
+from synthbench.check import leak_guard
 from synthbench.cli.common import (
+    STDOUT,
     DeviceOption,
     PluginOption,
     ResultsOption,
     UsageError,
+    check_run_paths,
+    check_writable_folder,
     fail,
     load_plugins,
+    os_error,
     out,
     select_mechanisms,
     select_tasks,
@@ -25,11 +31,12 @@ from synthbench.cli.common import (
 from synthbench.cli.progress import Eta, EtaColumn
 from synthbench.devices import default_jobs, resolve_device, worker_devices
 from synthbench.executors import EXECUTORS, InProcess, LocalPool, RayPool
+from synthbench.limits import MAX_SEEDS, check_runs
 from synthbench.params import parse_assignments
 from synthbench.protocols import PROTOCOLS
 from synthbench.runner import Unit, run_status
 from synthbench.spec import MAX_THREADS, RunSpec
-from synthbench.store import ResultStore
+from synthbench.store import LEAKY, ResultStore
 
 
 def run_command(
@@ -114,15 +121,16 @@ def run_command(
         raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {threads}")
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {jobs}")
-    if cpus_per_run is not None and not cpus_per_run > 0:
-        raise UsageError(f"--cpus-per-run must be > 0, got {cpus_per_run:g}")
-    if not gpus_per_run >= 0:
-        raise UsageError(f"--gpus-per-run must be >= 0, got {gpus_per_run:g}")
+    if cpus_per_run is not None and not 0 < cpus_per_run < math.inf:
+        raise UsageError(f"--cpus-per-run must be > 0 and finite, got {cpus_per_run:g}")
+    if not 0 <= gpus_per_run < math.inf:
+        raise UsageError(f"--gpus-per-run must be >= 0 and finite, got {gpus_per_run:g}")
     if executor == "ray" and device not in ("auto", "cpu"):
         raise UsageError("with --executor ray the device follows --gpus-per-run, not --device")
     n_seeds = proto.seeds if seeds is None else seeds
-    if n_seeds < 1:
-        raise UsageError(f"--seeds must be >= 1, got {n_seeds}")
+    if not 1 <= n_seeds <= MAX_SEEDS:
+        raise UsageError(f"--seeds must be in [1, {MAX_SEEDS}], got {n_seeds}")
+    check_writable_folder(results, "--results")
     dev = resolve_device(device) if executor == "local" else None
     specs = runner.plan(
         select_tasks(task, category),
@@ -136,6 +144,11 @@ def run_command(
         pos_params=parse_assignments(pos_param),
         threads=threads,
     )
+    check_run_paths(ResultStore(results), specs)  # before any training: where files go
+    check_runs(specs, dev)  # sequence lengths, the memory a run needs
+    refusal = leak_guard(specs, ResultStore(results), dev)  # causality: synthbench/check.py
+    if refusal:  # a mechanism that sees later positions never trains; its runs say leaky
+        raise fail(refusal, 1)
 
     def make_executor(n_units: int):
         """Built once the plan knows how many trainings there are (none: none built)."""
@@ -156,14 +169,35 @@ def run_command(
         raise fail(
             "interrupted; finished trainings are stored, run the same command to resume", 130
         ) from None
+    except BrokenPipeError:
+        raise  # stdout closed (`| head`): guard exits quietly
+    except OSError as exc:  # a full disk, say: each file is replaced whole or not at all
+        if exc.filename == STDOUT:  # what we print, not what we store
+            raise
+        raise fail(
+            f"cannot store results: {os_error(exc)}; what was stored before is intact, "
+            "run the same command to resume",
+            1,
+        ) from None
     finally:
         view.close()
     summary = ", ".join(f"{n} {s}" for s, n in sorted(outcome.statuses.items())) or "nothing new"
+    if outcome.claimed:  # another command computes them; the same command later does the rest
+        summary += f"; {outcome.claimed} skipped: claimed by another command"
     out.print(f"done: {summary}", highlight=False)
+    if outcome.failure() and not outcome.statuses.get("error"):
+        raise fail(outcome.failure(), 1)
     if outcome.statuses.get("error"):
         raise fail(
             f"{outcome.statuses['error']} run(s) raised; their errors are stored "
             "(synthbench results --status error) and they rerun next time",
+            1,
+        )
+    leaky = outcome.statuses.get(LEAKY, 0) + outcome.stored_leaky
+    if leaky:  # a learned parameter switched a leak on in training, now or before
+        raise fail(
+            f"{leaky} run(s) not causal after training: stored with status leaky, never "
+            "ranked (synthbench results --status leaky; changed plugin code is a new run)",
             1,
         )
 
@@ -232,6 +266,14 @@ class RunView(runner.Events):
 
     def run_done(self, spec: RunSpec, rows: list[dict[str, Any]]) -> None:
         self.progress.console.print(run_line(spec, rows), highlight=False)
+
+    def notice(self, spec: RunSpec, message: str) -> None:
+        warn(f"{spec.label()}: {message}")
+
+    def unplanned(self, units: list[Unit]) -> None:
+        if units and self.progress is not None:
+            self.eta.drop(units)
+            self.progress.update(self.bar, total=self.progress.tasks[0].total - len(units))
 
     def close(self) -> None:
         if self.progress is not None:

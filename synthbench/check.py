@@ -1,0 +1,672 @@
+"""Checks that a mechanism keeps the contract a fair comparison rests on (``synthbench check``).
+
+A benchmark whose users bring their own mechanisms must refuse one that lets a position see
+later positions (or other sequences of the batch): such a mechanism solves copy or induction
+by reading the answer and would top the leaderboard. ``run`` checks every mechanism before it
+trains (``leak_guard``: layout and both causality checks) and every trained model after
+(``check_model_causality``: a leak can be switched on by a learned parameter); ``synthbench
+check`` runs every check below and prints one line per check.
+
+- **causality** (proved, by autograd, in float64): at each probed cut c the gradient of the
+  outputs at positions <= c (a random weighting of all of them) with respect to q, k and v
+  at every later position is exactly 0, and so is the gradient of each batch item's outputs
+  with respect to every other item. Batch 2, random inputs, training and evaluation mode,
+  at every length given. Every cut up to length ``FULL_COVERAGE_UP_TO``; beyond it
+  ``LONG_CUTS`` cuts (the first and last two, the rest evenly spaced): a probe costs one
+  backward pass at the full length, so probing all L cuts of a quadratic mechanism costs
+  O(L^3) and minutes at the suite's longest lengths. A leak across any probed cut is caught,
+  whichever positions it joins.
+- **causality-forward**: the same cuts, by perturbation in float32 (the dtype the suite trains
+  in): the outputs at positions <= c do not change when q, k and v after c, or another batch
+  item, change; in training mode with autograd on and in evaluation mode under no_grad, as
+  ``evaluate`` runs. It sees what gradients cannot: a leak through ``detach``, an argsort or
+  integer indexing, or one only under no_grad or in float32.
+- **layout**: the output is a tensor of exactly the input's shape (batch, heads, length,
+  head_dim), device and dtype. Output of the (batch, length, heads, head_dim) layout reshaped
+  to the right number of elements passes this and is caught by causality (it mixes positions).
+- **dtypes**: float32 and bfloat16 inputs (the parameters as built) give an output of the
+  input's dtype, finite: the model's output projection takes it as it is, and every built-in
+  computes in at least float32 inside and hands back the input's dtype (``compute_dtype``).
+- **large-inputs**: outputs and gradients (q, k, v and parameters) finite in float32 for inputs
+  scaled by ``LARGE_INPUT_SCALE`` (every built-in survives x1000).
+- **determinism**: torch.manual_seed before construction and before the call gives a
+  bit-identical output twice, in training and evaluation mode.
+- **state-size**: ``state_size(L)`` is an int >= 0 that never shrinks as L grows, and does not
+  grow at all for a mechanism registered with ``complexity="linear"``.
+
+Every check leaves torch's global random state as it found it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from synthbench.mechanism import MECHANISMS
+from synthbench.model import prepared_mechanism
+from synthbench.protocols import PROTOCOLS
+from synthbench.spec import RunSpec
+from synthbench.store import LEAKY, NewerSchemaError, ResultStore
+from synthbench.sweep import mark_selected
+from synthbench.task import TASKS
+
+BATCH = 2  # sequences per call: enough to see one leak into another
+SEED = 0  # of the inputs, of construction and of every call
+# every cut probed up to this length (past the linear core's first chunk boundary, at 64)
+FULL_COVERAGE_UP_TO = 72
+LONG_CUTS = 8  # cuts probed beyond it: the first two, the last two, 4 evenly spaced between
+FORWARD_TOLERANCE = 1e-5  # of the output's scale: float32 rounding, far below any real leak
+LARGE_INPUT_SCALE = 100.0
+MODES = ("train", "eval")
+INPUT_NAMES = ("q", "k", "v")
+
+
+class Leaky(Exception):
+    """A trained model whose outputs depend on later positions or on other sequences of its
+    batch; ``train_eval`` stores the training with status ``leaky``."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str  # one line
+    # failed because the mechanism raised: a FAIL of `synthbench check`, but no proof of a
+    # leak, so `run` does not refuse it for that (its training raises and says so)
+    raised: bool = False
+
+    @property
+    def leaks(self) -> bool:
+        """Failed by what the mechanism computed, not by an exception."""
+        return not self.passed and not self.raised
+
+    def line(self, mechanism: str = "") -> str:
+        who = f"{mechanism}  " if mechanism else ""
+        return f"{'PASS' if self.passed else 'FAIL'}  {who}{self.name:<17}  {self.detail}"
+
+
+@dataclass(frozen=True)
+class Subject:
+    """A mechanism as the protocol's model builds it for one layer: registry name, complete
+    parameters (``mechanism_params``), head size and count. ``max_len`` is what the model
+    tells it (``set_max_len``); None: the length of each call, as a model built for that
+    length would."""
+
+    name: str
+    params: dict[str, Any]
+    head_dim: int
+    n_heads: int
+    max_len: int | None = None
+    device: torch.device = torch.device("cpu")
+
+    def build(self, length: int) -> nn.Module:
+        """A new instance, its random draws from ``SEED``."""
+        cls = MECHANISMS.get(self.name)
+        torch.manual_seed(SEED)
+        make = functools.partial(cls, self.head_dim, self.n_heads, **self.params)
+        return prepared_mechanism(make, self.max_len or length).to(self.device)
+
+    def inputs(self, length: int, dtype: torch.dtype, scale: float = 1.0):
+        """q, k, v: (BATCH, heads, length, head_dim), standard normal times ``scale``."""
+        generator = torch.Generator().manual_seed(SEED)
+        shape = (BATCH, self.n_heads, length, self.head_dim)
+        return [
+            (torch.randn(shape, generator=generator, dtype=torch.float64) * scale).to(
+                self.device, dtype
+            )
+            for _ in INPUT_NAMES
+        ]
+
+
+def float64_device(device: torch.device) -> torch.device:
+    """Where the float64 checks run: ``device``, or the CPU for a device without float64
+    (MPS)."""
+    return torch.device("cpu") if device.type == "mps" else device
+
+
+def cuts(length: int) -> list[int]:
+    """The cuts c probed at ``length``: outputs at positions <= c must not depend on inputs
+    after c. Every one up to FULL_COVERAGE_UP_TO, else LONG_CUTS of them (module docstring)."""
+    if length <= FULL_COVERAGE_UP_TO:
+        return list(range(length - 1))
+    last = length - 2
+    between = torch.linspace(2, last - 2, LONG_CUTS - 4).round().long().tolist()
+    return sorted({0, 1, *between, last - 1, last})
+
+
+def suite_lengths() -> list[int]:
+    """Every sequence length a registered task has at one of its presets, or with the task
+    parameters a protocol pins: the lengths the suite trains and evaluates at."""
+    lengths = set()
+    for name in TASKS.names():
+        cls = TASKS.get(name)
+        lengths |= {cls.from_difficulty(preset).seq_len for preset in cls.presets()}
+        for protocol in PROTOCOLS.names():
+            pinned = PROTOCOLS.get(protocol).pinned_task_params(name)
+            if pinned:
+                lengths.add(cls(**pinned).seq_len)
+    return sorted(lengths)
+
+
+def describe_lengths(lengths: Sequence[int]) -> str:
+    if len(lengths) == 1:
+        return f"length {lengths[0]}"
+    return f"{len(lengths)} lengths {min(lengths)}..{max(lengths)}"
+
+
+def one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+@contextmanager
+def _own_random_state(device: torch.device) -> Iterator[None]:
+    """The checks seed torch's global generator; the caller's state comes back after."""
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        yield
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one intra-op thread while the checks run (restored after): their tensors are
+    small, and threads mostly wait for each other on them (on a busy 2-core machine
+    `synthbench check softmax` took 40 s on two threads, 3 s on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _set_mode(module: nn.Module, mode: str) -> nn.Module:
+    return module.train() if mode == "train" else module.eval()
+
+
+def _call(mechanism: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    torch.manual_seed(SEED)  # a mechanism that draws at each call draws the same each time
+    return mechanism(*inputs, causal=True)
+
+
+def _layout_problem(out: Any, like: torch.Tensor) -> str | None:
+    if not isinstance(out, torch.Tensor):
+        return f"returned {type(out).__name__}, not a tensor"
+    if tuple(out.shape) != tuple(like.shape):
+        return (
+            f"output of shape {tuple(out.shape)} for inputs of shape {tuple(like.shape)} "
+            "(batch, heads, length, head_dim)"
+        )
+    if out.device != like.device:
+        return f"output on {out.device} for inputs on {like.device}"
+    if out.dtype != like.dtype:
+        return f"output of dtype {out.dtype} for inputs of {like.dtype}"
+    return None
+
+
+def _gradient_leak(
+    out: torch.Tensor,
+    inputs: Sequence[torch.Tensor],
+    names: Sequence[str],
+    position_dim: int,
+    generator: torch.Generator,
+) -> str | None:
+    """Where the gradient of ``out`` reaches an input it must not (module docstring,
+    causality), or None. Batch is dim 0 of every tensor, position ``position_dim``.
+
+    One backward pass per probe, the graph kept: measured on a CPU, a loop over the probes
+    beats one batched backward (``is_grads_batched``) for every built-in, and it works for
+    mechanisms that vmap cannot run (the linear core's own backward)."""
+    _require_finite(out)
+    if not out.requires_grad:
+        return None  # nothing differentiable reaches the output: no gradient can leak
+    length = out.shape[position_dim]
+    weights = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+    weights = weights.to(out.device, out.dtype)
+    shape = [1] * out.dim()
+    shape[position_dim] = length
+    position = torch.arange(length, device=out.device).view(shape)
+    item = torch.arange(out.shape[0], device=out.device).view(-1, *[1] * (out.dim() - 1))
+
+    def backward(probe: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return torch.autograd.grad(
+            out, inputs, probe, retain_graph=True, allow_unused=True, materialize_grads=True
+        )
+
+    for b in range(out.shape[0]):
+        for name, grad in zip(names, backward(weights * (item == b)), strict=True):
+            others = torch.cat([grad[:b], grad[b + 1 :]])
+            if (others != 0).any():
+                other = int((others != 0).flatten(1).any(1).nonzero()[0])
+                other += other >= b
+                return f"batch item {b}'s outputs depend on {name} of batch item {other}"
+    for cut in cuts(length):
+        for name, grad in zip(names, backward(weights * (position <= cut)), strict=True):
+            later = grad.narrow(position_dim, cut + 1, length - cut - 1)
+            nonzero = (later != 0).movedim(position_dim, 0).flatten(1).any(1)
+            if nonzero.any():
+                where = cut + 1 + int(nonzero.nonzero()[0])
+                size = float(later.abs().max())
+                return (
+                    f"outputs at positions <= {cut} depend on {name} at position {where}: "
+                    f"gradient {size:.2g}, not 0"
+                )
+    return None
+
+
+def _forward_leak(
+    run: Callable[[list[torch.Tensor]], torch.Tensor],
+    inputs: list[torch.Tensor],
+    redraw: Callable[[torch.Tensor, torch.Generator], torch.Tensor],
+    what: str,
+    position_dim: int,
+) -> str | None:
+    """Where changing the inputs (``what``) changes an output it must not (module docstring,
+    causality-forward), or None. ``redraw(x, generator)`` gives fresh values shaped as x."""
+    generator = torch.Generator().manual_seed(SEED + 1)
+    base = _require_finite(run(inputs).detach().float())
+    length = base.shape[position_dim]
+    scale = float(base.abs().max()) if base.numel() else 0.0
+    limit = FORWARD_TOLERANCE * scale
+
+    def changed(out: torch.Tensor, reference: torch.Tensor) -> float:
+        diff = (out.detach().float() - reference).abs()
+        return float(diff.max()) if diff.numel() else 0.0
+
+    for b in range(base.shape[0]):  # every other item replaced: item b must not move
+        other = [x.clone() for x in inputs]
+        for x in other:
+            keep = x[b].clone()
+            x.copy_(redraw(x, generator))
+            x[b] = keep
+        if not changed(run(other)[b], base[b]) <= limit:  # a NaN is a change too
+            return f"batch item {b}'s outputs change when the other items do"
+    for cut in cuts(length):  # every input redrawn after the cut at once: one call a cut
+        other = [x.clone() for x in inputs]
+        for x in other:
+            tail = x.narrow(position_dim, cut + 1, length - cut - 1)
+            tail.copy_(redraw(tail, generator))
+        out = run(other).narrow(position_dim, 0, cut + 1)
+        size = changed(out, base.narrow(position_dim, 0, cut + 1))
+        if not size <= limit:
+            return (
+                f"outputs at positions <= {cut} change by {size:.2g} (output scale "
+                f"{scale:.2g}) when {what} after position {cut} change"
+            )
+    return None
+
+
+def _require_finite(out: torch.Tensor) -> torch.Tensor:
+    """A non-finite output for standard normal inputs: no verdict on causality (an exception,
+    which the check reports as raised), never taken for a leak."""
+    if not torch.isfinite(out).all():
+        raise ValueError("non-finite output for standard normal inputs")
+    return out
+
+
+def _randn_like(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    fresh = torch.randn(x.shape, generator=generator, dtype=torch.float64)
+    return fresh.to(x.device, x.dtype)
+
+
+# -- the checks ---------------------------------------------------------------------------
+
+
+def _failure(name: str, exc: Exception, where: str) -> CheckResult:
+    return CheckResult(name, False, f"raised {one_line(exc)} ({where})", raised=True)
+
+
+def check_layout(subject: Subject, lengths: Sequence[int]) -> CheckResult:
+    name = "layout"
+    for length in lengths:
+        for dtype in (torch.float64, torch.float32):
+            where = f"{str(dtype).removeprefix('torch.')}, length {length}"
+            try:
+                mechanism = subject.build(length).to(dtype)
+                inputs = subject.inputs(length, dtype)
+                with torch.no_grad():
+                    problem = _layout_problem(_call(mechanism, inputs), inputs[0])
+            except Exception as exc:
+                return _failure(name, exc, where)
+            if problem:
+                return CheckResult(name, False, f"{problem} ({where})")
+    return CheckResult(
+        name, True, f"(batch, heads, length, head_dim), device and dtype of the input "
+        f"(float64, float32; {describe_lengths(lengths)})"
+    )  # fmt: skip
+
+
+def check_causality(subject: Subject, lengths: Sequence[int]) -> CheckResult:
+    name = "causality"
+    for length in lengths:
+        for mode in MODES:
+            where = f"float64, {mode} mode, length {length}"
+            try:
+                mechanism = _set_mode(subject.build(length).to(torch.float64), mode)
+                inputs = [x.requires_grad_() for x in subject.inputs(length, torch.float64)]
+                out = _call(mechanism, inputs)
+                problem = _layout_problem(out, inputs[0])
+                if problem is None:
+                    generator = torch.Generator().manual_seed(SEED)
+                    problem = _gradient_leak(out, inputs, INPUT_NAMES, 2, generator)
+            except Exception as exc:
+                return _failure(name, exc, where)
+            if problem:
+                return CheckResult(name, False, f"{problem} ({where})")
+    return CheckResult(
+        name, True, "gradient exactly 0 w.r.t. q, k, v after each cut and other batch items "
+        f"(float64, train and eval; {describe_lengths(lengths)}; {_coverage(lengths)})"
+    )  # fmt: skip
+
+
+def _coverage(lengths: Sequence[int]) -> str:
+    if max(lengths) <= FULL_COVERAGE_UP_TO:
+        return "every position"
+    return f"every position up to length {FULL_COVERAGE_UP_TO}, {LONG_CUTS} cuts beyond"
+
+
+def check_forward_causality(subject: Subject, lengths: Sequence[int]) -> CheckResult:
+    name = "causality-forward"
+    for length in lengths:
+        for mode in MODES:
+            where = f"float32, {mode} mode{'' if mode == 'train' else ' under no_grad'}, "
+            where += f"length {length}"
+            try:
+                mechanism = _set_mode(subject.build(length), mode)
+                with torch.set_grad_enabled(mode == "train"):
+                    problem = _forward_leak(
+                        lambda qkv, m=mechanism: _call(m, qkv),
+                        subject.inputs(length, torch.float32),
+                        _randn_like,
+                        "q, k, v",
+                        2,
+                    )
+            except Exception as exc:
+                return _failure(name, exc, where)
+            if problem:
+                return CheckResult(name, False, f"{problem} ({where})")
+    return CheckResult(
+        name, True, "outputs up to each cut unchanged when q, k, v after it or other batch "
+        f"items change (float32, train, eval under no_grad; {describe_lengths(lengths)})"
+    )  # fmt: skip
+
+
+def check_dtypes(subject: Subject, length: int) -> CheckResult:
+    name = "dtypes"
+    for dtype in (torch.float32, torch.bfloat16):
+        where = f"{str(dtype).removeprefix('torch.')}, length {length}"
+        try:
+            inputs = subject.inputs(length, dtype)
+            with torch.no_grad():
+                out = _call(subject.build(length), inputs)
+            problem = _layout_problem(out, inputs[0])
+            if problem is None and not torch.isfinite(out).all():
+                problem = "non-finite output"
+        except Exception as exc:
+            return _failure(name, exc, where)
+        if problem:
+            return CheckResult(name, False, f"{problem} ({where})")
+    return CheckResult(
+        name, True, f"float32 -> float32, bfloat16 -> bfloat16, finite (length {length})"
+    )
+
+
+def check_large_inputs(subject: Subject, length: int) -> CheckResult:
+    name = "large-inputs"
+    where = f"float32, inputs x{LARGE_INPUT_SCALE:g}, length {length}"
+    try:
+        mechanism = subject.build(length)
+        inputs = [
+            x.requires_grad_()
+            for x in subject.inputs(length, torch.float32, scale=LARGE_INPUT_SCALE)
+        ]
+        out = _call(mechanism, inputs)
+        if not torch.isfinite(out).all():
+            return CheckResult(name, False, f"non-finite output ({where})")
+        wrt = [*inputs, *(p for p in mechanism.parameters() if p.requires_grad)]
+        if out.requires_grad:
+            probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(SEED))
+            grads = torch.autograd.grad(
+                out, wrt, probe.to(out), allow_unused=True, materialize_grads=True
+            )
+            if not all(torch.isfinite(g).all() for g in grads):
+                return CheckResult(name, False, f"non-finite gradient ({where})")
+    except Exception as exc:
+        return _failure(name, exc, where)
+    return CheckResult(name, True, f"finite outputs and gradients ({where})")
+
+
+def check_determinism(subject: Subject, length: int) -> CheckResult:
+    name = "determinism"
+    for mode in MODES:
+        where = f"float32, {mode} mode, length {length}"
+        try:
+            outs = []
+            for _ in range(2):
+                mechanism = _set_mode(subject.build(length), mode)
+                with torch.no_grad():
+                    outs.append(_call(mechanism, subject.inputs(length, torch.float32)))
+            first, second = outs
+            if not _bit_identical(first, second):
+                return CheckResult(name, False, f"two calls from one seed differ ({where})")
+        except Exception as exc:
+            return _failure(name, exc, where)
+    return CheckResult(name, True, f"bit-identical twice from one seed (train and eval, "
+                                   f"length {length})")  # fmt: skip
+
+
+def _bit_identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
+
+
+def check_state_size(subject: Subject, lengths: Sequence[int]) -> CheckResult:
+    """At the given lengths and twice the longest (so that one length still shows growth)."""
+    name = "state-size"
+    points = sorted({*lengths, 2 * max(lengths)})
+    complexity = MECHANISMS.entry(subject.name).metadata["complexity"]
+    try:
+        mechanism = subject.build(points[-1])
+        sizes = [mechanism.state_size(length) for length in points]
+    except Exception as exc:
+        return _failure(name, exc, "state_size")
+    for length, size in zip(points, sizes, strict=True):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            return CheckResult(name, False, f"state_size({length}) = {size!r}, not an int >= 0")
+    if any(b < a for a, b in zip(sizes, sizes[1:], strict=False)):
+        return CheckResult(name, False, f"state_size shrinks as the length grows: {sizes}")
+    span = f"L {points[0]}..{points[-1]}"
+    if sizes[0] == sizes[-1]:
+        return CheckResult(name, True, f"{sizes[0]:,} numbers per head at every L ({span})")
+    if complexity == "linear":
+        return CheckResult(
+            name, False, f"registered complexity linear, but state_size grows from "
+            f"{sizes[0]:,} to {sizes[-1]:,} ({span})"
+        )  # fmt: skip
+    return CheckResult(name, True, f"{sizes[0]:,} to {sizes[-1]:,} numbers per head ({span}; "
+                                   f"complexity {complexity})")  # fmt: skip
+
+
+def check_leaks(subject: Subject, lengths: Sequence[int]) -> list[CheckResult]:
+    """What ``run`` checks before training: layout and both causality checks."""
+    lengths = sorted(set(lengths))
+    with _own_random_state(subject.device):
+        return [
+            check_layout(subject, lengths),
+            check_causality(subject, lengths),
+            check_forward_causality(subject, lengths),
+        ]
+
+
+def check_mechanism(subject: Subject, lengths: Sequence[int]) -> list[CheckResult]:
+    """Every check (``synthbench check``); the single-length ones at the longest length."""
+    lengths = sorted(set(lengths))
+    longest = lengths[-1]
+    results = check_leaks(subject, lengths)
+    with _own_random_state(subject.device):
+        return [
+            *results,
+            check_dtypes(subject, longest),
+            check_large_inputs(subject, longest),
+            check_determinism(subject, longest),
+            check_state_size(subject, lengths),
+        ]
+
+
+# -- the trained model ----------------------------------------------------------------------
+
+
+def check_model_causality(model: nn.Module, tokens: torch.Tensor) -> CheckResult:
+    """The model's logits at positions <= c do not depend on its input at later positions nor
+    on other sequences of the batch, ``tokens`` (batch, length): by autograd in float64 on a
+    deep copy, the gradient with respect to what enters the first block (``Model.embed``) is
+    exactly 0, in training and evaluation mode; by perturbation of the tokens, in the model's
+    own dtype, the logits do not move, in training mode and in evaluation mode under no_grad
+    (as ``evaluate`` runs). ``model`` itself is left as it is. Where the float64 part raises
+    (a mechanism without float64) the perturbation still decides; the result says it raised."""
+    name = "model-causality"
+    raised = None
+    length = tokens.shape[1]
+    device = float64_device(tokens.device)
+    vocab = model.tok_emb.num_embeddings
+
+    def redraw(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        fresh = torch.randint(vocab, x.shape, generator=generator)
+        return fresh.to(x.device)
+
+    with _own_random_state(tokens.device):
+        for mode in MODES:
+            where = f"float64, {mode} mode, length {length}"
+            try:
+                twin = _set_mode(copy.deepcopy(model).to(device, torch.float64), mode)
+                x = twin.embed(tokens.to(device)).detach().requires_grad_()
+                torch.manual_seed(SEED)
+                logits = twin.from_embeddings(x)
+                generator = torch.Generator().manual_seed(SEED)
+                problem = _gradient_leak(logits, [x], ["the input"], 1, generator)
+            except Exception as exc:
+                raised = raised or _failure(name, exc, where)
+                continue
+            if problem:
+                return CheckResult(name, False, f"{problem} ({where})")
+        for mode in MODES:
+            where = f"{mode} mode{'' if mode == 'train' else ' under no_grad'}, length {length}"
+            try:
+                twin = _set_mode(copy.deepcopy(model), mode)
+
+                def run(inputs: list[torch.Tensor], twin: nn.Module = twin) -> torch.Tensor:
+                    torch.manual_seed(SEED)
+                    return twin(inputs[0])
+
+                with torch.set_grad_enabled(mode == "train"):
+                    problem = _forward_leak(run, [tokens.clone()], redraw, "the tokens", 1)
+            except Exception as exc:
+                return _failure(name, exc, where)
+            if problem:
+                return CheckResult(name, False, f"{problem} ({where})")
+    if raised:
+        return raised
+    return CheckResult(
+        name, True, f"logits up to each cut independent of later inputs and other batch items "
+        f"(length {length})"
+    )  # fmt: skip
+
+
+# -- the guard of `run` -----------------------------------------------------------------------
+
+
+def configurations(specs: Sequence[RunSpec], device: torch.device) -> list[Configuration]:
+    """The distinct mechanism configurations of ``specs`` (name, parameters and the
+    protocol's head size and count), each with the lengths its runs train and evaluate at
+    (the task's and, with ``eval_length_mult``, the long one), grouped by the ``max_len``
+    their model tells the mechanism, as ``build_model`` sets it."""
+    found: dict[str, Configuration] = {}
+    for spec in specs:
+        p = spec.protocol
+        head_dim = p.d_model // p.n_heads
+        key = json.dumps([spec.mechanism, spec.mechanism_params, head_dim, p.n_heads], default=str)
+        config = found.setdefault(key, Configuration(spec.mechanism))
+        config.specs.append(spec)
+        task = spec.make_task()
+        lengths = {task.seq_len}
+        if spec.eval_length_mult:
+            lengths.add(task.at_length(spec.eval_length_mult).seq_len)
+        subject = Subject(
+            spec.mechanism, spec.mechanism_params, head_dim, p.n_heads, max(lengths),
+            float64_device(device),
+        )  # fmt: skip
+        config.lengths.setdefault(subject.max_len, (subject, set()))[1].update(lengths)
+    return list(found.values())
+
+
+@dataclass
+class Configuration:
+    """One mechanism configuration of a ``run``: the runs that use it, and by ``max_len`` the
+    Subject the model builds and the lengths it sees."""
+
+    name: str
+    specs: list[RunSpec] = field(default_factory=list)
+    lengths: dict[int, tuple[Subject, set[int]]] = field(default_factory=dict)
+
+    def first_leak(self) -> CheckResult | None:
+        """The first layout or causality check failed by what the mechanism computed."""
+        for subject, lengths in self.lengths.values():
+            for result in check_leaks(subject, sorted(lengths)):
+                if result.leaks:
+                    return result
+        return None
+
+
+def leak_guard(
+    specs: Sequence[RunSpec], store: ResultStore, device: torch.device | None
+) -> str | None:
+    """``run``'s check before training: the layout and causality checks of every mechanism
+    configuration of ``specs`` at the lengths its runs use. A leaky mechanism's runs are
+    stored with status ``leaky`` at every lr of the protocol's grid (so that nothing retrains
+    them, and no lr of theirs stays selected) and the one-line refusal is returned; None when
+    every mechanism passes. ``device``: the run's (None: the CPU, as for Ray)."""
+    from synthbench.train import failed_row  # here: synthbench.train imports this module
+
+    device = device or torch.device("cpu")
+    refusals, refused = [], []
+    for config in configurations(specs, device):
+        with one_thread():
+            failed = config.first_leak()
+        if failed is None:
+            continue
+        error = f"leaky: {failed.name} check failed: {failed.detail}"
+        for spec in config.specs:
+            rows = [
+                {**failed_row(spec, lr, device, error), "status": LEAKY} for lr in spec.protocol.lrs
+            ]
+            try:
+                store.write(rows, settle=functools.partial(mark_selected, spec.protocol))
+            except NewerSchemaError:  # a newer synthbench's file: left as it is
+                continue
+        refusals.append(f"mechanism {config.name} is not causal ({failed.name}: {failed.detail})")
+        refused.append(config.name)
+    if not refusals:
+        return None
+    names = list(dict.fromkeys(refused))
+    plugin_files = dict.fromkeys(  # the check needs the same --plugin to find the name
+        source.removeprefix("plugin file ")
+        for source in (MECHANISMS.entry(n).source for n in names)
+        if source.startswith("plugin file ")
+    )
+    command = " ".join(
+        ["synthbench check", ",".join(names), *(f"--plugin {p}" for p in plugin_files)]
+    )
+    return (
+        f"refused: {'; '.join(refusals)}; nothing trained, its runs are stored with status "
+        f"leaky; {command} runs every check"
+    )

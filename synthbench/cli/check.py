@@ -1,0 +1,77 @@
+"""``synthbench check MECH``: every check of synthbench/check.py, one line per check."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from synthbench.check import (
+    Subject,
+    check_mechanism,
+    float64_device,
+    one_thread,
+    suite_lengths,
+)
+from synthbench.cli.common import (
+    DeviceOption,
+    PluginOption,
+    UsageError,
+    echo,
+    load_plugins,
+    select_mechanisms,
+)
+from synthbench.devices import resolve_device
+from synthbench.limits import MAX_SEQ_LEN
+from synthbench.mechanism import MECHANISMS, build_once, mechanism_params
+from synthbench.params import parse_assignments
+from synthbench.protocols import PROTOCOLS
+
+
+def check_command(
+    mech: Annotated[str, typer.Argument(help="A mechanism, comma-separated mechanisms, or 'all'.")],
+    mech_param: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE for every selected mechanism, e.g. eps=1e-4 (repeatable)."),
+    ] = None,
+    plugin: PluginOption = None,
+    length: Annotated[
+        list[int] | None,
+        typer.Option(
+            help="Check at this sequence length (repeatable; default: every length of "
+            "every registered task at each of its presets)."
+        ),
+    ] = None,
+    protocol: Annotated[
+        str, typer.Option(help="Build the mechanism with this protocol's head size and count.")
+    ] = "quick",
+    device: DeviceOption = "cpu",
+) -> None:
+    """Check a mechanism: causality (autograd and perturbation), layout, dtypes, large
+    inputs, determinism, state size. Exit status 1 if any check fails."""
+    load_plugins(plugin)
+    proto = PROTOCOLS.get(protocol)
+    names = select_mechanisms(mech, "MECH")
+    for value in length or []:
+        if not 1 <= value <= MAX_SEQ_LEN:
+            raise UsageError(f"--length must be in [1, {MAX_SEQ_LEN}], got {value}")
+    lengths = sorted(set(length)) if length else suite_lengths()
+    overrides = parse_assignments(mech_param)
+    dev = float64_device(resolve_device(device))
+    head_dim = proto.d_model // proto.n_heads
+    subjects = []
+    for name in names:  # every name and parameter checked before the first check runs
+        cls = MECHANISMS.get(name)
+        params = mechanism_params(cls, overrides)
+        build_once(name, head_dim, proto.n_heads, params)  # as `run` does
+        subjects.append(Subject(name, params, head_dim, proto.n_heads, device=dev))
+    failed = False
+    width = max(len(s.name) for s in subjects)  # the columns line up under `check all`
+    for subject in subjects:
+        with one_thread():
+            results = check_mechanism(subject, lengths)
+        for result in results:
+            echo(result.line(subject.name.ljust(width)))
+            failed |= not result.passed
+    if failed:
+        raise typer.Exit(1)

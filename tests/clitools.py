@@ -1,0 +1,63 @@
+"""Helpers of the command-line tests (tests/test_reliability.py, tests/test_cli_errors.py):
+the real CLI in this process or in a subprocess, a results tree's files by hash, the
+one-line error every user fault must end in. Fixtures: tests/conftest.py."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from synthbench.cli import app
+
+SMOKE = ["--protocol", "smoke", "--seeds", "1", "--jobs", "1"]
+ENV = {"COLUMNS": "250"}  # rich never wraps a message or a name
+SUBPROCESS_ENV = {**os.environ, **ENV, "OMP_NUM_THREADS": "1"}
+
+
+def invoke(*args):
+    """``synthbench ARGS`` in this process."""
+    return CliRunner().invoke(app, [str(a) for a in args], env=ENV)
+
+
+def command_line(*args) -> list[str]:
+    """``synthbench ARGS`` as a subprocess runs it."""
+    return [sys.executable, "-m", "synthbench.cli", *map(str, args)]
+
+
+def tree(root: Path) -> dict[str, str]:
+    """Every file under root (hidden ones too) with the hash of its bytes."""
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def assert_error(result, code: int, message: str) -> None:
+    """Exit ``code``, ``message`` in the one error line, nothing else on stderr but
+    warnings, and no traceback anywhere."""
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    assert not isinstance(result.exception, Exception) or isinstance(
+        result.exception, SystemExit
+    ), result.exception
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("warning:")]
+    assert len(errors) == 1 and errors[0].startswith("error: "), result.stderr
+    assert message in errors[0], errors[0]
+
+
+def refuse_access(monkeypatch, denied: Path) -> None:
+    """As a user who may not write ``denied`` (the tests may run as root, who may write
+    anywhere)."""
+    real = os.access
+
+    def access(path, mode, *args, **kwargs):
+        if Path(path).resolve() == denied.resolve() and mode & os.W_OK:
+            return False
+        return real(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr(os, "access", access)
