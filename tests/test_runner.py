@@ -116,7 +116,7 @@ class FakeExecutor:
 
 
 def kv(protocol=SMOKE, seed=0, mech="linear") -> RunSpec:
-    return RunSpec.resolve("kv_recall", mech, protocol, seed, {"pairs": 4})
+    return RunSpec.resolve("kv_recall", mech, protocol, seed, {"pairs": 4, "queries": 2})
 
 
 def stored_rows(root: Path) -> pd.DataFrame:
@@ -145,7 +145,10 @@ def test_plan_rejects_bad_seed_counts(seeds):
 
 
 def test_threads_are_in_the_run_id_and_the_rows():
-    one, two = kv(), RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"pairs": 4}, threads=2)
+    one, two = (
+        kv(),
+        RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"pairs": 4, "queries": 2}, threads=2),
+    )
     assert one.run_id != two.run_id and one.config()["threads"] == 1
     assert blank_row(two, 1e-3)["threads"] == 2
     with pytest.raises(ValueError, match="threads"):

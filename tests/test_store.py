@@ -39,8 +39,8 @@ SWEEP = dataclasses.replace(PROTOCOLS.get("smoke"), steps=3, lrs=(1e-3, 3e-3))
 def runs(single_thread) -> dict[str, list[dict]]:
     """Rows of three real runs (two lr rows each)."""
     specs = {
-        "a": RunSpec.resolve("kv_recall", "linear", SWEEP, 0, {"pairs": 4}),
-        "b": RunSpec.resolve("kv_recall", "linear", SWEEP, 1, {"pairs": 4}),
+        "a": RunSpec.resolve("kv_recall", "linear", SWEEP, 0, {"pairs": 4, "queries": 2}),
+        "b": RunSpec.resolve("kv_recall", "linear", SWEEP, 1, {"pairs": 4, "queries": 2}),
         "c": RunSpec.resolve("copy", "softmax", SWEEP, 0, {"n": 4}),
     }
     rows = {key: run_sweep(s, torch.device("cpu")) for key, s in specs.items()}

@@ -29,7 +29,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 SMOKE = PROTOCOLS.get("smoke")
 CPU = torch.device("cpu")
 # kv_recall at its smallest sensible size keeps every run well under a second
-SMALL_KV = {"pairs": 4}
+SMALL_KV = {"pairs": 4, "queries": 2}
 
 
 def spec(task="kv_recall", mech="linear", protocol=SMOKE, seed=0, task_params=None):
@@ -44,16 +44,16 @@ def test_resolve_canonicalises_aliases_and_fills_defaults():
     s = RunSpec.resolve("mqar", "elu", SMOKE, 0)
     assert (s.task, s.mechanism) == ("kv_recall", "linear")
     assert s.task_params == {
-        "pairs": 8,
-        "queries": 4,
-        "keys": 32,
-        "values": 32,
+        "pairs": 24,
+        "queries": 12,
+        "keys": 64,
+        "values": 64,
         "distinct_values": True,
     }
     assert s.mechanism_params == {"eps": 1e-6, "chunk_size": 64}
     assert s.run_id == RunSpec.resolve("kv_recall", "linear", SMOKE, 0).run_id
     # an override equal to the default is the same run
-    same = RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"pairs": 8}, {"eps": 1e-6})
+    same = RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"pairs": 24}, {"eps": 1e-6})
     assert same.run_id == s.run_id
 
 
@@ -114,7 +114,7 @@ def test_run_id_changes_with_seed_task_and_mechanism_params():
     variants = [
         RunSpec.resolve("kv_recall", "linear", SMOKE, 1),
         RunSpec.resolve("kv_recall", "linear", SMOKE, 0, threads=2),
-        RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"pairs": 4}),
+        RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"pairs": 4, "queries": 2}),
         RunSpec.resolve("kv_recall", "linear", SMOKE, 0, {"queries": 2}),
         RunSpec.resolve("kv_recall", "linear", SMOKE, 0, None, {"eps": 1e-5}),
         RunSpec.resolve("kv_recall", "linear", SMOKE, 0, None, {"chunk_size": 16}),
