@@ -179,7 +179,7 @@ _add(
         # with like
         task_params=(
             ("addition", (("streamed", False),)),
-            ("counting", (("queries", 0),)),
+            ("counting", (("queries", 0), ("n", 32), ("vocab", 16))),
             ("distant_match", (("probes", 0),)),
             ("histogram", (("queries", 0),)),
             ("induction", (("dense", False), ("n", 64))),

@@ -45,7 +45,10 @@ class KVRecallParams:
         if not 1 <= self.pairs <= self.keys:
             raise ValueError(f"kv_recall needs 1 <= pairs <= keys, got {self.pairs}, {self.keys}")
         if not 0 <= self.queries <= self.pairs:
-            raise ValueError(f"kv_recall needs 0 <= queries <= pairs, got {self.queries}")
+            raise ValueError(
+                f"kv_recall needs 0 <= queries <= pairs, got queries={self.queries}, "
+                f"pairs={self.pairs} (with fewer pairs, set queries as well)"
+            )
         require_at_least("kv_recall", self, values=2)
         if self.distinct_values and self.values < self.pairs:
             raise ValueError(

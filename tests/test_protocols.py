@@ -32,6 +32,7 @@ def test_slay_paper_runs_suite_v1_layouts_under_the_users_own_params():
     # suite v1's lengths, whatever the current defaults are (suite v2 enlarged both tasks)
     assert RunSpec.resolve("induction", "softmax", paper, 0).make_task().seq_len == 64
     assert RunSpec.resolve("kv_recall", "softmax", paper, 0).make_task().seq_len == 32
+    assert RunSpec.resolve("counting", "softmax", paper, 0).make_task().seq_len == 34
     assert paper.pinned_task_params("copy") == quick.pinned_task_params("induction") == {}
     spec = RunSpec.resolve("multihop", "softmax", paper, 0)
     assert (spec.task_params["walk"], spec.task_params["walks"]) == (False, 1)
