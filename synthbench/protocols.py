@@ -179,6 +179,7 @@ _add(
         # with like
         task_params=(
             ("addition", (("streamed", False),)),
+            ("compression", (("k", 8), ("n", 32), ("vocab", 16))),
             ("counting", (("queries", 0), ("n", 32), ("vocab", 16))),
             ("distant_match", (("probes", 0),)),
             ("histogram", (("queries", 0),)),
@@ -195,6 +196,7 @@ _add(
             ),
             ("modular", (("dense", False),)),
             ("multihop", (("walk", False), ("walks", 1))),
+            ("noisy_copy", (("n", 32), ("rate", 0.25))),
             ("parity", (("dense", False),)),
             ("pattern", (("min_period", 2),)),
             ("retrieval", (("needles", 1),)),

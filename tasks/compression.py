@@ -24,9 +24,11 @@ from .selective_copy import nth_marked
 
 @dataclass(frozen=True)
 class CompressionParams:
-    k: int = 8  # runs in the prompt (answers)
-    n: int = 32  # prompt length
-    vocab: int = 16  # number of data tokens
+    # 16 runs over 64 tokens, where linear attention and cosFormer fall behind at the quick
+    # model's width (quick: softmax 0.99, linear 0.60; at 8 runs over 32 all reach 0.97)
+    k: int = 16  # runs in the prompt (answers)
+    n: int = 64  # prompt length
+    vocab: int = 32  # number of data tokens
 
     def __post_init__(self):
         if not 1 <= self.k <= min(self.n, self.vocab) or self.vocab < 2:
@@ -43,7 +45,10 @@ class CompressionParams:
 )
 class Compression(SepTask):
     Params = CompressionParams
-    difficulties = {"easy": {"k": 4, "n": 16}, "hard": {"k": 16, "n": 64, "vocab": 32}}
+    difficulties = {
+        "easy": {"k": 8, "n": 32, "vocab": 16},
+        "hard": {"k": 32, "n": 128, "vocab": 64},
+    }
     length_param = "n"
 
     @property

@@ -27,8 +27,11 @@ from .selective_copy import nth_marked
 
 @dataclass(frozen=True)
 class NoisyCopyParams:
-    n: int = 32  # length of x
-    rate: float = 0.25  # noise tokens per data token (m = round(rate * n))
+    # 64 tokens with 32 noise tokens among them, where linear attention and cosFormer fall
+    # behind at the quick model's width (tuned on seed 100: softmax 0.96, linear 0.88; at
+    # n 32 with rate 0.25 all reach 0.98)
+    n: int = 64  # length of x
+    rate: float = 0.5  # noise tokens per data token (m = round(rate * n))
     vocab: int = 32  # number of data tokens
     noise_vocab: int = 4  # number of noise tokens
 
@@ -49,7 +52,7 @@ class NoisyCopyParams:
 )
 class NoisyCopy(Task):
     Params = NoisyCopyParams
-    difficulties = {"easy": {"n": 16, "rate": 0.1}, "hard": {"n": 64, "rate": 0.5}}
+    difficulties = {"easy": {"n": 32, "rate": 0.25}, "hard": {"n": 128, "rate": 0.5}}
     length_param = "n"
 
     @property

@@ -33,6 +33,8 @@ def test_slay_paper_runs_suite_v1_layouts_under_the_users_own_params():
     assert RunSpec.resolve("induction", "softmax", paper, 0).make_task().seq_len == 64
     assert RunSpec.resolve("kv_recall", "softmax", paper, 0).make_task().seq_len == 32
     assert RunSpec.resolve("counting", "softmax", paper, 0).make_task().seq_len == 34
+    assert RunSpec.resolve("compression", "softmax", paper, 0).make_task().seq_len == 40
+    assert RunSpec.resolve("noisy_copy", "softmax", paper, 0).make_task().seq_len == 72
     assert paper.pinned_task_params("copy") == quick.pinned_task_params("induction") == {}
     spec = RunSpec.resolve("multihop", "softmax", paper, 0)
     assert (spec.task_params["walk"], spec.task_params["walks"]) == (False, 1)
@@ -44,9 +46,10 @@ def test_slay_paper_runs_suite_v1_layouts_under_the_users_own_params():
         RunSpec.resolve("multihop", "softmax", paper, 0, task_overrides={"walks": 99})
 
 
-@pytest.mark.parametrize("name", ["counting", "distant_match", "histogram", "induction",
-                                  "kv_recall", "modular", "multihop", "parity", "pattern",
-                                  "retrieval", "sort", "stack"])  # fmt: skip
+@pytest.mark.parametrize("name", ["compression", "counting", "distant_match", "histogram",
+                                  "induction", "kv_recall", "modular", "multihop",
+                                  "noisy_copy", "parity", "pattern", "retrieval", "sort",
+                                  "stack"])  # fmt: skip
 def test_every_pinned_layout_builds_and_generates(name):
     spec = RunSpec.resolve(name, "softmax", PROTOCOLS.get("slay-paper"), 0)
     task = spec.make_task()
