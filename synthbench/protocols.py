@@ -197,7 +197,7 @@ _add(
             ("modular", (("dense", False),)),
             ("multihop", (("walk", False), ("walks", 1))),
             ("noisy_copy", (("n", 32), ("rate", 0.25))),
-            ("parity", (("dense", False),)),
+            ("parity", (("dense", False), ("n", 16))),
             ("pattern", (("min_period", 2),)),
             ("retrieval", (("needles", 1),)),
             ("sort", (("vocab", 32),)),
