@@ -42,7 +42,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -320,50 +320,66 @@ def _randn_like(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 # -- the checks ---------------------------------------------------------------------------
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def _failure(name: str, exc: Exception, where: str) -> CheckResult:
     return CheckResult(name, False, f"raised {one_line(exc)} ({where})", raised=True)
 
 
+def _first_failure(
+    name: str, cases: Iterable[tuple[str, Callable[[], str | None]]]
+) -> CheckResult | None:
+    """The check ``name`` failed at the first case whose probe raises or names a problem;
+    None when every case passes. A case is (where, probe): where says which case it is."""
+    for where, probe in cases:
+        try:
+            problem = probe()
+        except Exception as exc:
+            return _failure(name, exc, where)
+        if problem:
+            return CheckResult(name, False, f"{problem} ({where})")
+    return None
+
+
 def check_layout(subject: Subject, lengths: Sequence[int]) -> CheckResult:
-    name = "layout"
-    for length in lengths:
-        for dtype in (torch.float64, torch.float32):
-            where = f"{str(dtype).removeprefix('torch.')}, length {length}"
-            try:
-                mechanism = subject.build(length).to(dtype)
-                inputs = subject.inputs(length, dtype)
-                with torch.no_grad():
-                    problem = _layout_problem(_call(mechanism, inputs), inputs[0])
-            except Exception as exc:
-                return _failure(name, exc, where)
-            if problem:
-                return CheckResult(name, False, f"{problem} ({where})")
-    return CheckResult(
-        name, True, f"(batch, heads, length, head_dim), device and dtype of the input "
+    def probe(length: int, dtype: torch.dtype) -> str | None:
+        mechanism = subject.build(length).to(dtype)
+        inputs = subject.inputs(length, dtype)
+        with torch.no_grad():
+            return _layout_problem(_call(mechanism, inputs), inputs[0])
+
+    cases = (
+        (f"{_dtype_name(dtype)}, length {length}", functools.partial(probe, length, dtype))
+        for length in lengths
+        for dtype in (torch.float64, torch.float32)
+    )
+    return _first_failure("layout", cases) or CheckResult(
+        "layout", True, f"(batch, heads, length, head_dim), device and dtype of the input "
         f"(float64, float32; {describe_lengths(lengths)})"
     )  # fmt: skip
 
 
 def check_causality(subject: Subject, lengths: Sequence[int]) -> CheckResult:
-    name = "causality"
-    for length in lengths:
-        for mode in MODES:
-            where = f"float64, {mode} mode, length {length}"
-            try:
-                mechanism = _set_mode(subject.build(length).to(torch.float64), mode)
-                inputs = [x.requires_grad_() for x in subject.inputs(length, torch.float64)]
-                out = _call(mechanism, inputs)
-                problem = _layout_problem(out, inputs[0])
-                if problem is None:
-                    generator = torch.Generator().manual_seed(SEED)
-                    problem = _gradient_leak(out, inputs, INPUT_NAMES, 2, generator)
-            except Exception as exc:
-                return _failure(name, exc, where)
-            if problem:
-                return CheckResult(name, False, f"{problem} ({where})")
-    return CheckResult(
-        name, True, "gradient exactly 0 w.r.t. q, k, v after each cut and other batch items "
-        f"(float64, train and eval; {describe_lengths(lengths)}; {_coverage(lengths)})"
+    def probe(length: int, mode: str) -> str | None:
+        mechanism = _set_mode(subject.build(length).to(torch.float64), mode)
+        inputs = [x.requires_grad_() for x in subject.inputs(length, torch.float64)]
+        out = _call(mechanism, inputs)
+        problem = _layout_problem(out, inputs[0])
+        if problem is None:
+            generator = torch.Generator().manual_seed(SEED)
+            problem = _gradient_leak(out, inputs, INPUT_NAMES, 2, generator)
+        return problem
+
+    cases = (
+        (f"float64, {mode} mode, length {length}", functools.partial(probe, length, mode))
+        for length in lengths
+        for mode in MODES
+    )
+    return _first_failure("causality", cases) or CheckResult(
+        "causality", True, "gradient exactly 0 w.r.t. q, k, v after each cut and other batch "
+        f"items (float64, train and eval; {describe_lengths(lengths)}; {_coverage(lengths)})"
     )  # fmt: skip
 
 
@@ -374,48 +390,48 @@ def _coverage(lengths: Sequence[int]) -> str:
 
 
 def check_forward_causality(subject: Subject, lengths: Sequence[int]) -> CheckResult:
-    name = "causality-forward"
-    for length in lengths:
-        for mode in MODES:
-            where = f"float32, {mode} mode{'' if mode == 'train' else ' under no_grad'}, "
-            where += f"length {length}"
-            try:
-                mechanism = _set_mode(subject.build(length), mode)
-                with torch.set_grad_enabled(mode == "train"):
-                    problem = _forward_leak(
-                        lambda qkv, m=mechanism: _call(m, qkv),
-                        subject.inputs(length, torch.float32),
-                        _randn_like,
-                        "q, k, v",
-                        2,
-                    )
-            except Exception as exc:
-                return _failure(name, exc, where)
-            if problem:
-                return CheckResult(name, False, f"{problem} ({where})")
-    return CheckResult(
-        name, True, "outputs up to each cut unchanged when q, k, v after it or other batch "
-        f"items change (float32, train, eval under no_grad; {describe_lengths(lengths)})"
+    def probe(length: int, mode: str) -> str | None:
+        mechanism = _set_mode(subject.build(length), mode)
+        with torch.set_grad_enabled(mode == "train"):
+            return _forward_leak(
+                lambda qkv: _call(mechanism, qkv),
+                subject.inputs(length, torch.float32),
+                _randn_like,
+                "q, k, v",
+                2,
+            )
+
+    cases = (
+        (
+            f"float32, {mode} mode{'' if mode == 'train' else ' under no_grad'}, length {length}",
+            functools.partial(probe, length, mode),
+        )
+        for length in lengths
+        for mode in MODES
+    )
+    return _first_failure("causality-forward", cases) or CheckResult(
+        "causality-forward", True, "outputs up to each cut unchanged when q, k, v after it "
+        "or other batch items change (float32, train, eval under no_grad; "
+        f"{describe_lengths(lengths)})"
     )  # fmt: skip
 
 
 def check_dtypes(subject: Subject, length: int) -> CheckResult:
-    name = "dtypes"
-    for dtype in (torch.float32, torch.bfloat16):
-        where = f"{str(dtype).removeprefix('torch.')}, length {length}"
-        try:
-            inputs = subject.inputs(length, dtype)
-            with torch.no_grad():
-                out = _call(subject.build(length), inputs)
-            problem = _layout_problem(out, inputs[0])
-            if problem is None and not torch.isfinite(out).all():
-                problem = "non-finite output"
-        except Exception as exc:
-            return _failure(name, exc, where)
-        if problem:
-            return CheckResult(name, False, f"{problem} ({where})")
-    return CheckResult(
-        name, True, f"float32 -> float32, bfloat16 -> bfloat16, finite (length {length})"
+    def probe(dtype: torch.dtype) -> str | None:
+        inputs = subject.inputs(length, dtype)
+        with torch.no_grad():
+            out = _call(subject.build(length), inputs)
+        problem = _layout_problem(out, inputs[0])
+        if problem is None and not torch.isfinite(out).all():
+            problem = "non-finite output"
+        return problem
+
+    cases = (
+        (f"{_dtype_name(dtype)}, length {length}", functools.partial(probe, dtype))
+        for dtype in (torch.float32, torch.bfloat16)
+    )
+    return _first_failure("dtypes", cases) or CheckResult(
+        "dtypes", True, f"float32 -> float32, bfloat16 -> bfloat16, finite (length {length})"
     )
 
 
