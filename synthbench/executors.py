@@ -67,7 +67,7 @@ class InProcess:
 
     def wait(self) -> tuple[Any, dict[str, Any]]:
         unit = self._queue.popleft()
-        return unit, train_eval(unit.spec, unit.lr, self.device)
+        return unit, train_eval(unit.spec, unit.lr, self.device, unit.stop_after)
 
     def close(self) -> None:
         self._queue.clear()
@@ -115,7 +115,7 @@ def _worker_main(conn: Connection, device: str, plugin_files: list[str], parent:
             return
         if unit is None:
             return
-        conn.send(("row", train_eval(unit.spec, unit.lr, torch.device(device))))
+        conn.send(("row", train_eval(unit.spec, unit.lr, torch.device(device), unit.stop_after)))
 
 
 class _Worker:
@@ -258,10 +258,10 @@ def _load_plugin_sources(sources: list[tuple[str, str]]) -> None:
         _loaded_sources.add(digest)
 
 
-def _ray_train(spec, lr: float, device: str, sources: list[tuple[str, str]]) -> dict[str, Any]:
+def _ray_train(unit, device: str, sources: list[tuple[str, str]]) -> dict[str, Any]:
     reuse_freed_memory()
     _load_plugin_sources(sources)
-    return train_eval(spec, lr, torch.device(device))
+    return train_eval(unit.spec, unit.lr, torch.device(device), unit.stop_after)
 
 
 class RayPool:
@@ -318,7 +318,7 @@ class RayPool:
         self._refs: dict = {}
 
     def submit(self, unit) -> None:
-        ref = self._task.remote(unit.spec, unit.lr, self.device, self._sources)
+        ref = self._task.remote(unit, self.device, self._sources)
         self._refs[ref] = unit
 
     def wait(self) -> tuple[Any, dict[str, Any]]:

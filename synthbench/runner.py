@@ -29,7 +29,7 @@ from synthbench.limits import MAX_SEEDS
 from synthbench.protocols import Protocol
 from synthbench.spec import RunSpec
 from synthbench.store import LEAKY, NewerSchemaError, ResultStore
-from synthbench.sweep import lr_key, mark_selected, sweep_state
+from synthbench.sweep import SweepState, lr_key, mark_selected, sweep_state
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,7 @@ class Unit:
 
     spec: RunSpec
     lr: float
+    stop_after: int | None = None  # a step budget below the protocol's (synthbench/sweep.py)
 
     @property
     def key(self) -> tuple[str, float]:
@@ -154,15 +155,15 @@ class _Sweep:
         self.dropped = False  # left to another command, or refused: its rows are not stored
         self.done = False  # complete and counted
 
-    def add(self, *rows: dict[str, Any]) -> tuple[bool, tuple[float, ...]]:
-        """Take finished rows; return (complete, lrs still to train)."""
+    def add(self, *rows: dict[str, Any]) -> tuple[bool, list[Unit]]:
+        """Take finished rows; return (complete, trainings still to do)."""
         for row in rows:
             self.rows[lr_key(row["lr"])] = row
         state = sweep_state(self.spec.protocol, self.rows.values())
         mark_selected(self.spec.protocol, self.sorted_rows())
-        return state.complete, state.pending
+        return state.complete, _units(self.spec, state)
 
-    def adopt(self, rows: Iterable[dict[str, Any]]) -> tuple[bool, tuple[float, ...]]:
+    def adopt(self, rows: Iterable[dict[str, Any]]) -> tuple[bool, list[Unit]]:
         """Take ``rows`` as the run's rows (what the store holds); as ``add``."""
         self.rows = {}
         return self.add(*rows)
@@ -247,8 +248,7 @@ def execute(
                 events.run_done(sweep.spec, sweep.sorted_rows())
                 continue
             queued = {u.key for u in queue}
-            more = [Unit(unit.spec, lr) for lr in pending]
-            more = [u for u in more if u.key not in in_flight and u.key not in queued]
+            more = [u for u in pending if u.key not in in_flight and u.key not in queued]
             if more:  # the sweep grew: train its new lrs next, so the run completes soon
                 queue.extendleft(reversed(more))
                 events.grew(more)
@@ -289,12 +289,11 @@ def _claim(
         return True  # as planned
     complete, pending = sweep.adopt(rows)
     planned = [unit, *_drop(queue, spec.run_id)]
-    keep = [u for u in planned if u.key[1] in pending]
-    more = [Unit(spec, lr) for lr in pending if lr not in {u.key[1] for u in keep}]
-    events.unplanned([u for u in planned if u not in keep])
+    events.unplanned([u for u in planned if u not in pending])
+    more = [u for u in pending if u not in planned]
     if more:
         events.grew(more)
-    queue.extendleft(reversed(keep + more))
+    queue.extendleft(reversed(pending))
     if complete:
         sweep.done = True
         claims.release(spec.run_id)
@@ -305,7 +304,7 @@ def _claim(
 
 def _save(
     sweep: _Sweep, store: ResultStore, force: bool, events: Events, outcome: Outcome
-) -> tuple[bool, tuple[float, ...]] | None:
+) -> tuple[bool, list[Unit]] | None:
     """Store a run's rows so far, merged with what the store holds (a stored result is
     never replaced by a failure); the run's state after that, or None if it is refused."""
     spec = sweep.spec
@@ -380,8 +379,13 @@ def _pending(
             store.write(sorted(full, key=lambda r: r["lr"]))
             del sweeps[spec.run_id]
             continue
-        units += [Unit(spec, lr) for lr in state.pending]
+        units += _units(spec, state)
     return sweeps, units
+
+
+def _units(spec: RunSpec, state: SweepState) -> list[Unit]:
+    """The trainings a sweep still needs, each with its step budget."""
+    return [Unit(spec, lr, state.stop_after.get(lr)) for lr in state.pending]
 
 
 def longest_first(units: list[Unit]) -> list[Unit]:
@@ -403,11 +407,11 @@ def run_sweep(spec: RunSpec, device) -> list[dict[str, Any]]:
 
     rows: list[dict[str, Any]] = []
     executor = InProcess(device)
-    pending = sweep_state(spec.protocol, rows).pending
+    pending = _units(spec, sweep_state(spec.protocol, rows))
     while pending:
-        for lr in pending:
-            executor.submit(Unit(spec, lr))
+        for unit in pending:
+            executor.submit(unit)
             rows.append(executor.wait()[1])
-        pending = sweep_state(spec.protocol, rows).pending
+        pending = _units(spec, sweep_state(spec.protocol, rows))
     mark_selected(spec.protocol, rows)
     return sorted(rows, key=lambda r: r["lr"])

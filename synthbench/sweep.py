@@ -19,6 +19,11 @@ plateau: the grid grows only for a score that one edge lr alone reaches), and th
 them that got there in the fewest steps is selected (so learning curves are compared at
 each mechanism's fastest lr).
 
+An lr added past an edge lr that solved the task trains at most as many steps as that edge
+needed (``SweepState.stop_after``): it can only be selected by solving in fewer steps, and
+one that has not solved by then leaves the selection and the grid as a full training would
+(the edge stays the fastest solver; a later solve would only tie it, which changes neither).
+
 These are pure functions of the rows, so the runner calls them whenever a row comes in
 (the lrs of one run may train on different workers, and the plan grows while it runs) and
 at start-up on the stored rows (a killed sweep resumes where it stopped).
@@ -27,7 +32,7 @@ at start-up on the stored rows (a killed sweep resumes where it stopped).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from synthbench.protocols import Protocol
@@ -46,6 +51,8 @@ class SweepState:
     complete: bool  # every lr the sweep needs has a row
     selected: float | None  # when complete: the reported lr (None if no lr succeeded)
     edge: bool = False  # when complete: the best lr is alone at an edge of the grid
+    # a pending lr's step budget, for one added past an edge that solved the task
+    stop_after: dict[float, int] = field(default_factory=dict)
 
 
 def score(protocol: Protocol, row: dict[str, Any]) -> float:
@@ -60,25 +67,29 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
     by_lr = {lr_key(r["lr"]): r for r in rows}
     grid = sorted(lr_key(lr) for lr in protocol.lrs)
     extensions = 0
+    stop_after: dict[float, int] = {}
     while True:
         missing = tuple(lr for lr in grid if lr not in by_lr)
         if missing:
-            return SweepState(missing, False, None)
+            budgets = {lr: steps for lr, steps in stop_after.items() if lr in missing}
+            return SweepState(missing, False, None, stop_after=budgets)
         if any(r["status"] == LEAKY for r in by_lr.values()):
             return SweepState((), True, None)  # a leak at any lr: the run has no result
         scores = {lr: score(protocol, by_lr[lr]) for lr in grid if by_lr[lr]["status"] == "ok"}
         best = max(scores.values(), default=None)
         winners = [lr for lr in grid if lr in scores and scores[lr] == best]
         alone_at = winners[0] if len(winners) == 1 else None
-        if extensions < protocol.lr_extend and alone_at is not None:
+        if extensions < protocol.lr_extend and alone_at in (grid[0], grid[-1]):
             if alone_at == grid[-1]:
-                grid.append(lr_key(grid[-1] * grid[-1] / grid[-2]))
-                extensions += 1
-                continue
-            if alone_at == grid[0]:
-                grid.insert(0, lr_key(grid[0] * grid[0] / grid[1]))
-                extensions += 1
-                continue
+                added = lr_key(grid[-1] * grid[-1] / grid[-2])
+                grid.append(added)
+            else:
+                added = lr_key(grid[0] * grid[0] / grid[1])
+                grid.insert(0, added)
+            extensions += 1
+            if protocol.stop_at and best >= protocol.stop_at:
+                stop_after[added] = int(by_lr[alone_at]["steps_done"])
+            continue
         edge = alone_at is not None and alone_at in (grid[0], grid[-1])
         # among equal scores: the fewest steps (an early stop), then the lowest lr
         selected = min(winners, key=lambda lr: by_lr[lr].get("steps_done", 0), default=None)

@@ -168,8 +168,11 @@ def build_model(spec: RunSpec, *tasks: Task) -> Model:
     )
 
 
-def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dict) -> None:
+def _train_and_evaluate(
+    spec: RunSpec, lr: float, device: torch.device, row: dict, stop_after: int | None
+) -> None:
     p = spec.protocol
+    last_step = min(p.steps, stop_after or p.steps)  # the lr schedule still spans p.steps
     task = spec.make_task()
     long_task = task.at_length(spec.eval_length_mult) if spec.eval_length_mult else None
     torch.manual_seed(spec.seed)  # model init and any random features of the mechanism
@@ -190,8 +193,8 @@ def _train_and_evaluate(spec: RunSpec, lr: float, device: torch.device, row: dic
 
     recent: list[float] = []
     row["curve_steps"], row["curve_val_token_acc"] = [], []
-    measure_at = set(curve_points(p.steps))
-    for step in range(p.steps):
+    measure_at = set(curve_points(p.steps)) | {last_step}
+    for step in range(last_step):
         batch = task.generate(p.batch_size, train_gen, device)
         logits = model(batch.inputs)
         loss = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
@@ -264,8 +267,12 @@ def failed_row(spec: RunSpec, lr: float, device: torch.device, error: str) -> di
     return {**blank_row(spec, lr), "error": error, **provenance.stamp(device)}
 
 
-def train_eval(spec: RunSpec, lr: float, device: torch.device) -> dict[str, Any]:
+def train_eval(
+    spec: RunSpec, lr: float, device: torch.device, stop_after: int | None = None
+) -> dict[str, Any]:
     """One training run at one learning rate -> one results row (never raises on failure).
+    With ``stop_after`` it stops after that many steps at the latest (synthbench/sweep.py
+    says when), the lr schedule unchanged.
 
     Runs with ``spec.threads`` torch threads (restored afterwards): the count is part of the
     run's config because it changes the floating-point sums.
@@ -275,7 +282,7 @@ def train_eval(spec: RunSpec, lr: float, device: torch.device) -> dict[str, Any]
     torch.set_num_threads(spec.threads)
     start = time.perf_counter()
     try:
-        _train_and_evaluate(spec, lr, device, row)
+        _train_and_evaluate(spec, lr, device, row, stop_after)
     except Diverged as exc:
         row.update(status="diverged", error=str(exc))
     except Leaky as exc:  # never a result; not retrained either (it would leak again)

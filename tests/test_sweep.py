@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import random
 
 import pytest
 
@@ -167,3 +169,61 @@ def test_mark_selected_marks_the_edge_on_every_row_once_complete():
     rows.append(row(1e-2, 0.9))
     assert mark_selected(GRID, rows)
     assert [r["lr_edge"] for r in rows] == [True, True, True]
+
+
+# -- the step budget of an lr added past a solved edge --------------------------------------
+
+
+def test_an_lr_added_past_a_solved_edge_trains_at_most_its_steps():
+    grow = dataclasses.replace(STOPPING, lr_extend=1)
+    state = sweep_state(grow, [stopped(1e-3, 0.6, 1000), stopped(3e-3, 0.9, 1000),
+                               stopped(1e-2, 0.995, 500)])  # fmt: skip
+    (added,) = state.pending
+    assert state.stop_after == {added: 500}
+    # past an edge that did not solve, only the whole schedule can tell
+    state = sweep_state(grow, [stopped(1e-3, 0.6, 1000), stopped(3e-3, 0.9, 1000),
+                               stopped(1e-2, 0.95, 1000)])  # fmt: skip
+    assert len(state.pending) == 1 and state.stop_after == {}
+    assert sweep_state(grow, []).stop_after == {}  # the protocol's grid: the whole schedule
+
+
+def _sweep(protocol, trainings, budgeted):
+    """Run a sweep to the end on made-up trainings: ``trainings(lr)`` is (the step it
+    solves at or None, its score at the end of the schedule, its score at any earlier
+    stop). Returns (selected, edge, the lrs trained, how many trainings were cut short)."""
+    rows, cut = [], 0
+    while True:
+        state = sweep_state(protocol, rows)
+        if state.complete:
+            return state.selected, state.edge, sorted(lr_key(r["lr"]) for r in rows), cut
+        for lr in state.pending:
+            solves_at, final, early = trainings(lr)
+            budget = state.stop_after.get(lr, protocol.steps) if budgeted else protocol.steps
+            if solves_at is not None and solves_at <= budget:
+                rows.append(stopped(lr, 0.995, solves_at))
+            elif budget < protocol.steps:
+                rows.append(stopped(lr, early, budget))
+                cut += 1
+            else:
+                rows.append(stopped(lr, final, protocol.steps))
+
+
+def _made_up_training(rng, outcomes, lr):
+    if lr not in outcomes:
+        solves_at = rng.choice([None, *range(100, 1001, 100)])
+        outcomes[lr] = (solves_at, rng.choice([0.1, 0.5, 0.9, 0.98]), rng.random() * 0.98)
+    return outcomes[lr]
+
+
+def test_the_budget_changes_neither_the_selection_nor_the_grid():
+    rng = random.Random(0)
+    cut = 0
+    for _ in range(2000):
+        protocol = dataclasses.replace(STOPPING, lrs=(3e-3, 1e-2), lr_extend=rng.choice([1, 2, 3]))
+        outcomes = {}  # one fixed made-up training per lr
+        trainings = functools.partial(_made_up_training, rng, outcomes)
+        *full, _ = _sweep(protocol, trainings, budgeted=False)
+        *budgeted, cut_here = _sweep(protocol, trainings, budgeted=True)
+        assert budgeted == full
+        cut += cut_here
+    assert cut > 100  # the budget did cut trainings short

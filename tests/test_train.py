@@ -22,6 +22,7 @@ from synthbench.train import (
     evaluate,
     free_running_token_acc,
     lr_schedule,
+    train_eval,
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -343,7 +344,7 @@ def test_lr_sweep_selects_on_the_protocols_metric(monkeypatch):
         3e-3: {"val_token_acc": 0.5, "val_exact_match": 0.4},
     }
 
-    def fake_train_eval(spec, lr, device):
+    def fake_train_eval(spec, lr, device, stop_after=None):
         return {"status": "ok", "lr": lr, **fake[lr]}
 
     monkeypatch.setattr("synthbench.executors.train_eval", fake_train_eval)
@@ -351,6 +352,34 @@ def test_lr_sweep_selects_on_the_protocols_metric(monkeypatch):
         p = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3), select_metric=metric)
         rows = run(spec(protocol=p), CPU)
         assert [r["lr"] for r in rows if r["selected"]] == [best]
+
+
+def test_a_step_budget_stops_the_training_there_on_the_same_schedule():
+    full = train_eval(spec(), 3e-3, CPU)
+    cut = train_eval(spec(), 3e-3, CPU, stop_after=10)
+    assert (full["steps_done"], cut["steps_done"]) == (SMOKE.steps, 10)
+    # the same first 10 steps (the lr schedule still spans the protocol's steps)
+    assert cut["curve_steps"] == [s for s in full["curve_steps"] if s <= 10]
+    assert cut["curve_val_token_acc"] == full["curve_val_token_acc"][: len(cut["curve_steps"])]
+    assert cut["status"] == "ok" and cut["val_token_acc"] == cut["curve_val_token_acc"][-1]
+
+
+def test_the_sweep_hands_its_step_budget_to_the_training(monkeypatch):
+    """An lr added past an edge that solved trains at most that edge's steps."""
+    solved_at = {1e-3: None, 3e-3: 60}  # 3e-3 alone solves: the grid grows above it
+    budgets = {}
+
+    def fake_train_eval(spec, lr, device, stop_after=None):
+        budgets[lr] = stop_after
+        steps = solved_at.get(lr) or stop_after or 100
+        acc = 1.0 if solved_at.get(lr) else 0.5
+        return {"status": "ok", "lr": lr, "steps_done": steps, "val_token_acc": acc}
+
+    monkeypatch.setattr("synthbench.executors.train_eval", fake_train_eval)
+    p = dataclasses.replace(SMOKE, steps=100, lrs=(1e-3, 3e-3), lr_extend=1, stop_at=0.99)
+    rows = run(spec(protocol=p), CPU)
+    assert budgets == {1e-3: None, 3e-3: None, 9e-3: 60}
+    assert [r["lr"] for r in rows if r["selected"]] == [3e-3]
 
 
 def test_run_is_deterministic(smoke_rows):
