@@ -199,7 +199,7 @@ _add(
             ("noisy_copy", (("n", 32), ("rate", 0.25))),
             ("parity", (("dense", False), ("n", 16))),
             ("pattern", (("min_period", 2),)),
-            ("retrieval", (("needles", 1),)),
+            ("retrieval", (("needles", 1), ("vocab", 32))),
             ("sort", (("vocab", 32),)),
             ("stack", (("every_pop", True),)),
         ),
