@@ -145,14 +145,31 @@ class Claims:
     # -- internals --------------------------------------------------------------------------
 
     def _create(self, path: Path, mine: Holder) -> bool:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        """Create the claim file whole or not at all: written aside, then hard-linked into
+        place (the link fails if the claim exists), so a kill never leaves an empty claim
+        that would hold the run for the write grace."""
+        aside = self.dir / f"{_TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-claim"
         try:
-            fd = os.open(path, flags, 0o644)
-        except FileExistsError:
-            return False
+            aside.write_text(mine.text())
         except FileNotFoundError:  # the folder was removed by a command that ended meanwhile
             self.dir.mkdir(parents=True, exist_ok=True)
             return self._create(path, mine)
+        try:
+            os.link(aside, path)
+            return True
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: create exclusively, then write
+            return self._create_in_place(path, mine)
+        finally:
+            aside.unlink(missing_ok=True)
+
+    @staticmethod
+    def _create_in_place(path: Path, mine: Holder) -> bool:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
         with os.fdopen(fd, "w") as handle:
             handle.write(mine.text())
         return True
@@ -160,7 +177,7 @@ class Claims:
     def _stale(self, holder: Holder | None, age: float) -> bool:
         if age > self.stale_after_s:
             return True
-        if holder is None:  # being written, or cut short by a kill
+        if holder is None:  # being written in place, or cut short by a kill
             return age > _WRITE_GRACE_S
         if holder.host != socket.gethostname():
             return False  # cannot be checked from here: live until its heartbeat stops

@@ -129,7 +129,7 @@ def test_a_failed_force_rerun_keeps_the_stored_result_and_exits_1(tmp_path, monk
     monkeypatch.setattr(
         synthbench.executors,
         "train_eval",
-        lambda spec, lr, device: failed_row(spec, lr, device, "RuntimeError: boom"),
+        lambda spec, lr, device, stop_after: failed_row(spec, lr, device, "RuntimeError: boom"),
     )
     rerun = invoke("run", *COPY, "--jobs", 1, "--results", root, "--force")  # fmt: skip
     assert rerun.exit_code == 1, rerun.output
@@ -344,6 +344,36 @@ def test_claims_are_exclusive_and_released(tmp_path):
     assert not (tmp_path / CLAIMS_DIR).exists()  # nothing left behind
 
 
+def test_a_claim_appears_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A command killed while claiming leaves no empty claim (which would hold the run for
+    the write grace): the claim is written aside and linked into place."""
+
+    def killed(*args):
+        raise SystemExit("killed")
+
+    with Claims(tmp_path) as claims:
+        monkeypatch.setattr(os, "link", killed)
+        with pytest.raises(SystemExit):
+            claims.take("abc")
+        monkeypatch.undo()
+        assert not (tmp_path / CLAIMS_DIR / "abc").exists()
+        assert not list((tmp_path / CLAIMS_DIR).iterdir())  # nor the copy written aside
+        with Claims(tmp_path) as other:
+            assert other.take("abc") is None  # free at once
+
+
+def test_without_hard_links_a_claim_is_created_in_place(tmp_path, monkeypatch):
+    def unsupported(*args):
+        raise PermissionError("hard links are not supported here")
+
+    monkeypatch.setattr(os, "link", unsupported)
+    with Claims(tmp_path) as first, Claims(tmp_path) as second:
+        assert first.take("abc") is None
+        assert json.loads((tmp_path / CLAIMS_DIR / "abc").read_text())["pid"] == os.getpid()
+        assert second.take("abc") is not None  # still exclusive
+        assert [p.name for p in (tmp_path / CLAIMS_DIR).iterdir()] == ["abc"]
+
+
 # Gates every training of the command that loads it: records which process trained which
 # run, and waits for the test to open the gate (the built-in mechanism trains; only the
 # executor's entry point is wrapped, so the run ids are those of `--mech linear`).
@@ -355,11 +385,11 @@ GATE = pathlib.Path({gate!r})
 _train = executors.train_eval
 
 
-def gated(spec, lr, device):
+def gated(spec, lr, device, stop_after=None):
     (GATE / f"trained-{{spec.run_id}}-{{os.getpid()}}").touch()
     while not (GATE / "open").exists():
         time.sleep(0.02)
-    return _train(spec, lr, device)
+    return _train(spec, lr, device, stop_after)
 
 
 executors.train_eval = gated
