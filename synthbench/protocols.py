@@ -198,7 +198,10 @@ _add(
             ("multihop", (("walk", False), ("walks", 1))),
             ("noisy_copy", (("n", 32), ("rate", 0.25))),
             ("parity", (("dense", False), ("n", 16))),
-            ("pattern", (("min_period", 2),)),
+            (
+                "pattern",
+                (("n", 32), ("min_period", 2), ("max_period", 8), ("k", 8), ("vocab", 16)),
+            ),
             ("retrieval", (("needles", 1), ("vocab", 32))),
             ("sort", (("vocab", 32),)),
             ("stack", (("every_pop", True),)),

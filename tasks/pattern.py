@@ -15,7 +15,9 @@ do not determine the continuation (the motif, its period and the phase are rando
 
 Periods start at 5: once a whole period has been emitted, an answer is the token p back, so
 in suite v1 (periods from 2) a table over the last 4 tokens continued the short motifs
-without reading the prompt (0.29 at the default preset, 0.78 at easy).
+without reading the prompt (0.29 at the default preset, 0.78 at easy). The default motifs are
+long (20 to 32 of 64 tokens, seen two or three times): a successor table that large is what
+a fixed-size state cannot hold (docs/TASKS.md).
 """
 
 from dataclasses import dataclass
@@ -27,11 +29,11 @@ from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, targets_at
 
 @dataclass(frozen=True)
 class PatternParams:
-    n: int = 32  # prompt length
-    min_period: int = 5  # shortest motif (a window of 4 tokens never holds a whole one)
-    max_period: int = 8  # longest motif
-    k: int = 8  # continuation tokens to emit after SEP
-    vocab: int = 16  # number of data tokens
+    n: int = 64  # prompt length
+    min_period: int = 20  # shortest motif (at least 5: a window of 4 never holds a whole one)
+    max_period: int = 32  # longest motif
+    k: int = 16  # continuation tokens to emit after SEP
+    vocab: int = 64  # number of data tokens
 
     def __post_init__(self):
         if not 2 <= self.min_period <= self.max_period <= self.vocab:
@@ -53,7 +55,11 @@ class PatternParams:
 )
 class Pattern(SepTask):
     Params = PatternParams
-    difficulties = {"easy": {"max_period": 6}, "hard": {"max_period": 16, "vocab": 32, "n": 64}}
+    difficulties = {
+        # easy: suite v2's first default; hard: every size doubled
+        "easy": {"n": 32, "min_period": 5, "max_period": 8, "k": 8, "vocab": 16},
+        "hard": {"n": 128, "min_period": 40, "max_period": 64, "k": 32, "vocab": 128},
+    }
     length_param = "n"
 
     @property

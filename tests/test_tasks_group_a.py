@@ -221,10 +221,13 @@ def test_pattern_layout():
 
 def test_pattern_presets():
     cls = TASKS.get("pattern")
-    assert cls().params.min_period == 5 and cls.from_difficulty("easy").params.max_period == 6
+    default = cls().params
+    assert (default.n, default.min_period, default.max_period, default.k) == (64, 20, 32, 16)
+    easy = cls.from_difficulty("easy").params  # suite v2's first default
+    assert (easy.n, easy.min_period, easy.max_period, easy.k, easy.vocab) == (32, 5, 8, 8, 16)
     hard = cls.from_difficulty("hard").params
-    assert (hard.max_period, hard.vocab, hard.n) == (16, 32, 64)
-    assert cls.length_param == "n" and cls().at_length(2).params.n == 64
+    assert (hard.min_period, hard.max_period, hard.vocab, hard.n) == (40, 64, 128, 128)
+    assert cls.length_param == "n" and cls().at_length(2).params.n == 128
 
 
 # -- validation ---------------------------------------------------------------------------
