@@ -1,7 +1,7 @@
 """Learning curves: how fast each mechanism learns, from the validation curve of each run.
 
 Every training measures validation token accuracy at the protocol's curve points
-(``train.curve_points``: 10 evenly spaced steps, the last one the end of training); the row
+(``protocols.curve_points``: 10 evenly spaced steps, the last one the end of training); the row
 stores them as ``curve_steps`` and ``curve_val_token_acc``. Per run, at its selected lr:
 
 - **steps to 0.9**: the first curve step whose accuracy is at or above 0.9, or never;
@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from synthbench.protocols import curve_points
 from synthbench.report import KEYS, MISSING, Grid, prepare_rows, sort_tasks, stat_over_seeds
-from synthbench.train import curve_points
 
 THRESHOLD = 0.9  # validation token accuracy that counts as learnt, for steps-to
 NEVER = "never"

@@ -13,6 +13,14 @@ from typing import Any
 from synthbench.model import ARCHS, POSITIONS
 from synthbench.registry import Registry
 
+CURVE_POINTS = 10  # validation evaluations along training (the learning curve)
+
+
+def curve_points(steps: int, points: int = CURVE_POINTS) -> list[int]:
+    """The optimizer steps after which the learning curve is measured (and a training may
+    stop early): ``points`` evenly spaced, the last one the end of training."""
+    return sorted({max(1, round(steps * k / points)) for k in range(1, points + 1)})
+
 
 @dataclass(frozen=True)
 class Protocol:

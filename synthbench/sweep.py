@@ -19,10 +19,13 @@ plateau: the grid grows only for a score that one edge lr alone reaches), and th
 them that got there in the fewest steps is selected (so learning curves are compared at
 each mechanism's fastest lr).
 
-An lr added past an edge lr that solved the task trains at most as many steps as that edge
-needed (``SweepState.stop_after``): it can only be selected by solving in fewer steps, and
-one that has not solved by then leaves the selection and the grid as a full training would
-(the edge stays the fastest solver; a later solve would only tie it, which changes neither).
+An lr added past an edge lr that solved the task trains only as long as it could still be
+selected (``SweepState.stop_after``): it must solve in fewer steps than the edge, or in as
+many when it is the lower lr (equal steps go to the lower). So one added below trains at
+most the edge's steps, one added above at most the curve point before them (a training
+stops only at curve points). One that has not solved by then leaves the selection and the
+grid as a full training would: the edge stays the fastest solver, and a later solve would
+only tie it, which changes neither.
 
 These are pure functions of the rows, so the runner calls them whenever a row comes in
 (the lrs of one run may train on different workers, and the plan grows while it runs) and
@@ -35,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from synthbench.protocols import Protocol
+from synthbench.protocols import Protocol, curve_points
 from synthbench.store import LEAKY
 
 
@@ -88,12 +91,24 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
                 grid.insert(0, added)
             extensions += 1
             if protocol.stop_at and best >= protocol.stop_at:
-                stop_after[added] = int(by_lr[alone_at]["steps_done"])
+                stop_after[added] = _budget(
+                    protocol, int(by_lr[alone_at]["steps_done"]), added > alone_at
+                )
             continue
         edge = alone_at is not None and alone_at in (grid[0], grid[-1])
         # among equal scores: the fewest steps (an early stop), then the lowest lr
         selected = min(winners, key=lambda lr: by_lr[lr].get("steps_done", 0), default=None)
         return SweepState((), True, selected, edge)
+
+
+def _budget(protocol: Protocol, edge_steps: int, above: bool) -> int:
+    """The steps an lr added past an edge that solved in ``edge_steps`` can use and still be
+    selected: as many (added below: a tie goes to the lower lr), or up to the last curve
+    point before them (added above). At least the first point: a training has one."""
+    if not above:
+        return edge_steps
+    earlier = [step for step in curve_points(protocol.steps) if step < edge_steps]
+    return earlier[-1] if earlier else edge_steps
 
 
 def mark_selected(protocol: Protocol, rows: list[dict[str, Any]]) -> bool:

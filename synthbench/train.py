@@ -22,13 +22,12 @@ from synthbench.audit import Chance, chance
 from synthbench.check import BATCH as CHECK_BATCH
 from synthbench.check import Leaky, check_model_causality
 from synthbench.model import Model
-from synthbench.protocols import Protocol
+from synthbench.protocols import Protocol, curve_points
 from synthbench.spec import TEST_SEED, VAL_SEED, RunSpec
 from synthbench.store import LEAKY, RESULT_METRICS
 from synthbench.task import IGNORE, TASKS, Batch, Task
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW
-CURVE_POINTS = 10  # validation evaluations along training (the learning curve)
 
 
 def lr_schedule(protocol: Protocol):
@@ -133,12 +132,6 @@ def free_running_token_acc(model: Model, data: Batch, batch_size: int) -> tuple[
         accuracy.append(correct / answer.sum(dim=1).clamp(min=1))
     model.train()
     return mean_and_se(torch.cat(accuracy))
-
-
-def curve_points(steps: int, points: int = CURVE_POINTS) -> list[int]:
-    """The optimizer steps after which the learning curve is measured: ``points`` evenly
-    spaced, the last one the end of training."""
-    return sorted({max(1, round(steps * k / points)) for k in range(1, points + 1)})
 
 
 @functools.lru_cache(maxsize=64)

@@ -11,10 +11,10 @@ import pytest
 from test_report import frame, row
 
 from synthbench.compare import comparison_grid, published
+from synthbench.protocols import curve_points
 from synthbench.publish import write_reports
 from synthbench.report import MISSING, Stat, build_tables, latex_document
 from synthbench.task import TASKS
-from synthbench.train import curve_points
 
 PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"
 

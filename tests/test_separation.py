@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 from test_report import frame, row
 
+from synthbench.protocols import curve_points
 from synthbench.report import MISSING, to_markdown
 from synthbench.separation import (
     CLOSE,
@@ -19,7 +20,6 @@ from synthbench.separation import (
     grids,
     separation,
 )
-from synthbench.train import curve_points
 
 POINTS = curve_points(100)
 

@@ -174,12 +174,21 @@ def test_mark_selected_marks_the_edge_on_every_row_once_complete():
 # -- the step budget of an lr added past a solved edge --------------------------------------
 
 
-def test_an_lr_added_past_a_solved_edge_trains_at_most_its_steps():
+def test_an_lr_added_past_a_solved_edge_trains_only_while_it_could_be_selected():
     grow = dataclasses.replace(STOPPING, lr_extend=1)
     state = sweep_state(grow, [stopped(1e-3, 0.6, 1000), stopped(3e-3, 0.9, 1000),
                                stopped(1e-2, 0.995, 500)])  # fmt: skip
     (added,) = state.pending
-    assert state.stop_after == {added: 500}
+    # above the edge a tie in steps goes to the edge (the lower lr): it must solve sooner
+    assert added > 1e-2 and state.stop_after == {added: 400}
+    state = sweep_state(grow, [stopped(1e-3, 0.995, 500), stopped(3e-3, 0.9, 1000),
+                               stopped(1e-2, 0.6, 1000)])  # fmt: skip
+    (added,) = state.pending
+    assert added < 1e-3 and state.stop_after == {added: 500}  # below: a tie goes to it
+    # an edge that solved at the first curve point leaves nothing sooner: that one point
+    state = sweep_state(grow, [stopped(1e-3, 0.6, 1000), stopped(3e-3, 0.9, 1000),
+                               stopped(1e-2, 0.995, 100)])  # fmt: skip
+    assert state.stop_after == {state.pending[0]: 100}
     # past an edge that did not solve, only the whole schedule can tell
     state = sweep_state(grow, [stopped(1e-3, 0.6, 1000), stopped(3e-3, 0.9, 1000),
                                stopped(1e-2, 0.95, 1000)])  # fmt: skip

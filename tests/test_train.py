@@ -11,14 +11,13 @@ import torch
 
 from synthbench import audit
 from synthbench.mechanism import MECHANISMS, Mechanism
-from synthbench.protocols import PROTOCOLS
+from synthbench.protocols import PROTOCOLS, curve_points
 from synthbench.runner import run_sweep as run
 from synthbench.spec import MAX_SEED, TEST_SEED, VAL_SEED, RunSpec
 from synthbench.task import IGNORE, TASKS
 from synthbench.train import (
     answer_metrics,
     build_model,
-    curve_points,
     evaluate,
     free_running_token_acc,
     lr_schedule,
@@ -365,7 +364,7 @@ def test_a_step_budget_stops_the_training_there_on_the_same_schedule():
 
 
 def test_the_sweep_hands_its_step_budget_to_the_training(monkeypatch):
-    """An lr added past an edge that solved trains at most that edge's steps."""
+    """An lr added above an edge that solved trains up to the curve point before its steps."""
     solved_at = {1e-3: None, 3e-3: 60}  # 3e-3 alone solves: the grid grows above it
     budgets = {}
 
@@ -378,7 +377,7 @@ def test_the_sweep_hands_its_step_budget_to_the_training(monkeypatch):
     monkeypatch.setattr("synthbench.executors.train_eval", fake_train_eval)
     p = dataclasses.replace(SMOKE, steps=100, lrs=(1e-3, 3e-3), lr_extend=1, stop_at=0.99)
     rows = run(spec(protocol=p), CPU)
-    assert budgets == {1e-3: None, 3e-3: None, 9e-3: 60}
+    assert budgets == {1e-3: None, 3e-3: None, 9e-3: 50}
     assert [r["lr"] for r in rows if r["selected"]] == [3e-3]
 
 
