@@ -67,7 +67,7 @@ class InProcess:
 
     def wait(self) -> tuple[Any, dict[str, Any]]:
         unit = self._queue.popleft()
-        return unit, train_eval(unit.spec, unit.lr, self.device, unit.stop_after)
+        return unit, train_eval(unit.spec, unit.lr, self.device, unit.budget)
 
     def close(self) -> None:
         self._queue.clear()
@@ -115,7 +115,7 @@ def _worker_main(conn: Connection, device: str, plugin_files: list[str], parent:
             return
         if unit is None:
             return
-        conn.send(("row", train_eval(unit.spec, unit.lr, torch.device(device), unit.stop_after)))
+        conn.send(("row", train_eval(unit.spec, unit.lr, torch.device(device), unit.budget)))
 
 
 class _Worker:
@@ -261,7 +261,7 @@ def _load_plugin_sources(sources: list[tuple[str, str]]) -> None:
 def _ray_train(unit, device: str, sources: list[tuple[str, str]]) -> dict[str, Any]:
     reuse_freed_memory()
     _load_plugin_sources(sources)
-    return train_eval(unit.spec, unit.lr, torch.device(device), unit.stop_after)
+    return train_eval(unit.spec, unit.lr, torch.device(device), unit.budget)
 
 
 class RayPool:

@@ -44,6 +44,9 @@ class Protocol:
     # points, reaches this (0: never); every lr that reaches it counts as solving the task,
     # and the sweep prefers the one that got there in fewest steps (synthbench/sweep.py)
     stop_at: float = 0.0
+    # an lr grown past an edge stops once, from half the schedule on, its validation token
+    # accuracy trails the edge's at the same step by more than this (0: never; sweep.py)
+    pace_margin: float = 0.0
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.98)
     warmup_frac: float = 0.1
@@ -86,6 +89,8 @@ class Protocol:
             problems.append("lr_extend must be >= 0, and needs at least 2 lrs (the grid step)")
         if not 0 <= self.stop_at <= 1:
             problems.append("stop_at must be in [0, 1] (0: never stop early)")
+        if not 0 <= self.pace_margin <= 1:
+            problems.append("pace_margin must be in [0, 1] (0: off)")
         if self.grad_clip < 0 or self.weight_decay < 0:
             problems.append("grad_clip and weight_decay must be >= 0")
         if not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_frac <= 1:
@@ -107,8 +112,9 @@ class Protocol:
         config["lrs"] = list(self.lrs)
         config["betas"] = list(self.betas)
         config.pop("task_params")  # the run's resolved task parameters carry their effect
-        if not self.stop_at:  # absent when off: run ids from before the field still hold
-            config.pop("stop_at")
+        for name in ("stop_at", "pace_margin"):
+            if not config[name]:  # absent when off: run ids from before the field still hold
+                config.pop(name)
         return config
 
 
@@ -137,7 +143,7 @@ _add(
 _add(
     Protocol(
         name="quick",
-        version=3,
+        version=4,
         description="the default, sized for a 2-core CPU: 1000 steps at each mechanism's "
         "own best lr (grown from 3e-3 and 1e-2 until it is inside the grid), stopping a "
         "training once it has solved the task",
@@ -146,12 +152,13 @@ _add(
         lrs=(3e-3, 1e-2),
         lr_extend=3,
         stop_at=0.99,
+        pace_margin=0.1,
     )
 )
 _add(
     Protocol(
         name="standard",
-        version=2,
+        version=3,
         description="sized for one GPU: a larger model trained longer, with a learning-rate "
         "sweep selected on the validation set",
         d_model=128,
@@ -162,6 +169,7 @@ _add(
         lrs=(3e-4, 1e-3, 3e-3),
         lr_extend=3,
         stop_at=0.99,
+        pace_margin=0.1,
         val_examples=1000,
         test_examples=2000,
         eval_batch_size=500,
@@ -221,13 +229,15 @@ _add(
 def markdown_table() -> str:
     """Every protocol's values side by side (docs/PROTOCOLS.md embeds this; a test checks it)."""
     protocols = [e.obj for e in PROTOCOLS.entries()]
-    # every field, also those a config leaves out at their default (stop_at 0)
+    # every field, also those a config leaves out at their default (stop_at, pace_margin 0)
     configs = [{**asdict(p), **p.config()} for p in protocols]
     lines = [
         "| field | " + " | ".join(p.name for p in protocols) + " |",
         "|---|" + "---|" * len(protocols),
     ]
-    for name in (f for f in protocols[0].config() | {"stop_at": 0} if f != "name"):
+    for name in (
+        f for f in protocols[0].config() | {"stop_at": 0, "pace_margin": 0} if f != "name"
+    ):
         values = [
             ", ".join(f"{v:g}" for v in c[name]) if isinstance(c[name], list) else f"{c[name]}"
             for c in configs

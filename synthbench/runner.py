@@ -29,7 +29,7 @@ from synthbench.limits import MAX_SEEDS
 from synthbench.protocols import Protocol
 from synthbench.spec import RunSpec
 from synthbench.store import LEAKY, NewerSchemaError, ResultStore
-from synthbench.sweep import SweepState, lr_key, mark_selected, sweep_state
+from synthbench.sweep import Budget, SweepState, lr_key, mark_selected, sweep_state
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class Unit:
 
     spec: RunSpec
     lr: float
-    stop_after: int | None = None  # a step budget below the protocol's (synthbench/sweep.py)
+    budget: Budget = Budget()  # limits short of the whole schedule (synthbench/sweep.py)
 
     @property
     def key(self) -> tuple[str, float]:
@@ -384,8 +384,8 @@ def _pending(
 
 
 def _units(spec: RunSpec, state: SweepState) -> list[Unit]:
-    """The trainings a sweep still needs, each with its step budget."""
-    return [Unit(spec, lr, state.stop_after.get(lr)) for lr in state.pending]
+    """The trainings a sweep still needs, each with its budget."""
+    return [Unit(spec, lr, state.budgets.get(lr, Budget())) for lr in state.pending]
 
 
 def longest_first(units: list[Unit]) -> list[Unit]:

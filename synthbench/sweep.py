@@ -20,12 +20,18 @@ them that got there in the fewest steps is selected (so learning curves are comp
 each mechanism's fastest lr).
 
 An lr added past an edge lr that solved the task trains only as long as it could still be
-selected (``SweepState.stop_after``): it must solve in fewer steps than the edge, or in as
+selected (``Budget.steps``): it must solve in fewer steps than the edge, or in as
 many when it is the lower lr (equal steps go to the lower). So one added below trains at
 most the edge's steps, one added above at most the curve point before them (a training
 stops only at curve points). One that has not solved by then leaves the selection and the
 grid as a full training would: the edge stays the fastest solver, and a later solve would
 only tie it, which changes neither.
+
+With ``protocol.pace_margin``, an lr added past an edge also stops once, from half the
+schedule on, its validation token accuracy trails the edge's at the same step by more than
+the margin (``Budget.pace``): it would have to gain that much on the edge in what is left to
+be selected. Unlike the step budget this is a bet, not a proof; docs/PROTOCOLS.md gives the
+sweeps that justify it.
 
 These are pure functions of the rows, so the runner calls them whenever a row comes in
 (the lrs of one run may train on different workers, and the plan grows while it runs) and
@@ -49,13 +55,33 @@ def lr_key(lr: float) -> float:
 
 
 @dataclass(frozen=True)
+class Budget:
+    """How long one training may run, short of the protocol's whole schedule. Both limits are
+    for an lr grown past an edge of the grid, which trained first: ``steps``, past an edge
+    that solved the task, the steps in which this lr could still be selected; ``pace``, the
+    edge's learning curve ((step, validation token accuracy), ...), which this lr must keep
+    up with from half the schedule on (``Protocol.pace_margin``)."""
+
+    steps: int | None = None
+    pace: tuple[tuple[int, float], ...] = ()
+
+    def falls_behind(self, protocol: Protocol, step: int, accuracy: float) -> bool:
+        """Whether a training with validation token ``accuracy`` at ``step`` trails the
+        edge's curve (held at its last point past its end) by more than the margin."""
+        if not self.pace or not protocol.pace_margin or 2 * step < protocol.steps:
+            return False
+        measured = [value for at, value in self.pace if at <= step]
+        return bool(measured) and measured[-1] - accuracy > protocol.pace_margin
+
+
+@dataclass(frozen=True)
 class SweepState:
     pending: tuple[float, ...]  # lrs still to train (no row yet)
     complete: bool  # every lr the sweep needs has a row
     selected: float | None  # when complete: the reported lr (None if no lr succeeded)
     edge: bool = False  # when complete: the best lr is alone at an edge of the grid
-    # a pending lr's step budget, for one added past an edge that solved the task
-    stop_after: dict[float, int] = field(default_factory=dict)
+    # the limits of a pending lr added past an edge (absent: the whole schedule)
+    budgets: dict[float, Budget] = field(default_factory=dict)
 
 
 def score(protocol: Protocol, row: dict[str, Any]) -> float:
@@ -70,12 +96,12 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
     by_lr = {lr_key(r["lr"]): r for r in rows}
     grid = sorted(lr_key(lr) for lr in protocol.lrs)
     extensions = 0
-    stop_after: dict[float, int] = {}
+    budgets: dict[float, Budget] = {}
     while True:
         missing = tuple(lr for lr in grid if lr not in by_lr)
         if missing:
-            budgets = {lr: steps for lr, steps in stop_after.items() if lr in missing}
-            return SweepState(missing, False, None, stop_after=budgets)
+            pending = {lr: budget for lr, budget in budgets.items() if lr in missing}
+            return SweepState(missing, False, None, budgets=pending)
         if any(r["status"] == LEAKY for r in by_lr.values()):
             return SweepState((), True, None)  # a leak at any lr: the run has no result
         scores = {lr: score(protocol, by_lr[lr]) for lr in grid if by_lr[lr]["status"] == "ok"}
@@ -90,10 +116,9 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
                 added = lr_key(grid[0] * grid[0] / grid[1])
                 grid.insert(0, added)
             extensions += 1
-            if protocol.stop_at and best >= protocol.stop_at:
-                stop_after[added] = _budget(
-                    protocol, int(by_lr[alone_at]["steps_done"]), added > alone_at
-                )
+            budget = _budget(protocol, by_lr[alone_at], best, added > alone_at)
+            if budget != Budget():
+                budgets[added] = budget
             continue
         edge = alone_at is not None and alone_at in (grid[0], grid[-1])
         # among equal scores: the fewest steps (an early stop), then the lowest lr
@@ -101,14 +126,30 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
         return SweepState((), True, selected, edge)
 
 
-def _budget(protocol: Protocol, edge_steps: int, above: bool) -> int:
-    """The steps an lr added past an edge that solved in ``edge_steps`` can use and still be
-    selected: as many (added below: a tie goes to the lower lr), or up to the last curve
-    point before them (added above). At least the first point: a training has one."""
-    if not above:
-        return edge_steps
-    earlier = [step for step in curve_points(protocol.steps) if step < edge_steps]
-    return earlier[-1] if earlier else edge_steps
+def _budget(protocol: Protocol, edge: dict[str, Any], best: float, above: bool) -> Budget:
+    """The budget of an lr added past the edge whose row is ``edge`` (its score ``best``).
+
+    Past an edge that solved, the steps in which the new lr can still be selected: as many
+    as the edge's when added below (a tie in steps goes to the lower lr), up to the last
+    curve point before them when added above (at least the first point: a training has
+    one). And with ``pace_margin``, the edge's curve to keep up with."""
+    steps = None
+    if protocol.stop_at and best >= protocol.stop_at:
+        steps = int(edge["steps_done"])
+        earlier = [step for step in curve_points(protocol.steps) if step < steps]
+        if above and earlier:
+            steps = earlier[-1]
+    pace = _curve(edge) if protocol.pace_margin else ()
+    return Budget(steps, pace)
+
+
+def _curve(row: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """A row's learning curve as (step, validation token accuracy) pairs; () without one
+    (a row of schema < 4 has none)."""
+    steps, values = row.get("curve_steps"), row.get("curve_val_token_acc")
+    if steps is None or values is None or isinstance(steps, float):
+        return ()
+    return tuple((int(at), float(value)) for at, value in zip(steps, values, strict=True))
 
 
 def mark_selected(protocol: Protocol, rows: list[dict[str, Any]]) -> bool:

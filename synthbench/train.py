@@ -25,6 +25,7 @@ from synthbench.model import Model
 from synthbench.protocols import Protocol, curve_points
 from synthbench.spec import TEST_SEED, VAL_SEED, RunSpec
 from synthbench.store import LEAKY, RESULT_METRICS
+from synthbench.sweep import Budget
 from synthbench.task import IGNORE, TASKS, Batch, Task
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW
@@ -162,10 +163,10 @@ def build_model(spec: RunSpec, *tasks: Task) -> Model:
 
 
 def _train_and_evaluate(
-    spec: RunSpec, lr: float, device: torch.device, row: dict, stop_after: int | None
+    spec: RunSpec, lr: float, device: torch.device, row: dict, budget: Budget
 ) -> None:
     p = spec.protocol
-    last_step = min(p.steps, stop_after or p.steps)  # the lr schedule still spans p.steps
+    last_step = min(p.steps, budget.steps or p.steps)  # the lr schedule still spans p.steps
     task = spec.make_task()
     long_task = task.at_length(spec.eval_length_mult) if spec.eval_length_mult else None
     torch.manual_seed(spec.seed)  # model init and any random features of the mechanism
@@ -211,6 +212,8 @@ def _train_and_evaluate(
             row["curve_val_token_acc"].append(val_metrics["token_acc"])
             if p.stop_at and val_metrics[p.select_metric] >= p.stop_at:
                 break  # solved: the rest of the schedule would only cost time
+            if budget.falls_behind(p, step + 1, val_metrics["token_acc"]):
+                break  # too far behind the edge it was grown past to be selected
     row["steps_done"] = step + 1
     row["final_loss"] = sum(recent) / len(recent)
     long_test = None
@@ -261,11 +264,11 @@ def failed_row(spec: RunSpec, lr: float, device: torch.device, error: str) -> di
 
 
 def train_eval(
-    spec: RunSpec, lr: float, device: torch.device, stop_after: int | None = None
+    spec: RunSpec, lr: float, device: torch.device, budget: Budget | None = None
 ) -> dict[str, Any]:
     """One training run at one learning rate -> one results row (never raises on failure).
-    With ``stop_after`` it stops after that many steps at the latest (synthbench/sweep.py
-    says when), the lr schedule unchanged.
+    With a ``budget`` it stops at its limits (synthbench/sweep.py says when), the lr
+    schedule unchanged.
 
     Runs with ``spec.threads`` torch threads (restored afterwards): the count is part of the
     run's config because it changes the floating-point sums.
@@ -275,7 +278,7 @@ def train_eval(
     torch.set_num_threads(spec.threads)
     start = time.perf_counter()
     try:
-        _train_and_evaluate(spec, lr, device, row, stop_after)
+        _train_and_evaluate(spec, lr, device, row, budget or Budget())
     except Diverged as exc:
         row.update(status="diverged", error=str(exc))
     except Leaky as exc:  # never a result; not retrained either (it would leak again)

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from synthbench.protocols import PROTOCOLS
-from synthbench.sweep import lr_key, mark_selected, sweep_state
+from synthbench.sweep import Budget, lr_key, mark_selected, sweep_state
 
 GRID = dataclasses.replace(PROTOCOLS.get("smoke"), lrs=(1e-3, 3e-3, 1e-2))
 GROWING = dataclasses.replace(GRID, lr_extend=2)
@@ -180,20 +180,20 @@ def test_an_lr_added_past_a_solved_edge_trains_only_while_it_could_be_selected()
                                stopped(1e-2, 0.995, 500)])  # fmt: skip
     (added,) = state.pending
     # above the edge a tie in steps goes to the edge (the lower lr): it must solve sooner
-    assert added > 1e-2 and state.stop_after == {added: 400}
+    assert added > 1e-2 and state.budgets == {added: Budget(steps=400)}
     state = sweep_state(grow, [stopped(1e-3, 0.995, 500), stopped(3e-3, 0.9, 1000),
                                stopped(1e-2, 0.6, 1000)])  # fmt: skip
     (added,) = state.pending
-    assert added < 1e-3 and state.stop_after == {added: 500}  # below: a tie goes to it
+    assert added < 1e-3 and state.budgets == {added: Budget(steps=500)}  # below: a tie goes to it
     # an edge that solved at the first curve point leaves nothing sooner: that one point
     state = sweep_state(grow, [stopped(1e-3, 0.6, 1000), stopped(3e-3, 0.9, 1000),
                                stopped(1e-2, 0.995, 100)])  # fmt: skip
-    assert state.stop_after == {state.pending[0]: 100}
+    assert state.budgets == {state.pending[0]: Budget(steps=100)}
     # past an edge that did not solve, only the whole schedule can tell
     state = sweep_state(grow, [stopped(1e-3, 0.6, 1000), stopped(3e-3, 0.9, 1000),
                                stopped(1e-2, 0.95, 1000)])  # fmt: skip
-    assert len(state.pending) == 1 and state.stop_after == {}
-    assert sweep_state(grow, []).stop_after == {}  # the protocol's grid: the whole schedule
+    assert len(state.pending) == 1 and state.budgets == {}
+    assert sweep_state(grow, []).budgets == {}  # the protocol's grid: the whole schedule
 
 
 def _sweep(protocol, trainings, budgeted):
@@ -207,7 +207,7 @@ def _sweep(protocol, trainings, budgeted):
             return state.selected, state.edge, sorted(lr_key(r["lr"]) for r in rows), cut
         for lr in state.pending:
             solves_at, final, early = trainings(lr)
-            budget = state.stop_after.get(lr, protocol.steps) if budgeted else protocol.steps
+            budget = (state.budgets.get(lr, Budget()).steps if budgeted else None) or protocol.steps
             if solves_at is not None and solves_at <= budget:
                 rows.append(stopped(lr, 0.995, solves_at))
             elif budget < protocol.steps:
@@ -236,3 +236,33 @@ def test_the_budget_changes_neither_the_selection_nor_the_grid():
         assert budgeted == full
         cut += cut_here
     assert cut > 100  # the budget did cut trainings short
+
+
+# -- the pace an lr added past an edge must keep up with --------------------------------------
+
+
+def curved(lr, acc, curve):
+    return {**stopped(lr, acc, curve[-1][0]), "curve_steps": [s for s, _ in curve],
+            "curve_val_token_acc": [v for _, v in curve]}  # fmt: skip
+
+
+def test_an_lr_added_past_an_edge_gets_its_curve_as_pace():
+    edge_curve = [(500, 0.4), (1000, 0.8)]
+    rows = [curved(3e-3, 0.5, [(500, 0.3), (1000, 0.5)]), curved(1e-2, 0.8, edge_curve)]
+    paced = dataclasses.replace(STOPPING, lrs=(3e-3, 1e-2), lr_extend=1, pace_margin=0.1)
+    (added,) = sweep_state(paced, rows).pending
+    assert sweep_state(paced, rows).budgets == {added: Budget(None, ((500, 0.4), (1000, 0.8)))}
+    unpaced = dataclasses.replace(paced, pace_margin=0.0)
+    assert sweep_state(unpaced, rows).budgets == {}  # no limit: the whole schedule
+    rows[1] = {**rows[1], "curve_steps": None, "curve_val_token_acc": None}  # schema < 4
+    assert sweep_state(paced, rows).budgets == {}
+
+
+def test_falling_behind_the_pace_counts_from_half_the_schedule():
+    paced = dataclasses.replace(STOPPING, pace_margin=0.1)
+    budget = Budget(None, ((100, 0.9), (300, 0.95), (400, 0.995)))  # solved at 400
+    assert not budget.falls_behind(paced, 400, 0.1)  # before half: never
+    assert budget.falls_behind(paced, 500, 0.89)  # the edge held at 0.995 past its end
+    assert not budget.falls_behind(paced, 500, 0.9)  # within the margin
+    assert not budget.falls_behind(dataclasses.replace(paced, pace_margin=0.0), 500, 0.0)
+    assert not Budget().falls_behind(paced, 1000, 0.0)  # no pace

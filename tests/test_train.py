@@ -14,6 +14,7 @@ from synthbench.mechanism import MECHANISMS, Mechanism
 from synthbench.protocols import PROTOCOLS, curve_points
 from synthbench.runner import run_sweep as run
 from synthbench.spec import MAX_SEED, TEST_SEED, VAL_SEED, RunSpec
+from synthbench.sweep import Budget
 from synthbench.task import IGNORE, TASKS
 from synthbench.train import (
     answer_metrics,
@@ -88,6 +89,7 @@ def _protocol_variants():
         "eval_batch_size": 16,
         "select_metric": "exact_match",
         "stop_at": 0.99,
+        "pace_margin": 0.1,
         "task_params": (("copy", (("n", 8),)),),  # through the run's resolved task params
     }
     fields = {f.name for f in dataclasses.fields(SMOKE)} - {"description", "seeds"}
@@ -343,7 +345,7 @@ def test_lr_sweep_selects_on_the_protocols_metric(monkeypatch):
         3e-3: {"val_token_acc": 0.5, "val_exact_match": 0.4},
     }
 
-    def fake_train_eval(spec, lr, device, stop_after=None):
+    def fake_train_eval(spec, lr, device, budget=None):
         return {"status": "ok", "lr": lr, **fake[lr]}
 
     monkeypatch.setattr("synthbench.executors.train_eval", fake_train_eval)
@@ -355,7 +357,7 @@ def test_lr_sweep_selects_on_the_protocols_metric(monkeypatch):
 
 def test_a_step_budget_stops_the_training_there_on_the_same_schedule():
     full = train_eval(spec(), 3e-3, CPU)
-    cut = train_eval(spec(), 3e-3, CPU, stop_after=10)
+    cut = train_eval(spec(), 3e-3, CPU, Budget(steps=10))
     assert (full["steps_done"], cut["steps_done"]) == (SMOKE.steps, 10)
     # the same first 10 steps (the lr schedule still spans the protocol's steps)
     assert cut["curve_steps"] == [s for s in full["curve_steps"] if s <= 10]
@@ -368,9 +370,9 @@ def test_the_sweep_hands_its_step_budget_to_the_training(monkeypatch):
     solved_at = {1e-3: None, 3e-3: 60}  # 3e-3 alone solves: the grid grows above it
     budgets = {}
 
-    def fake_train_eval(spec, lr, device, stop_after=None):
-        budgets[lr] = stop_after
-        steps = solved_at.get(lr) or stop_after or 100
+    def fake_train_eval(spec, lr, device, budget=None):
+        budgets[lr] = budget.steps
+        steps = solved_at.get(lr) or budget.steps or 100
         acc = 1.0 if solved_at.get(lr) else 0.5
         return {"status": "ok", "lr": lr, "steps_done": steps, "val_token_acc": acc}
 
@@ -521,3 +523,14 @@ def test_erroring_run_is_stored_as_error(register_mechanism):
 def test_registered_test_mechanisms_do_not_leak():
     assert not any(n.startswith("test-") for n in MECHANISMS.names())
     assert not any(a.startswith("test-") for a in MECHANISMS._aliases)
+
+
+def test_a_training_that_falls_behind_its_pace_stops_from_half_the_schedule():
+    paced = dataclasses.replace(SMOKE, pace_margin=0.1)
+    ahead = tuple((step, 1.0) for step in curve_points(SMOKE.steps))  # always ahead by > 0.1
+    row = train_eval(spec(protocol=paced), 3e-3, CPU, Budget(pace=ahead))
+    assert row["status"] == "ok" and row["steps_done"] == SMOKE.steps // 2
+    assert row["curve_steps"] == [s for s in curve_points(SMOKE.steps) if s <= SMOKE.steps // 2]
+    behind = tuple((step, 0.0) for step in curve_points(SMOKE.steps))  # never behind
+    kept_up = train_eval(spec(protocol=paced), 3e-3, CPU, Budget(pace=behind))
+    assert kept_up["steps_done"] == SMOKE.steps
