@@ -197,7 +197,7 @@ _add(
             ("addition", (("streamed", False),)),
             ("compression", (("k", 8), ("n", 32), ("vocab", 16))),
             ("counting", (("queries", 0), ("n", 32), ("vocab", 16))),
-            ("distant_match", (("probes", 0),)),
+            ("distant_match", (("probes", 0), ("n", 128))),
             ("histogram", (("queries", 0),)),
             ("induction", (("dense", False), ("n", 64))),
             (

@@ -37,7 +37,7 @@ from synthbench.task import (
 
 @dataclass(frozen=True)
 class DistantMatchParams:
-    n: int = 128  # length of x
+    n: int = 64  # length of x
     vocab: int = 16  # number of data tokens
     probes: int = 16  # probes y_j against x_j, at most n (0: suite v1's one-answer layout)
 
@@ -56,7 +56,7 @@ class DistantMatchParams:
 )
 class DistantMatch(Task):
     Params = DistantMatchParams
-    difficulties = {"easy": {"n": 32}, "hard": {"n": 512}}
+    difficulties = {"easy": {"n": 32}, "hard": {"n": 128}}  # hard: the default until suite v2
     length_param = "n"
 
     @property
