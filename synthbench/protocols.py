@@ -198,7 +198,7 @@ _add(
             ("compression", (("k", 8), ("n", 32), ("vocab", 16))),
             ("counting", (("queries", 0), ("n", 32), ("vocab", 16))),
             ("distant_match", (("probes", 0), ("n", 128))),
-            ("histogram", (("queries", 0),)),
+            ("histogram", (("queries", 0), ("n", 16), ("vocab", 8))),
             ("induction", (("dense", False), ("n", 64))),
             (
                 "kv_recall",

@@ -43,9 +43,9 @@ MAX_LOGIT_SCALE = 3.0
 
 @dataclass(frozen=True)
 class HistogramParams:
-    n: int = 16  # length of x
-    vocab: int = 8  # number of data tokens
-    queries: int = 4  # distinct tokens whose count is asked for, at most vocab (0: suite v1)
+    n: int = 64  # length of x
+    vocab: int = 32  # number of data tokens
+    queries: int = 8  # distinct tokens whose count is asked for, at most vocab (0: suite v1)
 
     def __post_init__(self):
         require_at_least("histogram", self, n=1, vocab=2, queries=0)
@@ -63,8 +63,8 @@ class HistogramParams:
 class Histogram(SepTask):
     Params = HistogramParams
     difficulties = {
-        "easy": {"n": 8, "vocab": 6, "queries": 3},
-        "hard": {"n": 32, "vocab": 16, "queries": 8},
+        "easy": {"n": 16, "vocab": 8, "queries": 4},  # suite v2's first default
+        "hard": {"n": 128, "vocab": 32, "queries": 16},
     }
     length_param = "n"
 

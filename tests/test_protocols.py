@@ -37,6 +37,9 @@ def test_slay_paper_runs_suite_v1_layouts_under_the_users_own_params():
     assert RunSpec.resolve("noisy_copy", "softmax", paper, 0).make_task().seq_len == 72
     assert RunSpec.resolve("parity", "softmax", paper, 0).make_task().seq_len == 17
     assert RunSpec.resolve("distant_match", "softmax", paper, 0).make_task().seq_len == 129
+    assert RunSpec.resolve("histogram", "softmax", paper, 0).task_params == {
+        "n": 16, "vocab": 8, "queries": 0
+    }  # fmt: skip
     assert RunSpec.resolve("pattern", "softmax", paper, 0).task_params == {
         "n": 32, "min_period": 2, "max_period": 8, "k": 8, "vocab": 16
     }  # fmt: skip

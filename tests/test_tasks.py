@@ -92,9 +92,15 @@ def test_generation_is_deterministic_and_uses_only_its_generator(name, difficult
 @pytest.mark.parametrize(("name", "difficulty"), CASES)
 def test_every_token_id_is_used(name, difficulty):
     task = TASKS.get(name).from_difficulty(difficulty)
-    batch = task.generate(2000, generator(3))
-    used = torch.cat([batch.inputs.flatten(), batch.targets[batch.answer_mask]]).unique()
-    assert used.tolist() == list(range(task.vocab_size))
+    used = set()
+    # up to 20 batches: some ids are rare by design (histogram's largest counts)
+    for seed in range(3, 23):
+        batch = task.generate(2000, generator(seed))
+        ids = torch.cat([batch.inputs.flatten(), batch.targets[batch.answer_mask]]).unique()
+        used |= set(ids.tolist())
+        if len(used) == task.vocab_size:
+            break
+    assert sorted(used) == list(range(task.vocab_size))
 
 
 @pytest.mark.parametrize("name", TASKS.names())
