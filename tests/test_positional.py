@@ -24,8 +24,9 @@ F64 = torch.float64
 # `RunSpec.resolve("copy", "softmax", PROTOCOLS.get("quick"), 0).run_id` without --pos (since
 # the thread count and lr_extend entered the config, "6e9a532d4fc50137"; before,
 # "edfa7ca9c5f2aa65"; suite version 2 and quick v2: "2185a5601d9907e9"; suite version 3 and
-# quick v3, with its lr grid and early stop, since)
-QUICK_COPY_SOFTMAX_RUN_ID = "e65d000de4e080f6"
+# quick v3, with its lr grid and early stop: "e65d000de4e080f6"; quick v4, whose pace_margin
+# entered the config, since)
+QUICK_COPY_SOFTMAX_RUN_ID = "90f2dc22a19e4bb9"
 
 
 def make_rotation(kind: str, head_dim: int = D, n_heads: int = HEADS, **params) -> RoPE:
