@@ -11,6 +11,7 @@
     <out>/<protocol>/<metric>/compare-<name>.{md,tex} with --compare
     <out>/<protocol>/separation.{md,tex}             which pairs each task tells apart (always
                                                      on the target metric)
+    <out>/<protocol>/lrs.{md,tex}                    the lr each run selected
 
 Nothing there is edited by hand. A metric other than the default (target) names its
 leaderboard ``leaderboard-<metric>``.
@@ -32,6 +33,7 @@ from synthbench.report import (
     ReportTables,
     build_tables,
     latex_document,
+    lr_grid,
     length_metric,
     length_points,
     to_latex,
@@ -143,6 +145,9 @@ def write_reports(
             # on the target metric, whatever the report's
             pair_grids = separation.grids(separated, tables.protocol, tables.protocol_version)
             _write_grids(out / tables.protocol, "separation", pair_grids, formats, written)
+        if len(tables.runs):
+            grid = lr_grid(tables.runs, tables.protocol, tables.protocol_version)
+            _write_grids(out / tables.protocol, "lrs", [grid], formats, written)
         suffixes = [f".{f}" for f in ("png", "pdf") if f in formats]
         if suffixes:
             _figures(tables, mine, runs, folder, suffixes, written)

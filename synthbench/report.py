@@ -289,6 +289,7 @@ def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFr
         metric=source,
         chance=chance,
         se=_per_row(ok, source + "_se"),
+        lr=ok["lr"],
         lr_edge=edge,
     )
     runs = (
@@ -298,6 +299,7 @@ def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFr
             metric=("metric", "first"),
             chance=("chance", "mean"),
             se=("se", "mean"),
+            lr=("lr", "first"),  # the runs of a seed trained one model
             lr_edge=("lr_edge", "any"),
         )
         .reset_index()
@@ -495,6 +497,36 @@ def full_grid(agg: pd.DataFrame, head: list[str], n_seeds: int) -> Grid:
         n_seeds,
         best="row",
         notes=[*head, *_missing_note(agg, missing)],
+    )
+
+
+def lr_text(lr: float, edge: bool) -> str:
+    return f"{lr:.2g}{'*' if edge else ''}"
+
+
+def lr_grid(runs: pd.DataFrame, protocol: str, version: int) -> Grid:
+    """The lr each seed selected (``runs``: ``selected_runs`` of one protocol), tasks by
+    category as rows, mechanisms as columns: what each score in the other tables was
+    trained at."""
+    tasks = sort_tasks(runs)
+    mechanisms = sorted(runs["mechanism"].unique())
+    chosen = {
+        (c, t, m): ", ".join(lr_text(r.lr, r.lr_edge) for r in part.itertuples())
+        for (c, t, m), part in runs.sort_values("seed").groupby(["category", "task", "mechanism"])
+    }
+    return Grid(
+        f"Selected learning rates (protocol {protocol} v{version})",
+        ["category", "task"],
+        tasks,
+        mechanisms,
+        [[chosen.get((c, t, m)) for m in mechanisms] for c, t in tasks],
+        0,
+        best=None,
+        notes=[
+            "The lr each seed's run selected on the validation set (seeds in increasing "
+            "order); *: alone at an edge of its grid, so the optimum may lie beyond.",
+            "--: no successful run.",
+        ],
     )
 
 

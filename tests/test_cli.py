@@ -455,6 +455,7 @@ def test_report_filters_and_formats(stored, tmp_path):
     written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     assert written == [
         "leaderboard.md",
+        "smoke/lrs.md",
         "smoke/separation.md",
         "smoke/target/category-memory.md",
         "smoke/target/curves.md",

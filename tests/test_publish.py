@@ -74,6 +74,8 @@ def test_everything_is_written(rows, tmp_path):
             *(f"{folder}/{f}.{s}" for f in figures for s in ("png", "pdf")),
             "smoke/separation.md",
             "smoke/separation.tex",
+            "smoke/lrs.md",
+            "smoke/lrs.tex",
         ]
     )
     for path in written:

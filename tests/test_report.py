@@ -23,6 +23,7 @@ from synthbench.report import (
     latest_versions,
     latex_escape,
     length_points,
+    lr_grid,
     metric_values,
     normalise,
     selected_runs,
@@ -591,3 +592,18 @@ def test_selected_runs_carry_the_standard_error_and_lr_edge():
     runs = selected_runs(rows).set_index("task")
     assert runs.loc["copy", "se"] == 0.01 and runs.loc["add", "se"] == 0.03
     assert runs.loc["copy", "lr_edge"] and not runs.loc["add", "lr_edge"]  # null: not known
+
+
+def test_the_lr_table_shows_each_seeds_selected_lr_in_seed_order():
+    rows = frame(
+        row("copy", "softmax", 1, 0.9, lr=0.01),
+        row("copy", "softmax", 0, 0.8, lr=0.003, lr_edge=True),
+        row("copy", "softmax", 0, 0.7, lr=0.01, selected=False),
+        row("copy", "linear", 0, 0.5, lr=0.0333),
+        row("kv_recall", "linear", 0, 0.5, lr=0.01),
+    )
+    grid = lr_grid(selected_runs(rows), "smoke", 1)
+    assert grid.columns == ["linear", "softmax"]
+    assert grid.rows == [("Basic", "copy"), ("Memory", "kv_recall")]
+    assert grid.cells == [["0.033", "0.003*, 0.01"], ["0.01", None]]
+    assert "| copy" in to_markdown(grid) and "0.003*, 0.01" in to_latex(grid)
