@@ -212,7 +212,7 @@ _add(
             ),
             ("modular", (("dense", False),)),
             ("multihop", (("walk", False), ("walks", 1))),
-            ("noisy_copy", (("n", 32), ("rate", 0.25))),
+            ("noisy_copy", (("n", 32), ("rate", 0.25), ("vocab", 32))),
             ("parity", (("dense", False), ("n", 16))),
             (
                 "pattern",
