@@ -7,7 +7,7 @@ keys A_i, gives each a successor B_i (a filler token), and places each key ``rep
 times, always followed by its B_i, at random non-overlapping places; every other token is
 filler, uniform. The answers are the B_i after every occurrence of A_i but its first: the
 token that followed A_i before, as an induction head copies it. ``triggers * (repeats - 1)``
-answers per sequence (32 at the defaults).
+answers per sequence (20 at the defaults).
 
 ``dense=False`` is suite v1's one-answer layout: A occurs exactly twice, at a uniform place
 p in [0, n-3] and as the last token; B = x_{p+1} differs from A; every other token is
@@ -38,14 +38,13 @@ from synthbench.task import (
 
 @dataclass(frozen=True)
 class InductionParams:
-    n: int = 128  # sequence length
+    n: int = 80  # sequence length
     vocab: int = 64  # number of tokens
-    keys: int = 16  # the first `keys` ids are key tokens, the rest filler (dense layout)
-    # keys used per sequence, each with its own successor (dense layout): 16 associations to
-    # hold at once, where linear attention's and cosFormer's states start to blur (at 4, all
-    # three mechanisms reach 0.99)
-    triggers: int = 16
-    repeats: int = 3  # occurrences of each key; all but the first are answers (dense layout)
+    keys: int = 20  # the first `keys` ids are key tokens, the rest filler (dense layout)
+    # keys used per sequence, each with its own successor (dense layout): 20 associations to
+    # hold at once, where cosFormer's state blurs them (at 4, all three mechanisms reach 0.99)
+    triggers: int = 20
+    repeats: int = 2  # occurrences of each key; all but the first are answers (dense layout)
     dense: bool = True  # False: suite v1's one-answer layout (n and vocab only)
 
     def __post_init__(self):
@@ -73,8 +72,8 @@ class InductionParams:
 class Induction(Task):
     Params = InductionParams
     difficulties = {
-        "easy": {"n": 32, "triggers": 2},
-        "hard": {"n": 256, "keys": 32, "triggers": 32},
+        "easy": {"n": 32, "keys": 16, "triggers": 2, "repeats": 3},
+        "hard": {"n": 256, "keys": 32, "triggers": 32, "repeats": 3},
     }
     length_param = "n"
 
