@@ -289,7 +289,7 @@ def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFr
         metric=source,
         chance=chance,
         se=_per_row(ok, source + "_se"),
-        lr=ok["lr"],
+        lr=ok["lr"] if "lr" in ok else np.nan,  # absent from hand-made frames
         lr_edge=edge,
     )
     runs = (
@@ -501,7 +501,7 @@ def full_grid(agg: pd.DataFrame, head: list[str], n_seeds: int) -> Grid:
 
 
 def lr_text(lr: float, edge: bool) -> str:
-    return f"{lr:.2g}{'*' if edge else ''}"
+    return "?" if pd.isna(lr) else f"{lr:.2g}{'*' if edge else ''}"
 
 
 def lr_grid(runs: pd.DataFrame, protocol: str, version: int) -> Grid:

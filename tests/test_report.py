@@ -607,3 +607,8 @@ def test_the_lr_table_shows_each_seeds_selected_lr_in_seed_order():
     assert grid.rows == [("Basic", "copy"), ("Memory", "kv_recall")]
     assert grid.cells == [["0.033", "0.003*, 0.01"], ["0.01", None]]
     assert "| copy" in to_markdown(grid) and "0.003*, 0.01" in to_latex(grid)
+
+
+def test_the_lr_table_marks_an_unknown_lr():
+    rows = frame(row("copy", "softmax", 0, 0.9)).drop(columns="lr")
+    assert lr_grid(selected_runs(rows), "smoke", 1).cells == [["?"]]
