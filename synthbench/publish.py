@@ -33,9 +33,9 @@ from synthbench.report import (
     ReportTables,
     build_tables,
     latex_document,
-    lr_grid,
     length_metric,
     length_points,
+    lr_grid,
     to_latex,
     to_markdown,
 )
