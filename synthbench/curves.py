@@ -17,6 +17,7 @@ import pandas as pd
 
 from synthbench.protocols import curve_points
 from synthbench.report import KEYS, MISSING, Grid, prepare_rows, sort_tasks, stat_over_seeds
+from synthbench.store import has_curve
 
 THRESHOLD = 0.9  # validation token accuracy that counts as learnt, for steps-to
 NEVER = "never"
@@ -38,11 +39,6 @@ def steps_to(curve_steps, curve_values, threshold: float = THRESHOLD) -> float:
     return float(reached[0]) if reached else np.nan
 
 
-def _has_curve(curve_steps) -> bool:
-    """A stored curve (rows of schema < 4 have none: null, or NaN in a built frame)."""
-    return curve_steps is not None and not isinstance(curve_steps, float) and len(curve_steps) > 0
-
-
 def run_curves(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per successful (cell, seed) at its selected lr that has a learning curve:
     ``points`` and ``curve`` (the held curve over the protocol's curve points, lists),
@@ -56,7 +52,7 @@ def run_curves(rows: pd.DataFrame) -> pd.DataFrame:
     ok = ok.drop_duplicates([*KEYS, "seed"])
     records = []
     for r in ok.itertuples():
-        if not _has_curve(r.curve_steps):
+        if not has_curve(r.curve_steps):
             continue
         curve = held_curve(r.curve_steps, r.curve_val_token_acc, r.steps)
         records.append(

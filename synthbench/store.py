@@ -154,6 +154,12 @@ RESULT_METRICS = (
 _PARTITION_DIR = re.compile(r"^(task|mechanism)=(.+)$")
 
 
+def has_curve(curve_steps) -> bool:
+    """Whether a row stores a learning curve (rows of schema < 4 have none: null, or NaN in a
+    built frame)."""
+    return curve_steps is not None and not isinstance(curve_steps, float) and len(curve_steps) > 0
+
+
 def write_atomically(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` through a hidden temporary file (named with this process's
     id, so a later run can tell a stale one) and a rename: readers see the old file or the

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from synthbench.protocols import Protocol, curve_points
-from synthbench.store import LEAKY
+from synthbench.store import LEAKY, has_curve
 
 
 def lr_key(lr: float) -> float:
@@ -147,7 +147,7 @@ def _curve(row: dict[str, Any]) -> tuple[tuple[int, float], ...]:
     """A row's learning curve as (step, validation token accuracy) pairs; () without one
     (a row of schema < 4 has none)."""
     steps, values = row.get("curve_steps"), row.get("curve_val_token_acc")
-    if steps is None or values is None or isinstance(steps, float):
+    if not has_curve(steps) or values is None:
         return ()
     return tuple((int(at), float(value)) for at, value in zip(steps, values, strict=True))
 
