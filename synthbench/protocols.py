@@ -14,6 +14,8 @@ from synthbench.model import ARCHS, POSITIONS
 from synthbench.registry import Registry
 
 CURVE_POINTS = 10  # validation evaluations along training (the learning curve)
+# fields left out of a config while 0 (off), so run ids from before each field still hold
+OFF_WHEN_ZERO = ("stop_at", "pace_margin")
 
 
 def curve_points(steps: int, points: int = CURVE_POINTS) -> list[int]:
@@ -112,8 +114,8 @@ class Protocol:
         config["lrs"] = list(self.lrs)
         config["betas"] = list(self.betas)
         config.pop("task_params")  # the run's resolved task parameters carry their effect
-        for name in ("stop_at", "pace_margin"):
-            if not config[name]:  # absent when off: run ids from before the field still hold
+        for name in OFF_WHEN_ZERO:
+            if not config[name]:
                 config.pop(name)
         return config
 
@@ -229,15 +231,14 @@ _add(
 def markdown_table() -> str:
     """Every protocol's values side by side (docs/PROTOCOLS.md embeds this; a test checks it)."""
     protocols = [e.obj for e in PROTOCOLS.entries()]
-    # every field, also those a config leaves out at their default (stop_at, pace_margin 0)
+    # every field, also those a config leaves out at their default (OFF_WHEN_ZERO)
     configs = [{**asdict(p), **p.config()} for p in protocols]
     lines = [
         "| field | " + " | ".join(p.name for p in protocols) + " |",
         "|---|" + "---|" * len(protocols),
     ]
-    for name in (
-        f for f in protocols[0].config() | {"stop_at": 0, "pace_margin": 0} if f != "name"
-    ):
+    fields = protocols[0].config() | dict.fromkeys(OFF_WHEN_ZERO)
+    for name in (f for f in fields if f != "name"):
         values = [
             ", ".join(f"{v:g}" for v in c[name]) if isinstance(c[name], list) else f"{c[name]}"
             for c in configs
