@@ -21,7 +21,7 @@ from synthbench.task import TASKS, Batch, Task, batch_from_parts, targets_at
 
 @dataclass(frozen=True)
 class SelectiveCopyParams:
-    length: int = 64  # prompt length, blanks included
+    length: int = 32  # prompt length, blanks included
     k: int = 8  # data tokens in the prompt
     vocab: int = 16  # number of data tokens
 
