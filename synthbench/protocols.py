@@ -221,6 +221,7 @@ _add(
                 (("n", 32), ("min_period", 2), ("max_period", 8), ("k", 8), ("vocab", 16)),
             ),
             ("retrieval", (("needles", 1), ("vocab", 32))),
+            ("reverse", (("n", 32),)),
             ("selective_copy", (("length", 64),)),
             ("sort", (("vocab", 32),)),
             ("stack", (("every_pop", True),)),

@@ -27,13 +27,13 @@ from .selective_copy import nth_marked
 
 @dataclass(frozen=True)
 class NoisyCopyParams:
-    # 48 tokens over 128 values with 24 noise tokens among them, where linear attention and
-    # cosFormer fall behind at the quick model's width (tuned on seeds 100 and 101: softmax
-    # 0.98, linear 0.92 / 0.78, cosFormer 0.93 / 0.91) at three quarters of the length of
-    # 64 tokens over 32; at n 32 with rate 0.25 all reach 0.98
-    n: int = 48  # length of x
+    # 32 tokens over 256 values with 16 noise tokens among them, where linear attention and
+    # cosFormer fall behind at the quick model's width (tuned on seed 100: softmax 0.99,
+    # linear 0.90, cosFormer 0.86) at two thirds of the length of 48 tokens over 128; at
+    # n 32 over 32 values with rate 0.25 all reach 0.98 (docs/TASKS.md)
+    n: int = 32  # length of x
     rate: float = 0.5  # noise tokens per data token (m = round(rate * n))
-    vocab: int = 128  # number of data tokens
+    vocab: int = 256  # number of data tokens
     noise_vocab: int = 4  # number of noise tokens
 
     def __post_init__(self):

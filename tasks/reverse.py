@@ -19,15 +19,20 @@ from .copy import Copy, CopyParams
 
 @dataclass(frozen=True)
 class ReverseParams(CopyParams):
+    # long, as long_copy's: at copy's 32 softmax, linear attention and cosFormer all reverse
+    # x (docs/TASKS.md, "Why n 128")
+    n: int = 128  # length of x
+
     def __post_init__(self):
         require_at_least("reverse", self, n=1, vocab=2)  # own message: it names this task
 
 
 @TASKS.register("reverse", category="Basic", description="x SEP reversed(x): emit x backwards")
 class Reverse(Copy):
-    """Copy's parameters, presets, tokens and length; the answer is x backwards."""
+    """Copy's tokens and layout at long_copy's sizes; the answer is x backwards."""
 
     Params = ReverseParams
+    difficulties = {"easy": {"n": 32}, "hard": {"n": 256}}
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p = self.params

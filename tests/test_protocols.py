@@ -37,6 +37,8 @@ def test_slay_paper_runs_suite_v1_layouts_under_the_users_own_params():
     assert RunSpec.resolve("noisy_copy", "softmax", paper, 0).make_task().seq_len == 72
     assert RunSpec.resolve("parity", "softmax", paper, 0).make_task().seq_len == 17
     assert RunSpec.resolve("distant_match", "softmax", paper, 0).make_task().seq_len == 129
+    assert RunSpec.resolve("reverse", "softmax", paper, 0).make_task().seq_len == 64
+    assert RunSpec.resolve("selective_copy", "softmax", paper, 0).make_task().seq_len == 72
     assert RunSpec.resolve("histogram", "softmax", paper, 0).task_params == {
         "n": 16, "vocab": 8, "queries": 0
     }  # fmt: skip
@@ -59,8 +61,8 @@ def test_slay_paper_runs_suite_v1_layouts_under_the_users_own_params():
 
 @pytest.mark.parametrize("name", ["compression", "counting", "distant_match", "histogram",
                                   "induction", "kv_recall", "modular", "multihop",
-                                  "noisy_copy", "parity", "pattern", "retrieval", "sort",
-                                  "stack"])  # fmt: skip
+                                  "noisy_copy", "parity", "pattern", "retrieval", "reverse",
+                                  "selective_copy", "sort", "stack"])  # fmt: skip
 def test_every_pinned_layout_builds_and_generates(name):
     spec = RunSpec.resolve(name, "softmax", PROTOCOLS.get("slay-paper"), 0)
     task = spec.make_task()
