@@ -29,7 +29,7 @@ class ReverseParams(CopyParams):
 
 @TASKS.register("reverse", category="Basic", description="x SEP reversed(x): emit x backwards")
 class Reverse(Copy):
-    """Copy's tokens and layout at long_copy's sizes; the answer is x backwards."""
+    """Copy's tokens and layout, x as long as long_copy's; the answer is x backwards."""
 
     Params = ReverseParams
     difficulties = {"easy": {"n": 32}, "hard": {"n": 256}}

@@ -59,10 +59,8 @@ def test_slay_paper_runs_suite_v1_layouts_under_the_users_own_params():
         RunSpec.resolve("multihop", "softmax", paper, 0, task_overrides={"walks": 99})
 
 
-@pytest.mark.parametrize("name", ["compression", "counting", "distant_match", "histogram",
-                                  "induction", "kv_recall", "modular", "multihop",
-                                  "noisy_copy", "parity", "pattern", "retrieval", "reverse",
-                                  "selective_copy", "sort", "stack"])  # fmt: skip
+# every task slay-paper pins, read from the protocol so that a new pin is covered too
+@pytest.mark.parametrize("name", [task for task, _ in PROTOCOLS.get("slay-paper").task_params])
 def test_every_pinned_layout_builds_and_generates(name):
     spec = RunSpec.resolve(name, "softmax", PROTOCOLS.get("slay-paper"), 0)
     task = spec.make_task()
