@@ -132,11 +132,16 @@ class Task:
     Subclasses set ``Params`` (a frozen dataclass with defaults; ``__post_init__`` raises
     ``ValueError`` on invalid values, ``require_at_least`` covers the plain lower bounds),
     optionally ``difficulties`` (preset name -> parameter overrides) and ``special_tokens``,
-    and implement ``vocab_size``, ``seq_len``, ``generate`` and ``solve``.
+    and implement ``vocab_size``, ``seq_len``, ``generate`` and ``solve``. ``harder`` maps
+    each numeric knob (int or float, not bool) to the direction that makes the task harder,
+    ``"larger"`` or ``"smaller"``: the frontier report orders a sweep's values by it.
     """
 
     Params: ClassVar[type]
     difficulties: ClassVar[dict[str, dict[str, Any]]] = {}
+    # knob -> "larger" or "smaller": the direction of a numeric parameter that makes the
+    # task harder (``harder_direction``; ``check_harder`` validates it)
+    harder: ClassVar[dict[str, str]] = {}
     # The integer parameter that sets the sequence length; ``--eval-length-mult`` scales it
     # to test length generalisation. None when the task has no length knob. Token ids whose
     # count depends on it (number tokens) come last, so a longer task keeps every id of the
@@ -155,6 +160,18 @@ class Task:
     def presets(cls) -> tuple[str, ...]:
         """The difficulty presets: ``default`` and the task's own."""
         return ("default", *cls.difficulties)
+
+    @classmethod
+    def harder_direction(cls, knob: str) -> str | None:
+        """The direction of ``knob`` that makes the task harder, ``"larger"`` or
+        ``"smaller"``; None where the task declares none. A name that is not one of the
+        task's parameters raises ``ValueError``."""
+        knobs = [f.name for f in dataclasses.fields(cls.Params)]
+        if knob not in knobs:
+            raise ValueError(
+                f"task {TASKS.name_of(cls)} has no parameter {knob!r} (knobs: {', '.join(knobs)})"
+            )
+        return cls.harder.get(knob)
 
     @classmethod
     def from_difficulty(cls, difficulty: str = "default", **overrides: Any) -> Task:
@@ -226,6 +243,26 @@ class Task:
             if token == special:
                 return name
         return str(token)
+
+
+def check_harder(cls: type[Task]) -> None:
+    """Raise a one-line ``ValueError`` naming the task unless every key of ``cls.harder``
+    is a non-bool field of ``cls.Params`` and every value ``"larger"`` or ``"smaller"``."""
+    name = TASKS.name_of(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls.Params)}
+    for knob, direction in cls.harder.items():
+        if knob not in fields:
+            raise ValueError(
+                f"task {name} declares a harder direction for {knob!r}, which is not one of "
+                f"its parameters ({', '.join(fields)})"
+            )
+        if fields[knob].type in (bool, "bool"):
+            raise ValueError(f"task {name}: {knob} is a bool, it has no harder direction")
+        if direction not in ("larger", "smaller"):
+            raise ValueError(
+                f"task {name}: the harder direction of {knob} must be 'larger' or 'smaller', "
+                f"not {direction!r}"
+            )
 
 
 class SepTask(Task):

@@ -53,6 +53,7 @@ class AdditionParams:
 class Addition(Task):
     Params = AdditionParams
     difficulties = {"easy": {"digits": 3}, "hard": {"digits": 12}}
+    harder = {"digits": "larger"}  # a longer carry chain, a_j further back
     length_param = "digits"
 
     @property

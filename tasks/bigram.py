@@ -34,6 +34,10 @@ class BigramParams:
 class Bigram(Task):
     Params = BigramParams
     difficulties = {"easy": {"vocab": 16}, "hard": {"vocab": 128}}
+    # vocab: a larger successor table to learn. n only adds answers of the same kind;
+    # larger, as more positions give a mechanism more to mix into the token just read.
+    # table_seed has no direction (another seed is another table, no harder): undeclared.
+    harder = {"n": "larger", "vocab": "larger"}
     length_param = "n"
 
     def __init__(self, **overrides) -> None:

@@ -50,6 +50,9 @@ class Compression(SepTask):
         "easy": {"k": 8, "n": 32, "vocab": 16},
         "hard": {"k": 32, "n": 128, "vocab": 64},
     }
+    # k: more runs to carry (at k = n every run is one token and it is copy); n: longer
+    # runs, more positions that share a run's predecessor; vocab: more values
+    harder = {"k": "larger", "n": "larger", "vocab": "larger"}
     length_param = "n"
 
     @property

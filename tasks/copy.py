@@ -25,6 +25,7 @@ class CopyParams:
 class Copy(SepTask):
     Params = CopyParams
     difficulties = {"easy": {"n": 16}, "hard": {"n": 64}}
+    harder = {"n": "larger", "vocab": "larger"}  # reach back n; more values to carry
     length_param = "n"
 
     @property

@@ -61,6 +61,11 @@ class CountingParams:
 class Counting(SepTask):
     Params = CountingParams
     difficulties = {"easy": {"n": 32, "vocab": 16}, "hard": {"n": 128, "vocab": 64}}
+    # n: counts up to n // queries, where softmax's proportions blur; vocab: more tokens for
+    # the match to tell a query from. queries: more queries cap the counts lower (C = n //
+    # queries) and give more answers per sequence, so fewer is harder; 0 is suite v1's
+    # one-answer layout (counts over 0..n), at that hard end.
+    harder = {"n": "larger", "vocab": "larger", "queries": "smaller"}
     length_param = "n"
 
     def number(self, count: int) -> int:

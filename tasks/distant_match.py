@@ -57,6 +57,12 @@ class DistantMatchParams:
 class DistantMatch(Task):
     Params = DistantMatchParams
     difficulties = {"easy": {"n": 32}, "hard": {"n": 128}}  # hard: the default until suite v2
+    # n: x_j sits about n back. vocab: smaller is harder, as with more values a NO probe
+    # is often absent from x and "occurs in x" (shortcut_rules) answers it without x_j
+    # (at vocab 16 nearly every token occurs in x). probes: each adds an answer of the
+    # same kind, so fewer is harder (one label per sequence was suite v1's failure);
+    # 0 is suite v1's one-answer layout, at that hard end.
+    harder = {"n": "larger", "vocab": "smaller", "probes": "smaller"}
     length_param = "n"
 
     @property

@@ -27,6 +27,7 @@ class FirstTokenParams:
 class FirstToken(SepTask):
     Params = FirstTokenParams
     difficulties = {"easy": {"n": 16}, "hard": {"n": 256}}
+    harder = {"n": "larger", "vocab": "larger"}  # x_1 further back; more values
     length_param = "n"
 
     @property

@@ -66,6 +66,11 @@ class Histogram(SepTask):
         "easy": {"n": 16, "vocab": 8, "queries": 4},  # suite v2's first default
         "hard": {"n": 128, "vocab": 32, "queries": 16},
     }
+    # n: counts up to n, the large ones crowded. vocab: the n tokens spread over more ids,
+    # so the counts are smaller (and 0 commoner) and easier to read, so fewer is harder.
+    # queries: each adds an answer of the same kind (and at queries = vocab the counts
+    # sum to n), so fewer is harder; 0 is suite v1's layout (every x_i, n answers).
+    harder = {"n": "larger", "vocab": "smaller", "queries": "smaller"}
     length_param = "n"
 
     def number(self, count: int) -> int:

@@ -75,6 +75,17 @@ class Induction(Task):
         "easy": {"n": 32, "keys": 16, "triggers": 2, "repeats": 3},
         "hard": {"n": 256, "keys": 32, "triggers": 32, "repeats": 3},
     }
+    # n: more filler and distance; vocab: more successors (filler ids); triggers: more
+    # associations held at once. keys: the successors are the vocab - keys filler ids, so
+    # more keys leave fewer (one at keys = vocab - 1): smaller is harder. repeats: more
+    # showings of each association, so fewer is harder.
+    harder = {
+        "n": "larger",
+        "vocab": "larger",
+        "keys": "smaller",
+        "triggers": "larger",
+        "repeats": "smaller",
+    }
     length_param = "n"
 
     @property

@@ -69,6 +69,11 @@ class KVRecall(Task):
         "easy": {"pairs": 8, "queries": 4, "keys": 32, "values": 32},
         "hard": {"pairs": 32, "queries": 16},
     }
+    # pairs: the associations to hold; keys, values: more ids to tell apart. queries: each
+    # adds an answer of the same kind, and the elimination rule gains as the queried
+    # share grows, so fewer is harder; 0 asks every key (queries = pairs): the easy end,
+    # not below 1.
+    harder = {"pairs": "larger", "queries": "smaller", "keys": "larger", "values": "larger"}
     length_param = "pairs"
 
     @property

@@ -27,4 +27,5 @@ class LongCopyParams(CopyParams):
 class LongCopy(Copy):
     Params = LongCopyParams
     difficulties = {"easy": {"n": 64}, "hard": {"n": 256}}
+    harder = {"n": "larger", "vocab": "larger"}  # reach back n; more values to carry
     length_param = "n"

@@ -32,6 +32,8 @@ class MajorityParams:
 class Majority(SepTask):
     Params = MajorityParams
     difficulties = {"easy": {"vocab": 4}, "hard": {"n": 64, "vocab": 16}}
+    # n: the mode wins by as little as 1/n of x; vocab: more counts to take the argmax of
+    harder = {"n": "larger", "vocab": "larger"}
     length_param = "n"
 
     @property

@@ -40,6 +40,7 @@ class ModularParams:
 class Modular(Task):
     Params = ModularParams
     difficulties = {"easy": {"n": 8}, "hard": {"n": 32, "p": 13}}
+    harder = {"n": "larger", "p": "larger"}  # a longer chain; a p x p addition table
     length_param = "n"
 
     @property

@@ -67,6 +67,9 @@ class Multihop(Task):
         "easy": {"hops": 1},
         "hard": {"hops": 4, "pairs": 32, "nodes": 128},
     }
+    # pairs: more edges to hold; hops: a longer walk; nodes: more node ids. walks: each
+    # adds answers of the same kind (from a given start), so fewer is harder.
+    harder = {"pairs": "larger", "hops": "larger", "nodes": "larger", "walks": "smaller"}
     length_param = "pairs"
 
     @property

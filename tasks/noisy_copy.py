@@ -57,6 +57,9 @@ class NoisyCopy(Task):
         "easy": {"n": 32, "rate": 0.25, "vocab": 32},
         "hard": {"n": 128, "rate": 0.5},
     }
+    # n: more to carry; rate: more noise to skip; vocab: more values (measured: harder for
+    # a fixed-size state); noise_vocab: more distinct noise ids to learn to skip (weak)
+    harder = {"n": "larger", "rate": "larger", "vocab": "larger", "noise_vocab": "larger"}
     length_param = "n"
 
     @property

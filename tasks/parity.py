@@ -42,6 +42,7 @@ class ParityParams:
 class Parity(Task):
     Params = ParityParams
     difficulties = {"easy": {"n": 16}, "hard": {"n": 64}}
+    harder = {"n": "larger"}  # a longer chain of xors, each b_i n + 1 back
     length_param = "n"
 
     @property

@@ -60,6 +60,18 @@ class Pattern(SepTask):
         "easy": {"n": 32, "min_period": 5, "max_period": 8, "k": 8, "vocab": 16},
         "hard": {"n": 128, "min_period": 40, "max_period": 64, "k": 32, "vocab": 128},
     }
+    # min_period, max_period: longer motifs, a larger successor table seen fewer times;
+    # vocab: more ids. n: with the periods fixed, a longer prompt repeats the motif more
+    # (each successor shown n / p times, nothing new to hold), so shorter is harder. k:
+    # each adds an answer of the same kind, and past a whole period an answer is also the
+    # one p back, so fewer is harder.
+    harder = {
+        "n": "smaller",
+        "min_period": "larger",
+        "max_period": "larger",
+        "k": "smaller",
+        "vocab": "larger",
+    }
     length_param = "n"
 
     @property

@@ -56,6 +56,9 @@ class RetrievalParams:
 class Retrieval(Task):
     Params = RetrievalParams
     difficulties = {"easy": {"n": 32, "vocab": 32, "needles": 8}, "hard": {"n": 256}}
+    # needles: more marker-value associations to hold (8 over 32 tokens: all solved; 24
+    # over 64: cosFormer behind); n: a longer haystack; vocab: more values
+    harder = {"n": "larger", "vocab": "larger", "needles": "larger"}
     length_param = "n"
 
     @property

@@ -33,6 +33,7 @@ class Reverse(Copy):
 
     Params = ReverseParams
     difficulties = {"easy": {"n": 32}, "hard": {"n": 256}}
+    harder = {"n": "larger", "vocab": "larger"}  # reach back up to 2n; more values
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p = self.params

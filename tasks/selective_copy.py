@@ -50,6 +50,9 @@ def nth_marked(tokens: torch.Tensor, marked: torch.Tensor, k: int, fill: int) ->
 class SelectiveCopy(Task):
     Params = SelectiveCopyParams
     difficulties = {"easy": {"length": 32, "k": 4}, "hard": {"length": 256, "k": 16}}
+    # length: more blanks to skip; k: more tokens to carry in order (at k = length no
+    # blank is left and it is copy); vocab: more values, as noisy_copy measured
+    harder = {"length": "larger", "k": "larger", "vocab": "larger"}
     length_param = "length"
 
     @property

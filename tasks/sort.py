@@ -38,6 +38,9 @@ class SortParams:
 class Sort(SepTask):
     Params = SortParams
     difficulties = {"easy": {"n": 8, "vocab": 64}, "hard": {"n": 32, "vocab": 256}}
+    # vocab: a smaller one packs x densely, so the next answer is often y + 1 (the module
+    # docstring: vocab 2n let y and the position alone score 0.50)
+    harder = {"n": "larger", "vocab": "larger"}
     length_param = "n"
 
     @property

@@ -47,6 +47,7 @@ class StackParams:
 class Stack(Task):
     Params = StackParams
     difficulties = {"easy": {"ops": 8}, "hard": {"ops": 64}}
+    harder = {"ops": "larger", "values": "larger"}  # deeper stacks; more values
     length_param = "ops"
 
     @property
