@@ -18,18 +18,23 @@ claims the run (synthbench/claims.py): a run claimed by another live command is 
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from synthbench import grid
 from synthbench.claims import Claims
 from synthbench.limits import MAX_SEEDS
+from synthbench.mechanism import MECHANISMS
 from synthbench.protocols import Protocol
 from synthbench.spec import RunSpec
 from synthbench.store import LEAKY, NewerSchemaError, ResultStore
 from synthbench.sweep import Budget, SweepState, lr_key, mark_selected, sweep_state
+from synthbench.task import TASKS
 
 
 @dataclass(frozen=True)
@@ -60,23 +65,41 @@ def plan(
     pos: str | None = None,
     pos_params: dict[str, Any] | None = None,
     threads: int = 1,
+    difficulties: Sequence[str] | None = None,
+    protocol_params: dict[str, Any] | None = None,
 ) -> list[RunSpec]:
-    """Every (task, mechanism, seed 0..seeds-1), resolved and checked before anything runs;
-    names that resolve to the same run (an alias and its name) give it once."""
+    """Every (task, mechanism, grid point, seed 0..seeds-1), resolved and checked before
+    anything runs; names that resolve to the same run (an alias and its name) give it once.
+
+    A list among ``task_params``, ``mechanism_params`` or ``protocol_params`` is a sweep over
+    its values, ``difficulties`` a ladder of presets (synthbench/grid.py)."""
     if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
         raise ValueError(
             f"the number of seeds must be an integer in [1, {MAX_SEEDS}], got {seeds!r}"
         )
+    protocols = grid.protocol_points(protocol, protocol_params)
     specs: dict[str, RunSpec] = {}
     for task in tasks:
+        task_cls = TASKS.get(task)
+        task_defaults = {f.name: f.default for f in dataclasses.fields(task_cls.Params)}
+        task_points = [
+            {**preset, **point}
+            for preset in grid.difficulty_points(task, task_cls, difficulties)
+            for point in grid.points(task_params or {}, task_defaults)
+        ]
         for mechanism in mechanisms:
-            first = RunSpec.resolve(
-                task, mechanism, protocol, 0, task_params, mechanism_params,
-                eval_length_mult, pos, pos_params, threads,
-            )  # fmt: skip
-            for seed in range(seeds):
-                spec = first.with_seed(seed) if seed else first
-                specs.setdefault(spec.run_id, spec)
+            mech_defaults = grid.constructor_defaults(MECHANISMS.get(mechanism))
+            mech_points = grid.points(mechanism_params or {}, mech_defaults)
+            for proto, task_point, mech_point in itertools.product(
+                protocols, task_points, mech_points
+            ):
+                first = RunSpec.resolve(
+                    task, mechanism, proto, 0, task_point, mech_point,
+                    eval_length_mult, pos, pos_params, threads,
+                )  # fmt: skip
+                for seed in range(seeds):
+                    spec = first.with_seed(seed) if seed else first
+                    specs.setdefault(spec.run_id, spec)
     return list(specs.values())
 
 

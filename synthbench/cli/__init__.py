@@ -1,6 +1,7 @@
 """The ``synthbench`` command line: one module per command group, sharing ``common``.
 
-run                 cli/run.py       (the runner: synthbench/runner.py)
+run, sweep          cli/run.py       (the runner: synthbench/runner.py; grids:
+                                      synthbench/grid.py)
 list, show-task,    cli/catalog.py
 audit
 results, report     cli/results.py
@@ -29,7 +30,7 @@ from typing import Annotated  # noqa: E402
 import torch  # noqa: E402
 import typer  # noqa: E402
 
-from synthbench.cli import bench, catalog, check, results, run  # noqa: E402
+from synthbench.cli import bench, catalog, check, reproduce, results, run  # noqa: E402
 from synthbench.cli.common import (  # noqa: E402
     INTERRUPTED,
     STDOUT,
@@ -98,12 +99,14 @@ def _options(
 
 
 app.command("run")(guard(run.run_command))
+app.command("sweep")(guard(run.sweep_command))
 app.command("check")(guard(check.check_command))  # cli/check.py: synthbench/check.py
 app.command("list")(guard(catalog.list_command))
 app.command("show-task")(guard(catalog.show_task_command))
 app.command("audit")(guard(catalog.audit_command))
 app.command("results")(guard(results.results_command))
 app.command("report")(guard(results.report_command))
+app.command("reproduce")(guard(reproduce.reproduce_command))  # synthbench/reference.py
 app.add_typer(bench.bench_app, name="bench")  # cost and fidelity benchmarks
 
 

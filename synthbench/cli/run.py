@@ -10,7 +10,7 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from synthbench import runner
+from synthbench import grid, runner
 from synthbench.check import leak_guard
 from synthbench.cli.common import (
     STDOUT,
@@ -26,17 +26,50 @@ from synthbench.cli.common import (
     out,
     select_mechanisms,
     select_tasks,
+    split,
     warn,
 )
 from synthbench.cli.progress import Eta, EtaColumn
 from synthbench.devices import default_jobs, resolve_device, worker_devices
 from synthbench.executors import EXECUTORS, InProcess, LocalPool, RayPool
+from synthbench.grid import load_sweep_file
 from synthbench.limits import MAX_SEEDS, check_runs
 from synthbench.params import parse_assignments
 from synthbench.protocols import PROTOCOLS
 from synthbench.runner import Unit, run_status
 from synthbench.spec import MAX_THREADS, RunSpec
 from synthbench.store import LEAKY, ResultStore
+from synthbench.text import plural
+
+# the options of how runs execute, shared by `run` and `sweep`
+JobsOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Trainings at once. Local: worker processes (default: one per core on the CPU, "
+        "up to 4 per GPU); 1 trains in this process. Ray: at most this many tasks."
+    ),
+]
+ThreadsOption = Annotated[
+    int,
+    typer.Option(
+        help="Torch threads per training (part of the run's config: it changes "
+        "the floating-point sums)."
+    ),
+]
+ExecutorOption = Annotated[str, typer.Option(help="local (this machine) or ray (a Ray cluster).")]
+RayAddressOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Join this Ray cluster (e.g. ray://head:10001, auto); default: a local Ray instance."
+    ),
+]
+CpusPerRunOption = Annotated[
+    float | None, typer.Option(help="Ray: CPUs a training asks for (default: --threads).")
+]
+GpusPerRunOption = Annotated[
+    float, typer.Option(help="Ray: GPUs a training asks for (a fraction shares one).")
+]
+ForceOption = Annotated[bool, typer.Option(help="Run again even if already stored.")]
 
 
 def run_command(
@@ -52,47 +85,43 @@ def run_command(
         str, typer.Option(help="Protocol preset (synthbench list protocols).")
     ] = "quick",
     device: DeviceOption = "auto",
-    jobs: Annotated[
-        int | None,
-        typer.Option(
-            help="Trainings at once. Local: worker processes (default: one per core on the CPU, "
-            "up to 4 per GPU); 1 trains in this process. Ray: at most this many tasks."
-        ),
-    ] = None,
-    threads: Annotated[
-        int,
-        typer.Option(
-            help="Torch threads per training (part of the run's config: it changes "
-            "the floating-point sums)."
-        ),
-    ] = 1,  # fmt: skip
-    executor: Annotated[
-        str, typer.Option(help="local (this machine) or ray (a Ray cluster).")
-    ] = "local",
-    ray_address: Annotated[
-        str | None,
-        typer.Option(
-            help="Join this Ray cluster (e.g. ray://head:10001, auto); default: a "
-            "local Ray instance."
-        ),
-    ] = None,  # fmt: skip
-    cpus_per_run: Annotated[
-        float | None, typer.Option(help="Ray: CPUs a training asks for (default: --threads).")
-    ] = None,
-    gpus_per_run: Annotated[
-        float, typer.Option(help="Ray: GPUs a training asks for (a fraction shares one).")
-    ] = 0.0,
+    jobs: JobsOption = None,
+    threads: ThreadsOption = 1,
+    executor: ExecutorOption = "local",
+    ray_address: RayAddressOption = None,
+    cpus_per_run: CpusPerRunOption = None,
+    gpus_per_run: GpusPerRunOption = 0.0,
     task_param: Annotated[
         list[str] | None,
-        typer.Option(help="KEY=VALUE for every selected task, e.g. n=64 (repeatable)."),
+        typer.Option(
+            help="KEY=VALUE for every selected task, e.g. n=64 (repeatable); a list sweeps: "
+            "pairs=4,8,16,32."
+        ),
     ] = None,
     mech_param: Annotated[
         list[str] | None,
-        typer.Option(help="KEY=VALUE for every selected mechanism, e.g. eps=1e-4 (repeatable)."),
+        typer.Option(
+            help="KEY=VALUE for every selected mechanism, e.g. eps=1e-4 (repeatable); a list "
+            "sweeps."
+        ),
+    ] = None,
+    protocol_param: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="KEY=VALUE of a protocol field, e.g. d_model=128 (repeatable; in the run id); "
+            "a list sweeps: d_model=32,64,128."
+        ),
+    ] = None,
+    difficulty: Annotated[
+        str | None,
+        typer.Option(
+            help="Difficulty presets of each task, comma-separated: a ladder such as "
+            "easy,default,hard (--task-param goes on top)."
+        ),
     ] = None,
     results: ResultsOption = Path("results"),
     plugin: PluginOption = None,
-    force: Annotated[bool, typer.Option(help="Run again even if already stored.")] = False,
+    force: ForceOption = False,
     eval_length_mult: Annotated[
         float | None,
         typer.Option(
@@ -113,6 +142,107 @@ def run_command(
     ] = None,
 ) -> None:
     """Train and evaluate every (task, mechanism, seed); one Parquet file per run."""
+    run_grid(
+        task=task,
+        category=category,
+        mech=mech,
+        seeds=seeds,
+        protocol=protocol,
+        device=device,
+        jobs=jobs,
+        threads=threads,
+        executor=executor,
+        ray_address=ray_address,
+        cpus_per_run=cpus_per_run,
+        gpus_per_run=gpus_per_run,
+        task_params=parse_assignments(task_param),
+        mech_params=parse_assignments(mech_param),
+        protocol_params=parse_assignments(protocol_param),
+        difficulty=difficulty,
+        results=results,
+        plugin=plugin,
+        force=force,
+        eval_length_mult=eval_length_mult,
+        pos=pos,
+        pos_params=parse_assignments(pos_param),
+    )
+
+
+def sweep_command(
+    file: Annotated[
+        Path,
+        typer.Argument(
+            help="A TOML sweep file: task, mech, protocol, seeds, difficulty and the tables "
+            "task_params, mech_params, protocol_params (a list sweeps; docs/RUNNING.md).",
+            show_default=False,
+        ),
+    ],
+    device: DeviceOption = "auto",
+    jobs: JobsOption = None,
+    threads: ThreadsOption = 1,
+    executor: ExecutorOption = "local",
+    ray_address: RayAddressOption = None,
+    cpus_per_run: CpusPerRunOption = None,
+    gpus_per_run: GpusPerRunOption = 0.0,
+    results: ResultsOption = Path("results"),
+    plugin: PluginOption = None,
+    force: ForceOption = False,
+) -> None:
+    """Run the grid a sweep file describes (what `run` would with the same lists)."""
+    grid_options = load_sweep_file(file)
+    run_grid(
+        task=grid_options.get("task", "all"),
+        category=grid_options.get("category"),
+        mech=grid_options.get("mech", "softmax"),
+        seeds=grid_options.get("seeds"),
+        protocol=grid_options.get("protocol", "quick"),
+        device=device,
+        jobs=jobs,
+        threads=threads,
+        executor=executor,
+        ray_address=ray_address,
+        cpus_per_run=cpus_per_run,
+        gpus_per_run=gpus_per_run,
+        task_params=grid_options.get("task_params", {}),
+        mech_params=grid_options.get("mech_params", {}),
+        protocol_params=grid_options.get("protocol_params", {}),
+        difficulty=grid_options.get("difficulty"),
+        results=results,
+        plugin=plugin,
+        force=force,
+        eval_length_mult=grid_options.get("eval_length_mult"),
+        pos=grid_options.get("pos"),
+        pos_params=grid_options.get("pos_params", {}),
+    )
+
+
+def run_grid(
+    *,
+    task: str,
+    category: str | None,
+    mech: str,
+    seeds: int | None,
+    protocol: str,
+    device: str,
+    jobs: int | None,
+    threads: int,
+    executor: str,
+    ray_address: str | None,
+    cpus_per_run: float | None,
+    gpus_per_run: float,
+    task_params: dict[str, Any],
+    mech_params: dict[str, Any],
+    protocol_params: dict[str, Any],
+    difficulty: str | None,
+    results: Path,
+    plugin: list[Path] | None,
+    force: bool,
+    eval_length_mult: float | None,
+    pos: str | None,
+    pos_params: dict[str, Any],
+) -> None:
+    """``synthbench run`` (and ``sweep``) with the parameters parsed: plan the grid of runs,
+    check it, train what is not stored, render the progress."""
     load_plugins(plugin)
     proto = PROTOCOLS.get(protocol)
     if executor not in EXECUTORS:
@@ -137,12 +267,14 @@ def run_command(
         select_mechanisms(mech),
         proto,
         n_seeds,
-        task_params=parse_assignments(task_param),
-        mechanism_params=parse_assignments(mech_param),
+        task_params=task_params,
+        mechanism_params=mech_params,
         eval_length_mult=eval_length_mult,
         pos=pos,
-        pos_params=parse_assignments(pos_param),
+        pos_params=pos_params,
         threads=threads,
+        difficulties=split(difficulty) if difficulty is not None else None,
+        protocol_params=protocol_params,
     )
     check_run_paths(ResultStore(results), specs)  # before any training: where files go
     check_runs(specs, dev)  # sequence lengths, the memory a run needs
@@ -160,7 +292,7 @@ def run_command(
         return LocalPool(worker_devices(dev, n), plugin or [], threads)
 
     where = f"device {dev}" if dev is not None else f"Ray at {ray_address or 'a local instance'}"
-    view = RunView(specs, results, where, bool(pos is not None or pos_param))
+    view = RunView(specs, results, where, bool(pos is not None or pos_params))
     try:
         outcome = runner.execute(
             specs, ResultStore(results), make_executor, force=force, events=view
@@ -189,14 +321,14 @@ def run_command(
         raise fail(outcome.failure(), 1)
     if outcome.statuses.get("error"):
         raise fail(
-            f"{outcome.statuses['error']} run(s) raised; their errors are stored "
+            f"{plural(outcome.statuses['error'], 'run')} raised; their errors are stored "
             "(synthbench results --status error) and they rerun next time",
             1,
         )
     leaky = outcome.statuses.get(LEAKY, 0) + outcome.stored_leaky
     if leaky:  # a learned parameter switched a leak on in training, now or before
         raise fail(
-            f"{leaky} run(s) not causal after training: stored with status leaky, never "
+            f"{plural(leaky, 'run')} not causal after training: stored with status leaky, never "
             "ranked (synthbench results --status leaky; changed plugin code is a new run)",
             1,
         )
@@ -208,6 +340,7 @@ class RunView(runner.Events):
 
     def __init__(self, specs: list[RunSpec], results: Path, where: str, show_pos: bool):
         self.specs, self.results, self.where, self.show_pos = specs, results, where, show_pos
+        self.varying = grid.varying_keys(specs)  # what tells the points of a grid apart
         self.progress: Progress | None = None
         self.eta: Eta | None = None
         self.bar = None
@@ -226,11 +359,14 @@ class RunView(runner.Events):
             params = ", ".join(f"{k}={v}" for k, v in first.pos_params.items())
             pos_note = f", pos {first.protocol.pos}" + (f" ({params})" if params else "")
         workers = f", {capacity} at once" if capacity > 1 else ""
+        n_points = len({(s.task, s.mechanism, grid.point_label(s, self.varying)) for s in specs})
+        points = f" x {n_points // (tasks * mechs)} grid points" if self.varying else ""
         out.print(
-            f"{runs} runs ({tasks} tasks x {mechs} mechanisms x {seeds} seeds, protocol "
-            f"{first.protocol.name}{pos_note}, {self.where}, {first.threads} thread(s) per "
+            f"{plural(runs, 'run')} ({plural(tasks, 'task')} x {plural(mechs, 'mechanism')}"
+            f"{points} x {plural(seeds, 'seed')}, protocol "
+            f"{first.protocol.name}{pos_note}, {self.where}, {plural(first.threads, 'thread')} per "
             f"training{workers}); {stored} already stored, {runs - stored} to run "
-            f"({len(units)} trainings) -> {self.results}/",
+            f"({plural(len(units), 'training')}) -> {self.results}/",
             highlight=False,
         )
         if not units:
@@ -265,7 +401,7 @@ class RunView(runner.Events):
             )
 
     def run_done(self, spec: RunSpec, rows: list[dict[str, Any]]) -> None:
-        self.progress.console.print(run_line(spec, rows), highlight=False)
+        self.progress.console.print(run_line(spec, rows, self.varying), highlight=False)
 
     def notice(self, spec: RunSpec, message: str) -> None:
         warn(f"{spec.label()}: {message}")
@@ -280,10 +416,12 @@ class RunView(runner.Events):
             self.progress.stop()
 
 
-def run_line(spec: RunSpec, rows: list[dict[str, Any]]) -> str:
+def run_line(spec: RunSpec, rows: list[dict[str, Any]], varying: tuple[str, ...] = ()) -> str:
     best = run_status(rows)
     seconds = sum(r["wall_seconds"] for r in rows)
     head = f"{spec.task:<16} {spec.mechanism:<12} seed {spec.seed}"
+    if varying:  # a grid: which point
+        head += f"  {grid.point_label(spec, varying)}"
     if best["status"] != "ok":
         reason = escape(str(best.get("error")))
         return f"[red]x[/] {head}  {best['status']}: {reason}  ({seconds:.1f}s)"
