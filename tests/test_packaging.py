@@ -1,10 +1,14 @@
-"""The built wheel carries tasks/ and mechanisms/ as synthbench.tasks and synthbench.mechanisms."""
+"""The built wheel carries tasks/ and mechanisms/ as synthbench.tasks and synthbench.mechanisms,
+and the shipped reference baselines as package data."""
 
+import os
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from synthbench import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,6 +44,8 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("synthbench-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"synthbench/tasks/copy.py", "synthbench/mechanisms/softmax.py"} <= names
+    # the reference baselines `report` shows beside a user's rows (synthbench/reference.py)
+    assert "synthbench/data/reference/quick.parquet" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "synthbench = synthbench.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
@@ -75,3 +81,28 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
     tasks_file, names = result.stdout.splitlines()
     assert tasks_file.startswith(str(target))
     assert "copy" in names and "softmax" in names and "linear" in names
+
+    # the shipped reference is found through importlib.resources, in the installed package
+    code = (
+        "from synthbench import reference;"
+        "loaded = reference.load(); print(loaded.where); print(loaded.problem);"
+        "print(sorted(set(loaded.rows['mechanism'])))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != reference.ENV}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            f"import sys; sys.path.insert(0, {str(target)!r}); {code}",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
+    where, problem, mechanisms = result.stdout.splitlines()
+    assert where == str(target / "synthbench" / "data" / "reference" / "quick.parquet")
+    assert problem == "None"
+    assert "softmax" in mechanisms

@@ -9,6 +9,7 @@ from typing import Annotated
 import pandas as pd
 import typer
 
+from synthbench import reference as shipped
 from synthbench.atomic import write_atomically
 from synthbench.cli.common import (
     PluginOption,
@@ -41,6 +42,7 @@ from synthbench.report import (
 )
 from synthbench.store import LEAKY, RESULT_STATUSES
 from synthbench.task import TASKS
+from synthbench.text import plural
 
 STATUSES = (*sorted(RESULT_STATUSES), "error", LEAKY)  # what a training stores
 
@@ -102,7 +104,7 @@ def results_command(
         else:
             csv.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(csv, rows.to_csv(index=False))
-            out.print(f"{len(rows)} rows -> {csv}", highlight=False)
+            out.print(f"{plural(len(rows), 'row')} -> {csv}", highlight=False)
         return
     headers = ["task", "mechanism", "protocol", "seed", "lr", "status", "target", "token_acc"]
     headers += ["exact_match", "seconds", "run_id"]
@@ -125,7 +127,7 @@ def results_command(
         for r, target in zip(rows.itertuples(), targets, strict=True)
     ]
     print_rows(out, headers, cells)  # names whole, in a terminal or piped
-    out.print(f"{len(rows)} rows", highlight=False)
+    out.print(plural(len(rows), "row"), highlight=False)
 
 
 def _metric(value: float | None) -> str:
@@ -154,27 +156,50 @@ def report_command(
         str | None, typer.Option(help="Put published results beside ours: slay-paper.")
     ] = None,
     plugin: PluginOption = None,
+    reference: Annotated[
+        bool,
+        typer.Option(
+            "--reference/--no-reference",
+            help="Show the reference runs shipped with synthbench (softmax, linear, ... under "
+            "quick) beside yours, for your protocols and tasks, marked '(reference)'.",
+        ),
+    ] = True,
 ) -> None:
     """Tables (Markdown, LaTeX), figures and the leaderboard page, one set per protocol."""
     if metric not in METRICS:
         raise UsageError(f"unknown metric '{metric}' ({', '.join(METRICS)})")
     check_writable_folder(out_dir, "--out")
     load_plugins(plugin)  # a plugin's tasks and mechanisms have names and categories
-    rows = load_results(results).rows
+    hint = f" {shipped.FIRST_RUN_HINT}" if reference else ""
+    try:
+        rows = load_results(results).rows
+    except UsageError as exc:
+        if hint and not results.exists():
+            raise UsageError(f"{exc}{hint}") from None
+        raise
+    hint = hint if rows.empty else ""
+    tasks = select_tasks(task or "all", category) if task or category else None
+    mechs = [MECHANISMS.canonical(m) for m in split(mech)] if mech else None
     keep = pd.Series(True, index=rows.index)
     if protocol:
         keep &= rows["protocol"].isin(filter_names(protocol, rows["protocol"], PROTOCOLS))
-    if task or category:
-        keep &= rows["task"].isin(select_tasks(task or "all", category))
-    if mech:
-        keep &= rows["mechanism"].isin([MECHANISMS.canonical(m) for m in split(mech)])
+    if tasks is not None:
+        keep &= rows["task"].isin(tasks)
+    if mechs is not None:
+        keep &= rows["mechanism"].isin(mechs)
     rows = rows[keep]
     if rows.empty:
-        raise UsageError(f"no results under {results}/ match the selection")
+        raise UsageError(f"no results under {results}/ match the selection{hint}")
     rows, left_out = latest_versions(rows)
     for name, versions in left_out.items():
         old = ", ".join(f"v{v}" for v in versions)
         warn(f"protocol {name}: rows of older versions ({old}) left out; reporting the newest")
+    if reference:  # synthbench/reference.py: marked, so never taken for the user's own
+        rows, added, problem = shipped.for_report(rows, tasks, mechs)
+        if problem is not None:
+            warn(problem)
+        if added is not None:
+            out.print(added, highlight=False, markup=False)
     try:
         written = write_reports(rows, out_dir, metric, tuple(split(formats)), compare)
     except BrokenPipeError:

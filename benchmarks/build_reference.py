@@ -1,0 +1,192 @@
+"""Build the reference baselines that ship with synthbench from measured results trees.
+
+    python benchmarks/build_reference.py [TREE ...] [--out synthbench/data/reference/quick.parquet]
+
+TREE defaults to benchmarks/runs/quick-v4. Of the runs stored there it keeps those of
+
+- protocol quick at this synthbench's version (synthbench.protocols.PROTOCOLS) and the
+  current SUITE_VERSION (synthbench/spec.py);
+- the mechanisms softmax, linear, performer, cosformer, slay and none, seeds 0-2;
+- a built-in task at its default parameters, with the protocol's defaults: the run id must
+  be the one ``RunSpec.resolve(task, mech, PROTOCOLS.get("quick"), seed)`` gives today;
+- a complete lr sweep (every lr the sweep needs has a row, none an error, the selected lr
+  marked as synthbench/sweep.py selects it);
+
+and writes every lr row of those runs, every stored column, to ONE zstd-compressed Parquet
+file (what ``synthbench report`` shows beside a user's rows and ``synthbench reproduce``
+re-runs: synthbench/reference.py). It prints what it dropped and why, and per mechanism how
+many runs and tasks it holds and which (task, mechanism, seed) are missing; the file's
+metadata (``synthbench_reference``) says the same. A run id found in several trees is taken
+from the first tree given. The output is deterministic: the same trees give the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pandas as pd
+
+from synthbench.protocols import PROTOCOLS
+from synthbench.reference import (
+    PROTOCOL,
+    REFERENCE_MECHANISMS,
+    SEEDS,
+    SHIPPED,
+    write,
+)
+from synthbench.spec import SUITE_VERSION, RunSpec
+from synthbench.store import SCHEMA, ResultStore
+from synthbench.sweep import lr_key, sweep_state
+from synthbench.task import TASKS
+from synthbench.text import plural
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_TREES = [ROOT / "benchmarks" / "runs" / "quick-v4"]
+DEFAULT_OUT = ROOT / "synthbench" / "data" / SHIPPED
+
+
+def builtin_tasks() -> list[str]:
+    return sorted(e.name for e in TASKS.entries() if e.source == "builtin")
+
+
+def expected_run_ids() -> dict[str, tuple[str, str, int]]:
+    """run id -> (task, mechanism, seed) of every run the reference may hold."""
+    protocol = PROTOCOLS.get(PROTOCOL)
+    expected = {}
+    for task in builtin_tasks():
+        for mech in REFERENCE_MECHANISMS:
+            first = RunSpec.resolve(task, mech, protocol, SEEDS[0])
+            for seed in SEEDS:
+                spec = first.with_seed(seed) if seed != SEEDS[0] else first
+                expected[spec.run_id] = (task, mech, seed)
+    return expected
+
+
+def load_trees(trees: list[Path]) -> tuple[pd.DataFrame, list[str]]:
+    """Every row of the trees, a run id taken from the first tree that holds it."""
+    frames, notes, seen = [], [], set()
+    for tree in trees:
+        if not tree.is_dir():
+            raise SystemExit(f"error: {tree} is not a results tree (no such folder)")
+        report = ResultStore(tree).load(warn=False)
+        for path, reason in report.skipped:
+            notes.append(f"skipped {path}: {reason}")
+        rows = report.rows
+        again = set(rows["run_id"]) & seen
+        if again:
+            repeated = plural(len(again), "run")
+            notes.append(f"{repeated} of {tree} also in an earlier tree: kept from there")
+            rows = rows[~rows["run_id"].isin(again)]
+        seen |= set(rows["run_id"])
+        frames.append(rows)
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return rows, notes
+
+
+def why_dropped(run: pd.DataFrame, expected: dict[str, tuple[str, str, int]]) -> str | None:
+    """Why a run (its rows) does not belong in the reference, or None."""
+    first = run.iloc[0]
+    protocol = PROTOCOLS.get(PROTOCOL)
+    if first["protocol"] != PROTOCOL:
+        return f"protocol {first['protocol']}"
+    if int(first["protocol_version"]) != protocol.version:
+        return f"protocol {PROTOCOL} v{first['protocol_version']} (today: v{protocol.version})"
+    if int(first["suite_version"]) != SUITE_VERSION:
+        return f"suite v{first['suite_version']} (today: v{SUITE_VERSION})"
+    if first["mechanism"] not in REFERENCE_MECHANISMS:
+        return f"mechanism {first['mechanism']} (not a reference mechanism)"
+    if int(first["seed"]) not in SEEDS:
+        return f"seed {first['seed']} (the reference holds seeds {SEEDS[0]}-{SEEDS[-1]})"
+    if first["task"] not in builtin_tasks():
+        return f"task {first['task']} (not a built-in task)"
+    if expected.get(first["run_id"]) != (first["task"], first["mechanism"], int(first["seed"])):
+        return "not the default config today (task or mechanism parameters, threads, pos, ...)"
+    records = run.to_dict("records")
+    if any(r["status"] == "error" for r in records):
+        return "an lr stored as an error (the sweep would train it again)"
+    state = sweep_state(protocol, records)
+    if not state.complete:
+        return "lr sweep incomplete"
+    for r in records:
+        if bool(r["selected"]) != (lr_key(r["lr"]) == state.selected):
+            return "selected lr not marked as the sweep selects it"
+    return None
+
+
+def seed_ranges(seeds: list[int]) -> str:
+    return "all seeds" if seeds == list(SEEDS) else "seed " + ",".join(map(str, seeds))
+
+
+def build(trees: list[Path], out: Path) -> dict:
+    rows, notes = load_trees(trees)
+    for note in notes:
+        print(note)
+    expected = expected_run_ids()
+    kept, dropped = [], defaultdict(list)
+    for _, run in rows.groupby("run_id", sort=True):
+        reason = why_dropped(run, expected)
+        if reason is None:
+            kept.append(run)
+        else:
+            first = run.iloc[0]
+            dropped[reason].append(f"{first['task']}/{first['mechanism']}/seed {first['seed']}")
+    for reason, runs in sorted(dropped.items()):
+        shown = ", ".join(runs[:3]) + (", ..." if len(runs) > 3 else "")
+        print(f"dropped {plural(len(runs), 'run')}: {reason} ({shown})")
+    order = {m: i for i, m in enumerate(REFERENCE_MECHANISMS)}
+    table_rows = pd.concat(kept, ignore_index=True) if kept else rows.iloc[:0]
+    table_rows = table_rows.assign(_m=table_rows["mechanism"].map(order)).sort_values(
+        ["_m", "task", "seed", "lr"], kind="stable"
+    )
+    held = set(
+        zip(
+            table_rows["task"], table_rows["mechanism"], table_rows["seed"].astype(int), strict=True
+        )
+    )
+    protocol = PROTOCOLS.get(PROTOCOL)
+    summary = {
+        "protocol": PROTOCOL,
+        "protocol_version": protocol.version,
+        "suite_version": SUITE_VERSION,
+        "schema_version": int(SCHEMA.metadata[b"synthbench_schema_version"]),
+        "seeds": list(SEEDS),
+        "mechanisms": {},
+        "missing": [],
+        "torch_version": sorted({str(v) for v in table_rows["torch_version"].dropna()}),
+        "synthbench_version": sorted({str(v) for v in table_rows["synthbench_version"].dropna()}),
+    }
+    for mech in REFERENCE_MECHANISMS:
+        mine = table_rows[table_rows["mechanism"] == mech]
+        missing = {}
+        for task in builtin_tasks():
+            absent = [s for s in SEEDS if (task, mech, s) not in held]
+            if absent:
+                missing[task] = absent
+                summary["missing"] += [[task, mech, s] for s in absent]
+        runs, tasks = mine["run_id"].nunique(), mine["task"].nunique()
+        summary["mechanisms"][mech] = {"runs": int(runs), "tasks": int(tasks)}
+        line = f"{mech:<10} {runs:>3} runs on {tasks:>2} tasks"
+        if len(missing) == len(builtin_tasks()) and all(v == list(SEEDS) for v in missing.values()):
+            line += "; missing: every task (no run)"
+        elif missing:
+            line += "; missing: " + ", ".join(f"{t} ({seed_ranges(s)})" for t, s in missing.items())
+        print(line)
+    write(table_rows, out, summary)
+    total = table_rows["run_id"].nunique()
+    print(f"wrote {out}: {total} runs, {len(table_rows)} rows, {out.stat().st_size:,} bytes")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("trees", nargs="*", type=Path, default=DEFAULT_TREES, metavar="TREE")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    args = parser.parse_args(argv)
+    build(args.trees, args.out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

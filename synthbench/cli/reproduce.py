@@ -1,0 +1,239 @@
+"""``synthbench reproduce``: train a random sample of the shipped reference runs again on this
+machine and say whether they reproduce (the rule: synthbench/reference.py, ``compare``)."""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Annotated, Any
+
+import pandas as pd
+import torch
+import typer
+
+from synthbench import reference, runner
+from synthbench.cli.common import (
+    DeviceOption,
+    UsageError,
+    check_writable_folder,
+    fail,
+    filter_names,
+    load_plugins,
+    out,
+    path_parser,
+)
+from synthbench.cli.run import RunView
+from synthbench.devices import default_jobs, resolve_device, worker_devices
+from synthbench.executors import InProcess, LocalPool
+from synthbench.limits import check_runs
+from synthbench.mechanism import MECHANISMS
+from synthbench.spec import MAX_THREADS
+from synthbench.store import ResultStore
+from synthbench.task import TASKS
+from synthbench.text import plural
+
+
+def reproduce_command(
+    runs: Annotated[int, typer.Option(help="How many reference runs to train again.")] = 3,
+    sample_seed: Annotated[
+        int | None,
+        typer.Option(help="Seed of the random sample (default: a new one, printed)."),
+    ] = None,
+    task: Annotated[
+        str | None, typer.Option(help="Only reference runs of these tasks (comma-separated).")
+    ] = None,
+    mech: Annotated[
+        str | None,
+        typer.Option(help="Only reference runs of these mechanisms (comma-separated)."),
+    ] = None,
+    max_seconds: Annotated[
+        float | None,
+        typer.Option(
+            help="Only runs whose stored trainings took less than this many seconds in all "
+            "(the cheap ones)."
+        ),
+    ] = None,
+    results: Annotated[
+        Path | None,
+        typer.Option(
+            "--results",
+            help="Where the runs are stored (default: a temporary folder, removed after); a "
+            "run already stored there is compared as it is.",
+            parser=path_parser("--results"),
+            metavar="DIR",
+        ),
+    ] = None,
+    jobs: Annotated[
+        int | None,
+        typer.Option(
+            help="Trainings at once, in worker processes (default: one per core on the CPU, "
+            "up to 4 per GPU); 1 trains in this process."
+        ),
+    ] = None,
+    threads: Annotated[
+        int | None,
+        typer.Option(
+            help="Torch threads per training (default: the reference's; another count is "
+            "another run, compared within the tolerance)."
+        ),
+    ] = None,
+    device: DeviceOption = "cpu",
+) -> None:
+    """Train a random sample of the reference runs shipped with synthbench again and check
+    that they reproduce.
+
+    Each run is rebuilt from its stored config (its run id must come out the same: if not,
+    the shipped reference is stale) and trained at every lr of its sweep. Where the torch
+    version, the thread count and the device type are those the reference was made with,
+    it reproduces only if its results are identical, bit for bit (the same selected lr,
+    every metric of every lr). Elsewhere its selected test metric (the task's target metric)
+    must lie within max(3 x the std of the reference's values over its seeds of the same
+    task and mechanism, 1 / the protocol's test examples) of the reference's. One line per
+    run; exit status 0 when every run reproduces, 1 otherwise."""
+    if runs < 1:
+        raise UsageError(f"--runs must be >= 1, got {runs}")
+    if max_seconds is not None and not 0 < max_seconds < math.inf:
+        raise UsageError(f"--max-seconds must be > 0 and finite, got {max_seconds:g}")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {jobs}")
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {threads}")
+    if results is not None:
+        check_writable_folder(results, "--results")
+    load_plugins(None)
+    ref = reference.load()
+    if ref.problem is not None:
+        raise fail(f"{ref.problem}: rebuild it (benchmarks/build_reference.py)", 1)
+    if ref.rows.empty:
+        raise fail(f"the reference {ref.where} holds no run", 1)
+    # a task or mechanism this install does not know cannot be trained: left out, cleanly
+    rows = ref.rows[ref.rows["task"].isin(TASKS.names())]
+    rows = rows[rows["mechanism"].isin(MECHANISMS.names())]
+    if task:
+        rows = rows[rows["task"].isin(filter_names(task, ref.rows["task"], TASKS))]
+    if mech:
+        rows = rows[rows["mechanism"].isin(filter_names(mech, ref.rows["mechanism"], MECHANISMS))]
+    candidates = _runs(rows)
+    if candidates.empty:
+        held = ", ".join(dict.fromkeys(ref.rows["mechanism"]))
+        raise UsageError(
+            f"no reference run matches the selection (the reference holds {held} on "
+            f"{plural(ref.rows['task'].nunique(), 'task')})"
+        )
+    if max_seconds is not None:
+        cheap = candidates[candidates["seconds"] < max_seconds]
+        if cheap.empty:
+            raise UsageError(
+                f"no reference run of the selection took less than {max_seconds:g} s (the "
+                f"cheapest took {candidates['seconds'].min():.1f} s)"
+            )
+        candidates = cheap
+    seed = secrets.randbelow(1_000_000) if sample_seed is None else sample_seed
+    picked = random.Random(seed).sample(sorted(candidates.index), min(runs, len(candidates)))
+    chosen = candidates.loc[picked].sort_values(["task", "mechanism", "seed"])
+    try:
+        specs = [reference.spec_of(r, threads) for r in chosen["first"]]
+    except reference.StaleReference as exc:
+        raise fail(str(exc), 1) from None
+    made = chosen["first"].iloc[0]
+    dev = resolve_device(device)
+    here = {"torch_version": torch.__version__, "threads": specs[0].threads, "device": str(dev)}
+    same = reference.same_setting(made, here)
+    out.print(
+        f"reproducing {plural(len(chosen), 'reference run')} of {len(candidates)} (sample seed "
+        f"{seed}); the reference: torch {made['torch_version']}, "
+        f"{plural(int(made['threads']), 'thread')}, {made['device']}; here: torch "
+        f"{torch.__version__}, {plural(specs[0].threads, 'thread')}, {dev}: "
+        + ("identical results expected" if same else "results within the tolerance expected"),
+        highlight=False,
+    )
+    check_runs(specs, dev)  # sequence lengths, the memory a run needs
+    with ExitStack() as stack:
+        folder = results
+        if folder is None:
+            temporary = tempfile.TemporaryDirectory(prefix="synthbench-reproduce-")
+            folder = Path(stack.enter_context(temporary))
+        _execute(specs, folder, dev, jobs)
+        store = ResultStore(folder)
+        verdicts = []
+        for spec, run_id in zip(specs, chosen.index, strict=True):
+            stored = _records(ref.rows[ref.rows["run_id"] == run_id])
+            now = store.read_run(spec.task, spec.mechanism, spec.run_id)
+            cell = ref.rows[["protocol", "task", "mechanism"]].eq(
+                [spec.protocol.name, spec.task, spec.mechanism]
+            )
+            seeds = _seed_values(ref.rows[cell.all(axis=1)])  # its seeds' values: the spread
+            verdict = reference.compare(stored, now, seeds, spec.protocol.test_examples)
+            verdicts.append(verdict)
+            out.print(_line(spec, verdict), highlight=False, markup=False)
+    bad = sum(not v.ok for v in verdicts)
+    if bad:
+        raise fail(f"{bad} of {plural(len(verdicts), 'reference run')} did not reproduce", 1)
+    every = "the run reproduces" if len(verdicts) == 1 else f"all {len(verdicts)} runs reproduce"
+    out.print(every, highlight=False)
+
+
+def _runs(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per reference run (by run id): task, mechanism, seed, the stored seconds of
+    all its trainings, and its first row (what its spec is rebuilt from)."""
+    if rows.empty:
+        return pd.DataFrame(columns=["task", "mechanism", "seed", "seconds", "first"])
+    grouped = rows.groupby("run_id", sort=True)
+    runs = grouped[["task", "mechanism", "seed"]].first()
+    runs["seconds"] = grouped["wall_seconds"].sum()
+    runs["first"] = [part.iloc[0] for _, part in grouped]
+    return runs
+
+
+def _records(rows: pd.DataFrame) -> list[dict[str, Any]]:
+    return rows.sort_values("lr").to_dict("records")
+
+
+def _seed_values(rows: pd.DataFrame) -> list[float]:
+    """The reference's result (``reference.selected_value``) of each of its runs in ``rows``."""
+    values = []
+    for _, run in rows.groupby("run_id"):
+        value = reference.selected_value(_records(run))
+        if value is not None:
+            values.append(value)
+    return values
+
+
+def _execute(specs, folder: Path, dev: torch.device, jobs: int | None) -> None:
+    """Train what ``folder`` does not hold of ``specs``, as ``synthbench run`` does."""
+    threads = specs[0].threads
+
+    def make_executor(n_units: int):
+        n = min(n_units, jobs or default_jobs(dev, threads))
+        if n <= 1:
+            return InProcess(dev, own_process=True)
+        return LocalPool(worker_devices(dev, n), [], threads)
+
+    view = RunView(specs, folder, f"device {dev}", False)
+    try:
+        runner.execute(specs, ResultStore(folder), make_executor, events=view)
+    except KeyboardInterrupt:
+        raise fail("interrupted", 130) from None
+    finally:
+        view.close()
+
+
+def _value(value: float | None) -> str:
+    return "--" if value is None else f"{value:.4f}"
+
+
+def _line(spec, verdict: reference.Verdict) -> str:
+    head = (
+        f"{spec.task:<16} {spec.mechanism:<10} seed {spec.seed}  reference "
+        f"{_value(verdict.reference)}  reproduced {_value(verdict.reproduced)}  "
+    )
+    if verdict.verdict == reference.IDENTICAL:
+        return head + "identical"
+    if verdict.verdict == reference.WITHIN:
+        note = f": {verdict.reason}" if verdict.reason else ""
+        return head + f"within {verdict.tolerance:.4f}{note}"
+    return head + f"{reference.NOT_REPRODUCED}: {verdict.reason}"

@@ -1,0 +1,17 @@
+"""Words for counts, in one place: every message says "1 seed" and "3 seeds", never
+"3 seed(s)" or "1 seeds"."""
+
+from __future__ import annotations
+
+
+def noun(n, word: str, many: str | None = None) -> str:
+    """``word`` for ``n`` of it: itself for 1, else its plural (``many``, or ``word`` + s)."""
+    return word if n == 1 else many or word + "s"
+
+
+def plural(n, word: str, many: str | None = None) -> str:
+    """``n`` and ``word``, in the plural unless ``n`` is 1: ``plural(1, "seed")`` is
+    "1 seed", ``plural(3, "seed")`` "3 seeds", ``plural(0, "run")`` "0 runs"; ``many`` is
+    the plural of an irregular word (``plural(2, "category", "categories")``). The
+    leaderboard page's script has the same two functions, for what it rewrites."""
+    return f"{n} {noun(n, word, many)}"

@@ -1,0 +1,404 @@
+"""The reference baselines shipped with synthbench (synthbench/reference.py): loading and
+validation, the reference beside a user's rows in `report` (marked, the user's run winning),
+`--no-reference`, and `reproduce` end to end on a tiny reference made here
+(``SYNTHBENCH_REFERENCE``), never on the shipped file's contents; plus checks of the shipped
+file itself and of benchmarks/build_reference.py."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from clitools import assert_error, invoke
+
+from synthbench import reference
+from synthbench.protocols import PROTOCOLS
+from synthbench.spec import SUITE_VERSION, RunSpec
+from synthbench.store import COLUMNS, ResultStore
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def stored_rows(root: Path) -> pd.DataFrame:
+    return ResultStore(root).load(warn=False).rows
+
+
+@pytest.fixture(scope="module")
+def reference_tree(smoke_tree) -> pd.DataFrame:
+    """The rows of copy x (softmax, linear), smoke, seed 0 (tests/conftest.py), as a
+    reference."""
+    return stored_rows(smoke_tree)
+
+
+@pytest.fixture
+def tiny_reference(reference_tree, tmp_path, monkeypatch) -> Path:
+    """A reference file of the smoke tree's runs, what every command here reads."""
+    path = tmp_path / "reference" / "tiny.parquet"
+    reference.write(reference_tree, path, {"what": "a test's"})
+    monkeypatch.setenv(reference.ENV, str(path))
+    return path
+
+
+def user_tree(smoke_tree, tmp_path, mechanisms=("softmax",)) -> Path:
+    """A results tree holding only the smoke tree's runs of ``mechanisms``."""
+    root = tmp_path / "results"
+    shutil.copytree(smoke_tree, root)
+    for folder in (root / "task=copy").iterdir():
+        if folder.name.split("=", 1)[1] not in mechanisms:
+            shutil.rmtree(folder)
+    return root
+
+
+# -- loading and validation -----------------------------------------------------------------
+
+
+def test_load_reads_back_what_was_written(tiny_reference, reference_tree):
+    loaded = reference.load()  # from $SYNTHBENCH_REFERENCE
+    assert loaded.usable and loaded.problem is None
+    assert loaded.where == str(tiny_reference) and loaded.info == {"what": "a test's"}
+    assert list(loaded.rows.columns) == COLUMNS
+    assert sorted(loaded.rows["run_id"]) == sorted(reference_tree["run_id"])
+    assert loaded.protocols == {"smoke"}
+    # the same rows give the same bytes
+    again = tiny_reference.with_name("again.parquet")
+    reference.write(reference_tree, again, {"what": "a test's"})
+    assert again.read_bytes() == tiny_reference.read_bytes()
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        ({"suite_version": SUITE_VERSION - 1}, f"is for suite v{SUITE_VERSION - 1}"),
+        ({"protocol_version": 99}, "is for protocol smoke v99; this synthbench's is v1"),
+        ({"protocol": "nope"}, "holds protocol nope, unknown"),
+        ({"schema_version": 99}, "is of schema version 99"),
+    ],
+)
+def test_another_version_is_not_shown(reference_tree, tmp_path, change, problem):
+    path = tmp_path / "other.parquet"
+    reference.write(reference_tree.assign(**change), path)
+    loaded = reference.load(path)
+    assert not loaded.usable and loaded.rows.empty
+    assert loaded.problem.startswith(f"the reference {path} ") and problem in loaded.problem
+
+
+def test_absent_and_unreadable_files(tmp_path):
+    assert reference.load(tmp_path / "none.parquet").problem.endswith("does not exist")
+    junk = tmp_path / "junk.parquet"
+    junk.write_bytes(b"not parquet")
+    assert "cannot read" in reference.load(junk).problem
+
+
+def test_report_warns_once_about_a_reference_of_another_suite_version(
+    smoke_tree, reference_tree, tmp_path, monkeypatch
+):
+    path = tmp_path / "old.parquet"
+    reference.write(reference_tree.assign(suite_version=SUITE_VERSION - 1), path)
+    monkeypatch.setenv(reference.ENV, str(path))
+    results = user_tree(smoke_tree, tmp_path)
+    out = tmp_path / "reports"
+    result = invoke("report", "--results", results, "--out", out, "--format", "md")
+    assert result.exit_code == 0, result.output
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("warning: the reference") and f"suite v{SUITE_VERSION - 1}" in line
+    assert line.endswith("reference runs not shown")
+    assert "(reference)" not in (out / "smoke" / "target" / "full.md").read_text()
+
+
+# -- beside the user's rows -----------------------------------------------------------------
+
+
+def test_with_reference_adds_marked_runs_and_the_users_run_wins(reference_tree):
+    user = reference_tree[reference_tree["mechanism"] == "softmax"]
+    rows, added = reference.with_reference(user, reference_tree)
+    assert set(added["mechanism"]) == {"linear"}  # softmax: the user has the same run id
+    assert sorted(rows["mechanism"].unique()) == ["linear (reference)", "softmax"]
+    assert len(rows) == len(reference_tree)
+    # filters, protocols and tasks of the user's rows only
+    assert reference.with_reference(user, reference_tree, mechanisms=["softmax"])[1].empty
+    assert reference.with_reference(user, reference_tree, tasks=["sort"])[1].empty
+    assert reference.with_reference(user.assign(protocol="quick"), reference_tree)[1].empty
+    assert reference.with_reference(user.assign(task="sort"), reference_tree)[1].empty
+
+
+def test_with_reference_drops_names_unknown_here(reference_tree):
+    user = reference_tree[reference_tree["mechanism"] == "softmax"].assign(run_id="mine")
+    foreign = reference_tree.assign(mechanism="gone-mechanism", run_id="gone")
+    rows, added = reference.with_reference(user, pd.concat([reference_tree, foreign]))
+    assert sorted(added["mechanism"].unique()) == ["linear", "softmax"]
+    assert "gone-mechanism (reference)" not in set(rows["mechanism"])
+    only_foreign = reference.with_reference(user, foreign)
+    assert only_foreign[1].empty and only_foreign[0] is user
+
+
+def test_report_marks_reference_runs_everywhere(smoke_tree, tiny_reference, tmp_path):
+    results = user_tree(smoke_tree, tmp_path)
+    out = tmp_path / "reports"
+    result = invoke("report", "--results", results, "--out", out, "--format", "md,html")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    (line,) = [s for s in result.stdout.splitlines() if "reference run" in s]
+    assert line.startswith("1 run of yours beside 1 reference run of linear (protocol smoke v1")
+    assert "--no-reference" in line
+    full = (out / "smoke" / "target" / "full.md").read_text()
+    header = next(s for s in full.splitlines() if s.startswith("| category"))
+    assert [c.strip() for c in header.strip("|").split("|")][2:] == [
+        "linear (reference)",
+        "softmax",
+    ]
+    board = (out / "leaderboard.md").read_text()
+    assert "linear (reference)" in board and "softmax (reference)" not in board
+    assert "linear (reference)" in (out / "leaderboard.html").read_text()
+    for name in ("summary.md", "category-basic.md", "curves.md"):
+        assert "linear (reference)" in (out / "smoke" / "target" / name).read_text()
+    assert "linear (reference)" in (out / "smoke" / "lrs.md").read_text()
+
+
+def test_no_reference_and_filters(smoke_tree, tiny_reference, tmp_path):
+    results = user_tree(smoke_tree, tmp_path)
+    out = tmp_path / "reports"
+    for args in (["--no-reference"], ["--mech", "softmax"]):
+        result = invoke("report", "--results", results, "--out", out, "--format", "md", *args)
+        assert result.exit_code == 0, result.output
+        assert "reference run" not in result.stdout
+        assert "(reference)" not in (out / "smoke" / "target" / "full.md").read_text()
+
+
+def test_reference_of_another_protocol_is_named(smoke_tree, reference_tree, tmp_path, monkeypatch):
+    """A reference of quick only beside rows of smoke only: a line says why none is shown."""
+    path = tmp_path / "quick.parquet"
+    version = PROTOCOLS.get("quick").version
+    reference.write(reference_tree.assign(protocol="quick", protocol_version=version), path)
+    monkeypatch.setenv(reference.ENV, str(path))
+    out = tmp_path / "reports"
+    result = invoke("report", "--results", smoke_tree, "--out", out, "--format", "md")
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ""
+    why = (
+        f"no shipped reference runs beside protocol smoke v1: the reference holds quick v{version}"
+    )
+    assert why in result.stdout
+
+
+def test_report_without_results_hints_at_a_first_run(tmp_path):
+    for root in (tmp_path / "none", tmp_path / "empty"):
+        if root.name == "empty":
+            root.mkdir()
+        result = invoke("report", "--results", root, "--out", tmp_path / "r")
+        assert_error(result, 2, f"no results under {root}/")
+        assert "(run something first, e.g. `synthbench run --task copy`; the shipped " in (
+            result.stderr
+        )
+        bare = invoke("report", "--results", root, "--out", tmp_path / "r", "--no-reference")
+        assert_error(bare, 2, f"no results under {root}/")
+        assert "run something first" not in bare.stderr
+
+
+# -- reproduce ------------------------------------------------------------------------------
+
+
+def test_reproduce_trains_again_and_finds_it_identical(tiny_reference, tmp_path):
+    results = tmp_path / "again"
+    result = invoke("reproduce", "--mech", "linear", "--runs", 5, "--results", results, "--jobs", 1)
+    assert result.exit_code == 0, result.output
+    assert "reproducing 1 reference run of 1 (sample seed " in result.stdout
+    assert "identical results expected" in result.stdout
+    (line,) = [s for s in result.stdout.splitlines() if s.startswith("copy ")]
+    assert line.split()[:4] == ["copy", "linear", "seed", "0"]
+    assert line.endswith("identical")
+    assert "the run reproduces" in result.stdout
+    assert len(ResultStore(results).files()) == 1  # the run, stored where --results says
+
+
+def test_reproduce_with_another_torch_build_is_within_the_tolerance(
+    reference_tree, tmp_path, monkeypatch
+):
+    """A reference made with another torch build (its rows say so): trained again here, the
+    result must lie within the tolerance, not be identical."""
+    path = tmp_path / "other-torch.parquet"
+    reference.write(reference_tree.assign(torch_version="1.0.0-elsewhere"), path)
+    monkeypatch.setenv(reference.ENV, str(path))
+    result = invoke("reproduce", "--mech", "linear", "--results", tmp_path / "r", "--jobs", 1)
+    assert result.exit_code == 0, result.output
+    assert "the reference: torch 1.0.0-elsewhere, 1 thread, cpu" in result.stdout
+    assert "results within the tolerance expected" in result.stdout
+    (line,) = [s for s in result.stdout.splitlines() if s.startswith("copy ")]
+    assert line.endswith(" within 0.0156")  # one seed, no spread: 1 / smoke's 64 test examples
+
+
+def test_reproduce_samples_repeatably(tiny_reference, results):
+    def picked(seed):
+        # stored there already: compared as stored, nothing trained
+        result = invoke("reproduce", "--runs", 1, "--sample-seed", seed, "--results", results)
+        assert result.exit_code == 0, result.output
+        return [s.split()[1] for s in result.stdout.splitlines() if s.startswith("copy ")]
+
+    draws = {seed: picked(seed) for seed in range(6)}
+    assert all(len(d) == 1 for d in draws.values())
+    assert {d[0] for d in draws.values()} == {"softmax", "linear"}
+    assert picked(3) == draws[3]
+
+
+def test_reproduce_leaves_out_names_unknown_here(reference_tree, results, tmp_path, monkeypatch):
+    foreign = reference_tree.assign(mechanism="gone-mechanism", run_id="0123456789abcdef")
+    path = tmp_path / "foreign.parquet"
+    reference.write(pd.concat([reference_tree, foreign]), path)
+    monkeypatch.setenv(reference.ENV, str(path))
+    result = invoke("reproduce", "--runs", 9, "--results", results)
+    assert result.exit_code == 0, result.output
+    assert "reproducing 2 reference runs of 2 " in result.stdout
+    assert "gone-mechanism" not in result.output
+
+
+def test_reproduce_says_not_reproduced(reference_tree, results, tmp_path, monkeypatch):
+    changed = reference_tree.copy()
+    linear = changed["mechanism"] == "linear"
+    changed.loc[linear, "token_acc"] = changed.loc[linear, "token_acc"] + 1e-12  # one bit or so
+    path = tmp_path / "changed.parquet"
+    reference.write(changed, path)
+    monkeypatch.setenv(reference.ENV, str(path))
+    result = invoke("reproduce", "--runs", 2, "--sample-seed", 0, "--results", results)
+    assert_error(result, 1, "1 of 2 reference runs did not reproduce")
+    lines = {s.split()[1]: s for s in result.stdout.splitlines() if s.startswith("copy ")}
+    assert lines["softmax"].endswith("identical")
+    assert "NOT reproduced: not identical: token_acc at lr " in lines["linear"]
+
+
+def test_reproduce_refuses_a_stale_reference(reference_tree, tmp_path, monkeypatch):
+    path = tmp_path / "stale.parquet"
+    reference.write(reference_tree.assign(task_params=json.dumps({"n": 3, "vocab": 4})), path)
+    monkeypatch.setenv(reference.ENV, str(path))
+    result = invoke("reproduce", "--results", tmp_path / "r")
+    assert_error(result, 1, "the reference is stale")
+    assert "rebuild it (benchmarks/build_reference.py)" in result.stderr
+    assert not (tmp_path / "r").exists() or not ResultStore(tmp_path / "r").files()
+    # one of another suite version: stale as well
+    reference.write(reference_tree.assign(suite_version=SUITE_VERSION + 1), path)
+    result = invoke("reproduce")
+    assert_error(result, 1, f"is for suite v{SUITE_VERSION + 1}")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--mech", "softmx"], "did you mean softmax"),
+        (["--task", "copyy"], "did you mean copy"),
+        (["--mech", "performer"], "no reference run matches the selection"),
+        (["--max-seconds", "1e-9"], "no reference run of the selection took less than 1e-09 s"),
+        (["--runs", "0"], "--runs must be >= 1"),
+        (["--max-seconds", "0"], "--max-seconds must be > 0"),
+    ],
+)
+def test_reproduce_errors(tiny_reference, tmp_path, args, message):
+    assert_error(invoke("reproduce", *args, "--results", tmp_path / "r"), 2, message)
+
+
+# -- the rule: identical, or within the tolerance ----------------------------------------------
+
+
+def run_rows(value, *, torch_version="2.13.0", threads=1, device="cpu", lr=1e-3, **more):
+    """A run's rows: its selected lr at ``value`` and another lr below it."""
+    common = {"torch_version": torch_version, "threads": threads, "device": device,
+              "target_metric": "token_acc", "status": "ok"}  # fmt: skip
+    return [
+        {**common, "lr": lr, "selected": True, "token_acc": value, "final_loss": 0.5, **more},
+        {**common, "lr": lr * 3, "selected": False, "token_acc": 0.1, "final_loss": 2.0},
+    ]
+
+
+def test_tolerance_is_three_seed_stds_at_least_one_test_example():
+    assert reference.tolerance([0.5, 0.6, 0.7], 512) == pytest.approx(0.3)  # 3 x 0.1
+    assert reference.tolerance([0.9, 0.9, 0.9], 512) == 1 / 512
+    assert reference.tolerance([0.9], 64) == 1 / 64
+    assert reference.tolerance([], 100) == 0.01
+
+
+def test_same_setting_must_be_identical_bit_for_bit():
+    same = reference.compare(run_rows(0.3), run_rows(0.3), [0.3, 0.3, 0.3], 64)
+    assert same.verdict == reference.IDENTICAL and same.ok and same.identical_expected
+    # 0.1 + 0.2 is not 0.3 in binary: far within any tolerance, still not identical
+    close = reference.compare(run_rows(0.3), run_rows(0.1 + 0.2), [0.0, 0.5, 1.0], 64)
+    assert close.verdict == reference.NOT_REPRODUCED and not close.ok
+    assert close.reason.startswith("not identical: token_acc at lr 0.001")
+    other_lr = reference.compare(run_rows(0.3), run_rows(0.3, lr=3e-4), [0.3], 64)
+    assert "lrs trained differ" in other_lr.reason
+    loss = reference.compare(run_rows(0.3), run_rows(0.3, final_loss=0.25), [0.3], 64)
+    assert "final_loss" in loss.reason
+    # the device index does not matter, only its type; an int read back as a float is equal
+    assert reference.compare(
+        run_rows(0.3, device="cuda:0", n_params=10), run_rows(0.3, device="cuda:1", n_params=10.0),
+        [0.3], 64,
+    ).ok  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [{"torch_version": "2.14.0"}, {"threads": 2}, {"device": "cuda:0"}],
+)
+def test_another_setting_must_be_within_the_tolerance(setting):
+    seeds = [0.5, 0.6, 0.7]  # tolerance 0.3
+    within = reference.compare(run_rows(0.6), run_rows(0.85, **setting), seeds, 64)
+    assert within.verdict == reference.WITHIN and within.ok and not within.identical_expected
+    assert within.tolerance == pytest.approx(0.3)
+    off = reference.compare(run_rows(0.6), run_rows(0.95, **setting), seeds, 64)
+    assert off.verdict == reference.NOT_REPRODUCED and off.reason == "off by 0.3500 > 0.3000"
+    failed = run_rows(None, **setting)
+    failed[0]["status"] = "diverged"
+    assert not reference.compare(run_rows(0.6), failed, seeds, 64).ok
+
+
+# -- the shipped file and its builder ---------------------------------------------------------
+
+
+def test_the_shipped_reference_is_current(monkeypatch):
+    monkeypatch.delenv(reference.ENV, raising=False)
+    if not reference.shipped_file().is_file():
+        pytest.skip("no shipped reference in this tree (benchmarks/build_reference.py)")
+    loaded = reference.load()
+    assert loaded.problem is None, loaded.problem
+    rows = loaded.rows
+    assert set(rows["suite_version"]) == {SUITE_VERSION}
+    assert set(rows["protocol"]) == {reference.PROTOCOL}
+    assert set(rows["protocol_version"]) == {PROTOCOLS.get(reference.PROTOCOL).version}
+    assert set(rows["mechanism"]) <= set(reference.REFERENCE_MECHANISMS)
+    seeds = rows.groupby(["task", "mechanism"])["seed"].agg(lambda s: sorted(set(s)))
+    assert all(s == list(reference.SEEDS) for s in seeds)
+    # each run's id is the one its task and mechanism at their defaults give today
+    protocol = PROTOCOLS.get(reference.PROTOCOL)
+    for (task, mech), part in rows.groupby(["task", "mechanism"]):
+        first = RunSpec.resolve(task, mech, protocol, 0)
+        expected = {first.with_seed(s).run_id for s in reference.SEEDS}
+        assert set(part["run_id"]) == expected, (task, mech)
+    assert loaded.info["protocol_version"] == protocol.version
+    held = {m for m, n in loaded.info["mechanisms"].items() if n["runs"]}
+    assert held == set(rows["mechanism"])
+
+
+def load_builder():
+    spec = importlib.util.spec_from_file_location(
+        "build_reference", ROOT / "benchmarks" / "build_reference.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_builder_keeps_only_current_quick_runs(smoke_tree, tmp_path, capsys):
+    builder = load_builder()
+    out = tmp_path / "quick.parquet"
+    summary = builder.build([smoke_tree], out)
+    printed = capsys.readouterr().out
+    assert "dropped 2 runs: protocol smoke" in printed
+    assert "softmax      0 runs on  0 tasks; missing: every task (no run)" in printed
+    assert summary["mechanisms"]["softmax"] == {"runs": 0, "tasks": 0}
+    assert len(summary["missing"]) == len(builder.builtin_tasks()) * 6 * 3
+    first = out.read_bytes()
+    builder.build([smoke_tree], out)
+    assert out.read_bytes() == first  # deterministic
+    assert reference.load(out).rows.empty and reference.load(out).problem is None
