@@ -13,6 +13,7 @@ import pandas as pd
 
 from synthbench.report import MISSING, Grid, ReportTables, Stat
 from synthbench.task import TASKS
+from synthbench.text import plural
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def comparison_grid(tables: ReportTables, name: str) -> Grid:
             cells[i] += [mine, published_value, difference]
     notes = [
         f"ours: protocol {tables.protocol} v{tables.protocol_version}, {tables.metric}, mean ± "
-        f"std over {tables.n_seeds} seed(s); paper: {info.source}, mean ± std over "
+        f"std over {plural(tables.n_seeds, 'seed')}; paper: {info.source}, mean ± std over "
         f"{info.n_seeds} seeds as printed (two decimals); Δ = ours - paper.",
         f"{MISSING}: not run by us, or no value in the paper (bigram failed for every "
         "mechanism there). Our tasks are posed so that every answer follows from its causal "

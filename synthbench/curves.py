@@ -16,8 +16,17 @@ import numpy as np
 import pandas as pd
 
 from synthbench.protocols import curve_points
-from synthbench.report import KEYS, MISSING, Grid, prepare_rows, sort_tasks, stat_over_seeds
+from synthbench.report import (
+    BEST_IN_BOLD,
+    KEYS,
+    MISSING,
+    Grid,
+    prepare_rows,
+    sort_tasks,
+    stat_over_seeds,
+)
 from synthbench.store import has_curve
+from synthbench.text import plural
 
 THRESHOLD = 0.9  # validation token accuracy that counts as learnt, for steps-to
 NEVER = "never"
@@ -100,7 +109,7 @@ def curve_grids(curves: pd.DataFrame, protocol: str, version: int) -> list[Grid]
     }
     head = (
         f"Validation token accuracy at the curve points of each run's selected lr, over "
-        f"{n_seeds} seed(s) (a cell with fewer says n=); protocol {protocol} v{version}."
+        f"{plural(n_seeds, 'seed')} (a cell with fewer says n=); protocol {protocol} v{version}."
     )
     steps = [
         [
@@ -129,8 +138,8 @@ def curve_grids(curves: pd.DataFrame, protocol: str, version: int) -> list[Grid]
             notes=[
                 head,
                 f"The first curve point at or above {THRESHOLD:g}; mean ± std over the seeds "
-                f"that reached it; '(k {NEVER})': k seeds never did ({never} run(s) in all); "
-                f"fewer is faster.",
+                f"that reached it; '(k {NEVER})': k seeds never did "
+                f"({plural(never, 'run')} in all); fewer is faster.",
             ],
         ),
         Grid(
@@ -145,7 +154,7 @@ def curve_grids(curves: pd.DataFrame, protocol: str, version: int) -> list[Grid]
                 head,
                 "Area under the validation curve normalised to [0, 1]: its mean over the "
                 "protocol's curve points, a run stopped early held at its last value up to "
-                "the last step; mean ± std over seeds; best in bold. "
+                f"the last step; mean ± std over seeds; {BEST_IN_BOLD}. "
                 f"{MISSING}: no run with a curve.",
             ],
         ),

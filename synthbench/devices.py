@@ -10,6 +10,8 @@ import os
 
 import torch
 
+from synthbench.text import plural
+
 
 def resolve_device(name: str = "auto") -> torch.device:
     """The device ``name`` stands for; a ValueError says why it cannot be used here."""
@@ -33,7 +35,9 @@ def resolve_device(name: str = "auto") -> torch.device:
         raise ValueError(f"--device {name} was asked for but torch sees no {device.type} device")
     count = getattr(backend, "device_count", None)
     if device.index is not None and count is not None and device.index >= count():
-        raise ValueError(f"--device {name}: torch sees only {count()} {device.type} device(s)")
+        raise ValueError(
+            f"--device {name}: torch sees only {plural(count(), device.type + ' device')}"
+        )
     return device
 
 

@@ -39,6 +39,7 @@ from synthbench.allocator import reuse_freed_memory
 from synthbench.mechanism import MECHANISMS
 from synthbench.registry import PluginWarning, load_plugin_file
 from synthbench.task import TASKS
+from synthbench.text import noun
 from synthbench.train import failed_row, train_eval
 
 EXECUTORS = ("local", "ray")
@@ -311,7 +312,8 @@ class RayPool:
             fits.append(resources.get("GPU", 0) // gpus)
         if min(fits) < 1:
             raise ExecutorError(
-                f"no node of the Ray cluster has {cpus:g} CPU(s) and {gpus:g} GPU(s) for a run "
+                f"no node of the Ray cluster has {cpus:g} {noun(cpus, 'CPU')} and {gpus:g} "
+                f"{noun(gpus, 'GPU')} for a run "
                 f"(cluster: {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs)"
             )
         self.capacity = int(min(fits) if jobs is None else min(min(fits), jobs))

@@ -23,6 +23,7 @@ import pandas as pd
 
 from synthbench.report import markdown_table, score_note
 from synthbench.task import CATEGORIES
+from synthbench.text import plural
 
 CONFIDENCE = 0.95
 
@@ -197,7 +198,7 @@ def notes(board: Leaderboard) -> list[str]:
     """The footnotes of the ranking, as sentences (the Markdown's; the page says the same)."""
     notes = [
         f"Protocol {board.protocol} v{board.protocol_version}, {board.metric} on the test set, "
-        f"up to {board.n_seeds} seeds; generated {board.generated}.",
+        f"up to {plural(board.n_seeds, 'seed')}; generated {board.generated}.",
         "Score: mean over categories of the mean over their tasks of the seed-mean score; "
         "the category columns are those means. " + score_note(board.metric),
         f"Interval: {CONFIDENCE:.0%} Student-t over seeds: score ± t(n-1) · sd / √n, sd the "

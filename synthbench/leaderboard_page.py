@@ -20,6 +20,7 @@ import pandas as pd
 
 from synthbench.leaderboard import CONFIDENCE, Leaderboard
 from synthbench.report import score_note
+from synthbench.text import noun
 
 _CSS = """
 :root {
@@ -84,6 +85,9 @@ _JS = """
   var byId = function (id) { return document.getElementById(id); };
   var missing = function (v) { return v === null || v === undefined; };
   var fmt = function (v) { return missing(v) ? "--" : v.toFixed(3); };
+  // synthbench/text.py's noun and plural: "1 seed", "3 seeds"
+  var noun = function (n, word, many) { return n === 1 ? word : (many || word + "s"); };
+  var plural = function (n, word, many) { return n + " " + noun(n, word, many); };
   var TIE = "not significantly above the next-ranked mechanism (paired t-interval of " +
     "the per-seed score differences)";
 
@@ -223,14 +227,16 @@ _JS = """
     byId("protocol-version").textContent = "v" + board.protocol_version;
     byId("metric").textContent = board.metric;
     byId("n-seeds").textContent = String(board.n_seeds);
+    byId("seeds-word").textContent = noun(board.n_seeds, "seed");
     byId("generated").textContent = board.generated;
     document.querySelectorAll(".metric-name").forEach(function (n) {
       n.textContent = board.metric;
     });
     byId("score-note").textContent = board.score_note;
     var ranked = board.rows.filter(function (r) { return r.complete; }).length;
-    byId("counts").textContent = ranked + " of " + board.rows.length + " mechanisms ranked on " +
-      board.tasks.length + " tasks in " + board.categories.length + " categories";
+    byId("counts").textContent = ranked + " of " + plural(board.rows.length, "mechanism") +
+      " ranked on " + plural(board.tasks.length, "task") + " in " +
+      plural(board.categories.length, "category", "categories");
     byId("note-unranked").hidden = ranked === board.rows.length;
     byId("note-one-seed").hidden = board.n_seeds !== 1;  // 0: no success, all unranked
     byId("caption").textContent = "Leaderboard, protocol " + board.protocol + " v" +
@@ -338,9 +344,26 @@ def _script_json(data: dict) -> str:
     return text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
-def to_html(boards: list[Leaderboard], title: str = "synthbench leaderboard") -> str:
+def _grid_section(grid) -> str:
+    """A report Grid of text cells (a frontier table) as a static HTML table."""
+    e = html.escape
+    head = "".join(f"<th>{e(h)}</th>" for h in [*grid.row_headers, *grid.columns])
+    body = "".join(
+        "<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in [*labels, *cells]) + "</tr>"
+        for labels, cells in zip(grid.rows, grid.cells, strict=True)
+    )
+    notes = "".join(f"<p>{e(note)}</p>" for note in grid.shown_notes())
+    return (
+        f'<section class="frontier"><h2>{e(grid.title)}</h2><div class="table-wrap">'
+        f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+        f"{notes}</section>"
+    )
+
+
+def to_html(boards: list[Leaderboard], title: str = "synthbench leaderboard", frontiers=()) -> str:
     """One self-contained HTML page for the boards (one per protocol, switched by a
-    selector; a table never mixes protocols)."""
+    selector; a table never mixes protocols), and below them the ``frontiers`` tables
+    (report Grids of synthbench/frontier.py), one per protocol with a grid of runs."""
     if isinstance(boards, Leaderboard):
         boards = [boards]
     if not boards:
@@ -367,7 +390,8 @@ style-src 'unsafe-inline'; script-src 'unsafe-inline'">
 <p id="meta">Protocol <strong id="protocol-name">{e(first.protocol)}</strong>
 <span id="protocol-version">v{int(first.protocol_version)}</span>
 &middot; metric <strong id="metric">{e(first.metric)}</strong> on the test set
-&middot; up to <strong id="n-seeds">{int(first.n_seeds)}</strong> seeds
+&middot; up to <strong id="n-seeds">{int(first.n_seeds)}</strong>
+<span id="seeds-word">{noun(int(first.n_seeds), "seed")}</span>
 &middot; generated <time id="generated">{e(first.generated)}</time><br>
 <span id="counts"></span></p>
 </header>
@@ -406,6 +430,7 @@ told apart (&asymp;).</li>
 last. <b>Bold</b>: the best value of a column.</li>
 </ul>
 </section>
+{"".join(_grid_section(g) for g in frontiers)}
 <script type="application/json" id="leaderboard-data">{data}</script>
 <script>{_JS}</script>
 </body>

@@ -12,6 +12,9 @@
     <out>/<protocol>/separation.{md,tex}             which pairs each task tells apart (always
                                                      on the target metric)
     <out>/<protocol>/lrs.{md,tex}                    the lr each run selected
+    <out>/<protocol>/frontier.{md,tex}, frontier-<task>-<knob>.{png,pdf},
+    state-<task>.{png,pdf}                           where the rows hold a grid of runs
+                                                     (synthbench/frontier.py)
 
 Nothing there is edited by hand. A metric other than the default (target) names its
 leaderboard ``leaderboard-<metric>``.
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from synthbench import curves, leaderboard, separation
+from synthbench import curves, frontier, leaderboard, separation
 from synthbench.atomic import write_atomically
 from synthbench.compare import PUBLISHED, comparison_grid
 from synthbench.report import (
@@ -39,6 +42,7 @@ from synthbench.report import (
     to_latex,
     to_markdown,
 )
+from synthbench.text import plural
 
 FORMATS = ("md", "tex", "html", "png", "pdf")
 
@@ -67,7 +71,7 @@ def _figures(
     from synthbench import figures  # matplotlib is imported only when a figure is asked for
 
     where = f"protocol {tables.protocol} v{tables.protocol_version}"
-    seeds = f"mean over {tables.n_seeds} seed(s)"
+    seeds = f"mean over {plural(tables.n_seeds, 'seed')}"
     normalised = tables.metric in CHANCE_COLUMN
     score = f"chance-normalised {tables.metric}" if normalised else tables.metric
     label = "(accuracy - chance) / (1 - chance)" if normalised else tables.metric
@@ -86,6 +90,49 @@ def _figures(
         if not points.empty:
             title = f"{length_metric(tables.metric)}, {where}, {seeds}"
             written += figures.length_curves(points, title, folder / "length", suffixes)
+
+
+def _frontiers(found, grid_points, tables: ReportTables, out: Path, formats, suffixes, written):
+    """The frontier table (and its figures) of one protocol version, where its rows hold a
+    grid; returns the table, or None."""
+    protocol, version = tables.protocol, tables.protocol_version
+    mine = [line for line in found if (line.protocol, line.protocol_version) == (protocol, version)]
+    if not mine:
+        return None
+    grid = frontier.frontier_grid(mine, protocol, version)
+    folder = out / protocol
+    _write_grids(folder, "frontier", [grid], formats, written)
+    if not suffixes:
+        return grid
+    from synthbench import figures  # matplotlib only where a figure is asked for
+
+    by_knob: dict[tuple[str, str], list] = {}
+    for line in mine:
+        by_knob.setdefault((line.task, line.knob.name), []).append(line)
+    for (task, knob), knob_lines in by_knob.items():
+        title = (
+            f"{task}: target accuracy against {knob}\nprotocol {protocol} v{version}, mean "
+            f"± std over seeds, each at its selected lr"
+        )
+        stem = folder / f"frontier-{_slug(task)}-{_slug(knob)}"
+        written += figures.frontier_curves(knob_lines, frontier.THRESHOLD, title, stem, suffixes)
+    states = frontier.state_points(grid_points)
+    for task in sorted({line.task for line in mine}):
+        part = states[
+            (states["protocol"] == protocol)
+            & (states["protocol_version"] == version)
+            & (states["task"] == task)
+        ]
+        if part.empty:
+            continue
+        context = frontier.task_knobs_varying(part, task)
+        title = (
+            f"{task}: target accuracy against declared state size\nprotocol {protocol} "
+            f"v{version}, mean ± std over seeds, each at its selected lr"
+        )
+        stem = folder / f"state-{_slug(task)}"
+        written += figures.state_curves(part, context, title, stem, suffixes)
+    return grid
 
 
 def write_reports(
@@ -117,6 +164,10 @@ def write_reports(
     separated = separation.separation(rows) if {"md", "tex"} & set(formats) else None
     # over every protocol at once, so that variants are named as in the tables
     all_curves = curves.run_curves(rows)
+    # grids of runs (run with lists, sweep): on the target metric, whatever the report's
+    grid_points = frontier.grid_runs(rows)
+    found = frontier.lines(grid_points)
+    frontier_grids: list[Grid] = []
     for tables in all_tables:
         mine = rows[rows["protocol"] == tables.protocol]
         folder = out / tables.protocol / metric
@@ -151,6 +202,9 @@ def write_reports(
         suffixes = [f".{f}" for f in ("png", "pdf") if f in formats]
         if suffixes:
             _figures(tables, mine, runs, folder, suffixes, written)
+        frontier_grid = _frontiers(found, grid_points, tables, out, formats, suffixes, written)
+        if frontier_grid is not None:
+            frontier_grids.append(frontier_grid)
         boards.append(
             leaderboard.build(
                 tables.runs,
@@ -165,9 +219,10 @@ def write_reports(
     stem = "leaderboard" if metric == DEFAULT_METRIC else f"leaderboard-{metric}"
     if "md" in formats:
         text = "\n".join(f"## {b.protocol}\n\n{leaderboard.to_markdown(b)}" for b in boards)
+        text += "".join(f"\n{to_markdown(g)}" for g in frontier_grids)
         _write(out / f"{stem}.md", f"# Leaderboard ({metric})\n\n{text}", written)
     if "html" in formats:
         from synthbench.leaderboard_page import to_html
 
-        _write(out / f"{stem}.html", to_html(boards), written)
+        _write(out / f"{stem}.html", to_html(boards, frontiers=frontier_grids), written)
     return written

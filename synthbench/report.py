@@ -26,9 +26,11 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
+from synthbench.grid import PROTOCOL_FIELDS
 from synthbench.protocols import PROTOCOLS
 from synthbench.store import LEAKY
 from synthbench.task import CATEGORIES, TASKS
+from synthbench.text import plural
 
 # target: per row, the metric its task is scored by (token_acc, or free_token_acc for a chain
 # of steps); long_*: the test set at --eval-length-mult times the trained length
@@ -50,6 +52,9 @@ CHANCE_COLUMN = {
     "exact_match": "chance_exact_match",
 }
 MISSING = "--"
+# the clause of a note that says the best is bold ("; best in bold"): printed only where a
+# cell is bold (``Grid.shown_notes``), never under a table of one mechanism
+BEST_IN_BOLD = "best in bold"
 CORE = ("Basic", "Arithmetic", "Long-Range", "Memory")
 HIGHER_LEVEL = ("Patterns", "Reasoning", "Robustness")
 CATEGORY_ORDER = {c: i for i, c in enumerate(CATEGORIES)}
@@ -131,12 +136,32 @@ def _mechanism_variant(values: dict) -> tuple[dict, set]:
     params = json.loads(_text_or(values.get("mechanism_params"), "{}"))
     config = json.loads(_text_or(values.get("config"), "{}"))
     params |= _plugin_code(config, "mechanism")
+    # the protocol fields a grid set (run --protocol-param d_model=32,64), in every row of
+    # that protocol (label_variants): always shown
+    changed = json.loads(_text_or(values.get(GRID_FIELDS), "{}"))
+    params |= changed
     pos = config.get("protocol", {}).get("pos")
     if pos is None:
-        return params, set()
+        return params, set(changed)
     params["pos"] = pos
     params |= config.get("pos_params", {})  # a rotation's own (rotate_fraction, base, ...)
-    return params, ({"pos"} if pos != _preset_pos(values["protocol"]) else set())
+    return params, set(changed) | ({"pos"} if pos != _preset_pos(values["protocol"]) else set())
+
+
+def _protocol_changes(name: str | None, stored: dict) -> dict:
+    """The grid fields (synthbench/grid.py) of a stored protocol config that differ from the
+    registered preset of the same name and version."""
+    if name not in PROTOCOLS or not stored:
+        return {}
+    preset = PROTOCOLS.get(name)
+    if stored.get("version") != preset.version:
+        return {}
+    own = preset.config()
+    return {
+        field: stored[field]
+        for field in PROTOCOL_FIELDS
+        if field in stored and stored[field] != own.get(field)
+    }
 
 
 def prepare_rows(rows: pd.DataFrame) -> pd.DataFrame:
@@ -145,17 +170,42 @@ def prepare_rows(rows: pd.DataFrame) -> pd.DataFrame:
     return label_variants(fill_from_registry(rows)) if len(rows) else rows
 
 
+GRID_FIELDS = "_grid_fields"  # a column of label_variants' own
+
+
+def _grid_fields(rows: pd.DataFrame) -> pd.Series:
+    """Per row, as JSON, its values of the protocol fields that a grid changed in any row of
+    the same protocol and version: d_model=64 beside the d_model=32 of a width sweep."""
+    configs = [json.loads(_text_or(c, "{}")).get("protocol", {}) for c in rows["config"]]
+    names = list(rows["protocol"])
+    changed: dict[tuple, set] = {}
+    for name, config in zip(names, configs, strict=True):
+        key = (name, config.get("version"))
+        changed.setdefault(key, set()).update(_protocol_changes(name, config))
+    return pd.Series(
+        [
+            json.dumps({f: c[f] for f in sorted(changed[(n, c.get("version"))]) if f in c})
+            for n, c in zip(names, configs, strict=True)
+        ],
+        index=rows.index,
+    )
+
+
 def label_variants(rows: pd.DataFrame) -> pd.DataFrame:
-    """A task or mechanism run with several parameter sets (or positional encodings) becomes
-    separate table rows, e.g. ``multihop (hops=1)`` or ``softmax (pos=rope)``."""
+    """A task or mechanism run with several parameter sets (or positional encodings, or
+    widths of a grid) becomes separate table rows, e.g. ``multihop (hops=1)``,
+    ``softmax (pos=rope)`` or ``softmax (d_model=32)``."""
     if rows.empty:
         return rows
     rows = rows.copy()
     if "task_params" in rows:
         rows = _label_variants(rows, "task", ["task_params", "config"], _task_variant)
     if "mechanism_params" in rows or "config" in rows:
-        sources = ["mechanism_params", "config", "protocol"]
+        if "config" in rows and "protocol" in rows:
+            rows[GRID_FIELDS] = _grid_fields(rows)
+        sources = ["mechanism_params", "config", "protocol", GRID_FIELDS]
         rows = _label_variants(rows, "mechanism", sources, _mechanism_variant)
+        rows = rows.drop(columns=GRID_FIELDS, errors="ignore")
     return rows
 
 
@@ -404,6 +454,13 @@ class Grid:
             return set().union(*(top([(i, j) for j in range(n_cols)]) for i in range(n_rows)))
         return set()
 
+    def shown_notes(self) -> list[str]:
+        """The notes as printed: without the clause that says the best is bold
+        (``BEST_IN_BOLD``) where no cell is (a single mechanism, or no value at all)."""
+        if self.best_cells():
+            return list(self.notes)
+        return [note.replace(f"; {BEST_IN_BOLD}", "") for note in self.notes]
+
 
 @dataclass
 class ReportTables:
@@ -440,8 +497,11 @@ def _missing_note(agg: pd.DataFrame, cells_missing: int) -> list[str]:
     if cells_missing:
         not_run = cells_missing - int((agg["count"] == 0).sum())
         detail = f", {not_run} of them not run" if not_run else ""
+        if not_run and cells_missing == 1:
+            detail = ", not run"
         notes.append(
-            f"{MISSING}: no successful run ({cells_missing} cell(s){detail}); never counted as 0."
+            f"{MISSING}: no successful run ({plural(cells_missing, 'cell')}{detail}); never "
+            "counted as 0."
         )
     return notes
 
@@ -456,8 +516,8 @@ def _head_note(protocol: str, version: int, metric: str, n_seeds: int, last: str
     if not n_seeds:  # every run of the protocol failed: its tables are all --
         return f"{metric} on the test set: no successful run; protocol {protocol} v{version}."
     return (
-        f"{metric} on the test set, mean ± std over {n_seeds} seed(s) (a cell with fewer says "
-        f"n=); protocol {protocol} v{version}; {last}."
+        f"{metric} on the test set, mean ± std over {plural(n_seeds, 'seed')} (a cell with "
+        f"fewer says n=); protocol {protocol} v{version}; {last}."
     )
 
 
@@ -642,7 +702,7 @@ def build_tables(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> list[Repor
             if metric in CHANCE_COLUMN
             else score_note(metric)
         )
-        head = [_head_note(str(protocol), version, metric, n_seeds, "best in bold"), raw, *target]
+        head = [_head_note(str(protocol), version, metric, n_seeds, BEST_IN_BOLD), raw, *target]
         averages_head = [
             _head_note(
                 str(protocol), version, metric, n_seeds, "category mean over its tasks, per seed"
@@ -705,7 +765,7 @@ def to_markdown(grid: Grid) -> str:
         texts = [_text(v, grid, "±") for v in grid.cells[i]]
         body.append([*labels, *(f"**{t}**" if (i, j) in best else t for j, t in enumerate(texts))])
     table = markdown_table(body, [*grid.row_headers, *grid.columns])
-    notes = "".join(f"\n{note}" for note in grid.notes)
+    notes = "".join(f"\n{note}" for note in grid.shown_notes())
     return f"**{grid.title}**\n\n{table}\n{notes}\n"
 
 
@@ -757,7 +817,7 @@ def to_latex(grid: Grid) -> str:
     lines.append(r"\bottomrule")
     lines += [
         rf"\multicolumn{{{width}}}{{l}}{{\footnotesize {latex_escape(note)}}} \\"
-        for note in grid.notes
+        for note in grid.shown_notes()
     ]
     lines.append(r"\end{tabular}")
     return "\n".join(lines) + "\n"

@@ -35,6 +35,7 @@ from synthbench.spec import RunSpec
 from synthbench.store import LEAKY, NewerSchemaError, ResultStore
 from synthbench.sweep import Budget, SweepState, lr_key, mark_selected, sweep_state
 from synthbench.task import TASKS
+from synthbench.text import plural
 
 
 @dataclass(frozen=True)
@@ -151,10 +152,12 @@ class Outcome:
         aside), or None."""
         parts = []
         if self.kept:
-            parts.append(f"{self.kept} training(s) failed where a stored result was kept")
+            parts.append(f"{plural(self.kept, 'training')} failed where a stored result was kept")
         if self.refused:
-            parts.append(f"{self.refused} run(s) refused: their files are of a newer schema "
-                         "version (upgrade synthbench)")  # fmt: skip
+            parts.append(
+                f"{plural(self.refused, 'run')} refused: their files are of a newer schema "
+                "version (upgrade synthbench)"
+            )
         return "; ".join(parts) + " (see the warnings above)" if parts else None
 
 

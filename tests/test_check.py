@@ -533,14 +533,14 @@ def test_run_stores_a_leak_opened_in_training_as_leaky_and_does_not_retrain_it(l
     args += ["--jobs", 1, "--plugin", leaky, "--results", results]
     result = invoke(*args)
     assert result.exit_code == 1, result.output
-    assert "1 run(s) not causal after training" in result.stderr
+    assert "1 run not causal after training" in result.stderr
     rows = ResultStore(results).load(warn=False).rows
     assert rows["status"].tolist() == ["leaky"]
     assert rows["error"].iloc[0].startswith("not causal after training: ")
     assert rows[["token_acc", "exact_match", "val_token_acc"]].isna().all().all()
     again = invoke(*args)  # never retrained, and still said: a stored leak is not a pass
     assert "1 already stored, 0 to run" in again.stdout, again.output
-    assert again.exit_code == 1 and "1 run(s) not causal after training" in again.stderr
+    assert again.exit_code == 1 and "1 run not causal after training" in again.stderr
 
 
 def test_report_counts_leaky_runs_apart():

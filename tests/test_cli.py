@@ -134,7 +134,7 @@ def test_run_category_runs_only_that_category(tmp_path):
         "--mech", "softmax", "--seeds", 1, "--protocol", "smoke", "--results", root,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "1 runs (1 tasks x 1 mechanisms x 1 seeds" in result.stdout
+    assert "1 run (1 task x 1 mechanism x 1 seed" in result.stdout
     files = parquet_files(root)
     assert [p.relative_to(root).parts[:2] for p in files] == [
         ("task=kv_recall", "mechanism=softmax")
@@ -206,7 +206,7 @@ def test_run_accepts_aliases_and_deduplicates(tmp_path, stored):
         "--protocol", "smoke", "--results", root,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert "2 runs (1 tasks x 1 mechanisms x 2 seeds" in result.stdout
+    assert "2 runs (1 task x 1 mechanism x 2 seeds" in result.stdout
     assert "2 already stored, 0 to run" in result.stdout
 
 

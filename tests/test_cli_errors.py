@@ -177,7 +177,8 @@ def test_malformed_json_cell_skips_the_file_naming_it(results, tmp_path):
     assert f"warning: skipping {path}: its task_params column is not a JSON object" in result.stderr
     assert "linear" not in (out / "smoke" / "target" / "full.md").read_text()
     listing = invoke("results", "--results", results)
-    assert f"skipping {path}: its task_params" in listing.stderr and "1 rows" in listing.stdout
+    assert f"skipping {path}: its task_params" in listing.stderr
+    assert listing.stdout.splitlines()[-1] == "1 row"
     assert tree(results) == before
 
 
@@ -266,7 +267,7 @@ def test_results_json(results):
 
 def test_results_filters_take_aliases_and_stored_names(results):
     result = invoke("results", "--results", results, "--mech", "elu", "--protocol", "smoke")
-    assert result.exit_code == 0 and result.stdout.splitlines()[-1] == "1 rows"
+    assert result.exit_code == 0 and result.stdout.splitlines()[-1] == "1 row"
 
 
 # -- signals and pipes: a real process --------------------------------------------------------

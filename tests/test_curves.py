@@ -101,7 +101,7 @@ def test_curve_tables_by_hand():
     assert none == "never"
     assert kv == [MISSING, MISSING, "never (n=1)"]
     md = to_markdown(steps)
-    assert "30 ± 14" in md and "4 run(s) in all" in md  # linear seed 1, none, kv_recall
+    assert "30 ± 14" in md and "4 runs in all" in md  # linear seed 1, none, kv_recall
     # area: softmax (0.937 + (0.2 + 0.4 + 0.6 + 0.9 + 6 x 0.99) / 10) / 2
     soft_area = area.cells[0][2]
     seed1 = (0.2 + 0.4 + 0.6 + 0.9 + 6 * 0.99) / 10

@@ -138,7 +138,7 @@ def test_a_failed_force_rerun_keeps_the_stored_result_and_exits_1(tmp_path, monk
     assert any("copy / linear / seed 0" in line and str(path) in line and "kept the stored ok"
                in line and "RuntimeError: boom" in line for line in lines), lines  # fmt: skip
     assert lines[-1] == (
-        "error: 1 training(s) failed where a stored result was kept (see the warnings above)"
+        "error: 1 training failed where a stored result was kept (see the warnings above)"
     )
     assert "done: 1 ok" in rerun.stdout
 
@@ -280,7 +280,7 @@ def test_run_moves_unreadable_files_aside_and_refuses_newer_ones(tmp_path, force
     assert f"copy / linear / seed 0: {corrupt} could not be read" in err and str(aside) in err
     assert f"copy / linear / seed 1: refused: {newer} holds results of schema version " \
            f"{SCHEMA_NEXT}" in err and "upgrade synthbench" in err  # fmt: skip
-    assert err.strip().splitlines()[-1].startswith("error: 1 run(s) refused")
+    assert err.strip().splitlines()[-1].startswith("error: 1 run refused")
     assert "done: 2 ok" in result.stdout
 
 

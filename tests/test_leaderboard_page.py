@@ -352,6 +352,9 @@ def test_protocol_selector_switches_boards(browser, boards):
     assert driver.find_element(By.ID, "metric").text == "exact_match"
     assert _names(driver) == boards[1].table["mechanism"].tolist()  # never mixed with core
     assert driver.find_element(By.ID, "note-one-seed").is_displayed()
+    meta = driver.find_element(By.ID, "meta").text  # counted in words: "1 seed", "3 seeds"
+    assert "up to 1 seed ·" in meta and "1 seeds" not in meta
+    assert "2 of 2 mechanisms ranked on 5 tasks in 3 categories" in meta
 
     # one board: no selector
     single = driver.page_file.with_name("single.html")
@@ -359,6 +362,7 @@ def test_protocol_selector_switches_boards(browser, boards):
     driver.get(single.as_uri())
     assert not driver.find_element(By.ID, "protocol-control").is_displayed()
     assert not driver.find_element(By.ID, "note-one-seed").is_displayed()
+    assert "up to 3 seeds ·" in driver.find_element(By.ID, "meta").text
     assert _names(driver) == boards[0].table["mechanism"].tolist()
 
 

@@ -384,7 +384,7 @@ FAULTS = [
     fault("plugin-leak-learned-in-training", *RUN, "--plugin", "{tmp}/learned-leak.py",
           "--mech", "r-learned-leak", code=1, setup=plugin("learned-leak.py"),
           grows=("results/task=copy/mechanism=r-learned-leak/*.parquet",),
-          message="1 run(s) not causal after training: stored with status leaky, never ranked"),
+          message="1 run not causal after training: stored with status leaky, never ranked"),
     fault("plugin-outputs-nan", *RUN, "--plugin", "{tmp}/nan.py", "--mech", "r-nan", code=0,
           setup=plugin("nan.py"), grows=("results/task=copy/mechanism=r-nan/*.parquet",),
           message="diverged: non-finite loss at step 0"),
@@ -462,7 +462,7 @@ FAULTS = [
           "unreadable-"),
     fault("newer-schema-at-a-runs-path", *RUN[:2], "sort", *RUN[3:], code=1,
           setup=newer_schema_at_run_path,
-          message="1 run(s) refused: their files are of a newer schema version"),
+          message="1 run refused: their files are of a newer schema version"),
     # the operating system fails while working: one line, what was stored stays whole
     fault("full-disk-mid-suite", *RUN[:2], "sort", *RUN[3:], "--mech", "softmax,linear",
           code=1, setup=full_disk_at_second_results_file, grows=("results/task=sort/*/*",),
@@ -599,7 +599,7 @@ def test_a_signal_during_a_write_leaves_complete_files_and_the_command_resumes(
 
     again = invoke(*args)  # the same command: does what is missing, cleans up after the kill
     assert again.exit_code == 0, again.output
-    assert "2 runs (1 tasks x 2 mechanisms x 1 seeds" in again.stdout
+    assert "2 runs (1 task x 2 mechanisms x 1 seed" in again.stdout
     assert "1 already stored, 1 to run" in again.stdout
     after = tree(results)
     assert_nothing_lost(before, after, ("task=sort/mechanism=softmax/*.parquet",

@@ -262,8 +262,8 @@ def test_markdown(rows):
     assert cells == ["Memory", "kv_recall", MISSING, "**0.600 ± 0.100**"]
     assert "0.000" not in kv_line
     assert "Failed runs left out: 3 diverged, 1 raised." in md
-    assert f"{MISSING}: no successful run (1 cell(s)); never counted as 0." in md
-    assert "protocol smoke v1" in md and "3 seed(s)" in md
+    assert f"{MISSING}: no successful run (1 cell); never counted as 0." in md
+    assert "protocol smoke v1" in md and "3 seeds" in md
     header = next(line for line in md.splitlines() if line.startswith("|"))
     assert header.index("linear") < header.index("softmax")
 
@@ -271,7 +271,7 @@ def test_markdown(rows):
 def test_footnote_for_cells_not_run():
     rows = frame(row("copy", "softmax", 0, 0.5), row("kv_recall", "linear", 0, 0.5))
     md = to_markdown(build_tables(rows)[0].full)
-    assert f"{MISSING}: no successful run (2 cell(s), 2 of them not run)" in md
+    assert f"{MISSING}: no successful run (2 cells, 2 of them not run)" in md
     assert "diverged" not in md and "raised" not in md
 
 

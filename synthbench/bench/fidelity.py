@@ -30,6 +30,7 @@ from synthbench.mechanism import MECHANISMS, FeatureMapMechanism, mechanism_para
 from synthbench.mechanisms.slay import gauss_laguerre
 from synthbench.model import MultiHeadAttention
 from synthbench.report import MISSING, Grid
+from synthbench.text import plural
 
 
 @dataclass(frozen=True)
@@ -327,8 +328,8 @@ def fidelity_grid(rows: pd.DataFrame) -> Grid:
             grid_rows.append((budget, label))
     first = rows.iloc[0]
     notes = [
-        f"Mean ± std over {n_seeds} seed(s) against exact {REFERENCE} attention (error 0 by "
-        "definition); lower rel. l2 and MSE are better.",
+        f"Mean ± std over {plural(n_seeds, 'seed')} against exact {REFERENCE} attention "
+        "(error 0 by definition); lower rel. l2 and MSE are better.",
         f"Inputs x ~ N(0, 1), batch {first['batch']}, d_model {first['d_model']}, "
         f"{first['heads']} heads; q, k, v and output projections tied to the reference layer; "
         f"kernel eps {first['eps']:g}; device {first['device']}.",

@@ -33,6 +33,7 @@ from synthbench.bench.common import params_json
 from synthbench.protocols import Protocol
 from synthbench.spec import RunSpec
 from synthbench.task import TASKS
+from synthbench.text import plural
 from synthbench.train import train_eval
 
 METRICS = [
@@ -142,5 +143,5 @@ def suite_line(mechanism: str, rows: pd.DataFrame, protocol: Protocol, all_tasks
         f"{ok['tokens_per_s'].mean():,.0f} tokens/s; `synthbench run --task all --mech "
         f"{mechanism} --protocol {protocol.name}` would take about {seconds / 60:.1f} min "
         f"(an estimate: {len(all_tasks)} tasks{rest} x {protocol.seeds} seeds x "
-        f"{len(protocol.lrs)} lr(s) x (fixed cost + {protocol.steps} steps) per run)"
+        f"{plural(len(protocol.lrs), 'lr')} x (fixed cost + {protocol.steps} steps) per run)"
     )

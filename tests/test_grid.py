@@ -1,0 +1,298 @@
+"""Grids of runs (synthbench/grid.py): lists of task knobs, mechanism parameters, protocol
+fields and difficulty presets, on the command line and in a sweep file; and the frontier
+report built from them (synthbench/frontier.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+from clitools import SMOKE, assert_error, invoke
+
+from synthbench import frontier, grid, runner
+from synthbench.protocols import PROTOCOLS
+from synthbench.report import to_markdown
+from synthbench.spec import RunSpec
+from synthbench.task import TASKS
+
+QUICK = PROTOCOLS.get("quick")
+
+
+def test_points_cross_lists_and_keep_scalars():
+    found = grid.points({"pairs": (4, 8), "queries": 2, "keys": [16, 32]})
+    assert found == [
+        {"pairs": 4, "queries": 2, "keys": 16},
+        {"pairs": 4, "queries": 2, "keys": 32},
+        {"pairs": 8, "queries": 2, "keys": 16},
+        {"pairs": 8, "queries": 2, "keys": 32},
+    ]
+
+
+def test_a_sequence_parameter_sweeps_only_over_a_list_of_lists():
+    defaults = {"parts": ("a", "b")}
+    assert grid.points({"parts": ["a"]}, defaults) == [{"parts": ("a",)}]
+    assert grid.points({"parts": [["a"], ["a", "b"]]}, defaults) == [
+        {"parts": ("a",)},
+        {"parts": ("a", "b")},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [({"n": []}, "lists no value"), ({"n": (4, 4)}, "lists a value twice")],
+)
+def test_points_reject_an_empty_or_repeated_list(params, message):
+    with pytest.raises(ValueError, match=message):
+        grid.points(params)
+
+
+def test_protocol_points_replace_fields_and_keep_the_name():
+    found = grid.protocol_points(QUICK, {"d_model": (32, 128), "steps": 50})
+    assert [(p.name, p.version, p.d_model, p.steps) for p in found] == [
+        ("quick", QUICK.version, 32, 50),
+        ("quick", QUICK.version, 128, 50),
+    ]
+    assert grid.protocol_overrides(found[0]) == {"d_model": 32, "steps": 50}
+    assert grid.protocol_overrides(QUICK) == {}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"d_modle": 32}, "protocol has no field 'd_modle'; did you mean d_model?"),
+        ({"pos": "rope"}, "protocol field pos cannot be set per run (use --pos)"),
+        ({"lrs": 0.1}, "protocol field lrs cannot be set per run"),
+        ({"d_model": "wide"}, "parameter d_model must be int"),
+        ({"d_model": 30}, "d_model must be divisible by n_heads"),
+    ],
+)
+def test_protocol_points_reject_bad_fields(overrides, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        grid.protocol_points(QUICK, overrides)
+
+
+def test_a_grid_point_is_the_same_run_as_typed_alone():
+    specs = runner.plan(
+        ["kv_recall"], ["softmax", "linear"], QUICK, 2,
+        task_params={"pairs": (4, 8), "queries": 4}, protocol_params={"d_model": (32, 64)},
+    )  # fmt: skip
+    assert len(specs) == 2 * 2 * 2 * 2
+    alone = RunSpec.resolve(
+        "kv_recall", "linear", grid.protocol_points(QUICK, {"d_model": 32})[0], 1,
+        task_overrides={"pairs": 8, "queries": 4},
+    )  # fmt: skip
+    assert alone.run_id in {s.run_id for s in specs}
+    # d_model 64 is quick's own: that point is the plain run
+    plain = RunSpec.resolve("kv_recall", "softmax", QUICK, 0, {"pairs": 4, "queries": 4})
+    assert plain.run_id in {s.run_id for s in specs}
+    assert len({s.run_id for s in specs}) == len(specs)
+
+
+def test_a_difficulty_ladder_is_each_preset_with_the_task_params_on_top():
+    specs = runner.plan(
+        ["copy", "kv_recall"], ["softmax"], QUICK, 1, difficulties=["easy", "default", "hard"]
+    )
+    for spec in specs:
+        presets = [TASKS.get(spec.task).from_difficulty(d).param_dict() for d in
+                   ("easy", "default", "hard")]  # fmt: skip
+        assert spec.task_params in presets
+    assert len(specs) == 6
+    specs = runner.plan(["copy"], ["softmax"], QUICK, 1, task_params={"vocab": 8},
+                        difficulties=["easy", "hard"])  # fmt: skip
+    assert {s.task_params["vocab"] for s in specs} == {8}
+    assert len({s.task_params["n"] for s in specs}) == 2
+
+
+def test_an_unknown_difficulty_names_the_presets():
+    with pytest.raises(ValueError, match="task copy has no difficulty 'harder' \\(presets: "):
+        runner.plan(["copy"], ["softmax"], QUICK, 1, difficulties=["harder"])
+
+
+def test_a_mechanism_parameter_list_sweeps():
+    specs = runner.plan(
+        ["copy"], ["performer"], QUICK, 1, mechanism_params={"nb_features": (8, 16)}
+    )
+    assert sorted(s.mechanism_params["nb_features"] for s in specs) == [8, 16]
+
+
+# -- sweep files -----------------------------------------------------------------------------
+
+
+def write(tmp_path, text: str, name: str = "grid.toml"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_sweep_file_reads_into_the_run_options(tmp_path):
+    path = write(
+        tmp_path,
+        'task = "kv_recall"\nmech = ["softmax", "linear"]\nseeds = 2\n'
+        'difficulty = "default"\n[task_params]\npairs = [4, 8]\nqueries = 4\n'
+        "[protocol_params]\nd_model = [32, 64]\n",
+    )
+    assert grid.load_sweep_file(path) == {
+        "task": "kv_recall",
+        "mech": "softmax,linear",
+        "seeds": 2,
+        "difficulty": "default",
+        "task_params": {"pairs": [4, 8], "queries": 4},
+        "protocol_params": {"d_model": [32, 64]},
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "message"),
+    [
+        ('task = "copy"\nmechs = "softmax"\n', "g.toml", "unknown key 'mechs'; did you mean mech?"),
+        ('mech = "softmax"\n', "g.toml", "names no task"),
+        ('task = "copy"\n[task_params\n', "g.toml", "is not valid TOML"),
+        ('task = "copy"\n', "g.yaml", "only TOML files are read"),
+        ('task = "copy"\nseeds = "3"\n', "g.toml", "seeds must be an integer"),
+        ('task = "copy"\ntask_params = 3\n', "g.toml", "task_params must be a table"),
+    ],
+)
+def test_a_bad_sweep_file_is_one_clear_error(tmp_path, text, name, message):
+    with pytest.raises(ValueError, match=message):
+        grid.load_sweep_file(write(tmp_path, text, name))
+
+
+def test_sweep_and_run_with_lists_store_the_same_runs(tmp_path, single_thread):
+    """The sweep command runs the grid end to end (the smoke protocol: tiny); run with the
+    same lists finds every run stored."""
+    path = write(
+        tmp_path,
+        'task = "copy"\nmech = "softmax"\nprotocol = "smoke"\nseeds = 1\n'
+        "[task_params]\nn = [4, 6]\n[protocol_params]\nd_model = [16, 32]\n",
+    )
+    results = tmp_path / "results"
+    result = invoke("sweep", path, "--results", results, "--jobs", "1")
+    assert result.exit_code == 0, result.output
+    assert "4 runs (1 task x 1 mechanism x 4 grid points x 1 seed" in result.output
+    assert "n=4" in result.output and "d_model=16" in result.output
+    again = invoke(
+        "run", "--task", "copy", *SMOKE, "--task-param", "n=4,6", "--protocol-param",
+        "d_model=16,32", "--results", results,
+    )  # fmt: skip
+    assert again.exit_code == 0, again.output
+    assert "4 already stored, 0 to run" in again.output
+
+    out = tmp_path / "reports"
+    report = invoke("report", "--results", results, "--out", out, "--format", "md,png",
+                    "--no-reference")  # fmt: skip
+    assert report.exit_code == 0, report.output
+    table = (out / "smoke" / "frontier.md").read_text()
+    assert "| copy" in table and "n (larger)" in table and "d_model (smaller)" in table
+    for page in ("leaderboard.md",):  # the page has it too: --format html below
+        assert "Frontiers at accuracy 0.9, protocol smoke" in (out / page).read_text()
+    assert (out / "smoke" / "frontier-copy-n.png").is_file()
+    assert (out / "smoke" / "state-copy.png").is_file()
+    # the tables keep the grid's points apart: a width is a variant, never a seed
+    full = (out / "smoke" / "target" / "full.md").read_text()
+    assert "softmax (d_model=16)" in full and "softmax (d_model=32)" in full
+    page = invoke("report", "--results", results, "--out", out, "--format", "html",
+                  "--no-reference")  # fmt: skip
+    assert page.exit_code == 0, page.output
+    html = (out / "leaderboard.html").read_text()
+    assert '<section class="frontier"><h2>Frontiers at accuracy 0.9, protocol smoke' in html
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--protocol-param", "d_modle=8"], "did you mean d_model?"),
+        (["--difficulty", "medium"], "task copy has no difficulty 'medium'"),
+        (["--task-param", "n=4,4"], "lists a value twice"),
+    ],
+)
+def test_bad_grid_options_are_one_line_errors(tmp_path, args, message):
+    result = invoke("run", "--task", "copy", *SMOKE, *args, "--results", tmp_path / "r")
+    assert_error(result, 2, message)
+    assert not (tmp_path / "r").exists() or not any((tmp_path / "r").rglob("*.parquet"))
+
+
+def test_sweep_of_a_missing_file_is_one_line(tmp_path):
+    assert_error(invoke("sweep", tmp_path / "none.toml"), 2, "does not exist")
+
+
+# -- frontiers -------------------------------------------------------------------------------
+
+
+def grid_rows(accuracy: dict) -> pd.DataFrame:
+    """Stored-like rows of kv_recall at quick: ``accuracy[(mechanism, pairs, d_model)]`` is
+    a list of per-seed test accuracies, each the selected lr's."""
+    rows = []
+    for (mechanism, pairs, d_model), values in accuracy.items():
+        protocol = grid.protocol_points(QUICK, {"d_model": d_model})[0]
+        for seed, value in enumerate(values):
+            spec = RunSpec.resolve("kv_recall", mechanism, protocol, seed,
+                                   {"pairs": pairs, "queries": 4})  # fmt: skip
+            fields = spec.row_fields()
+            rows.append({**fields, "status": "ok", "selected": True, "lr": 1e-2,
+                         "token_acc": value, "lr_edge": False})  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def test_the_frontier_is_the_hardest_value_held_from_the_easiest_on():
+    rows = grid_rows({
+        ("softmax", 4, 64): [1.0, 1.0], ("softmax", 8, 64): [1.0, 0.98],
+        ("softmax", 16, 64): [0.97, 0.95],
+        ("linear", 4, 64): [1.0, 0.99], ("linear", 8, 64): [0.80, 0.85],
+        ("linear", 16, 64): [0.95, 0.93],  # back above: the frontier stays at 4
+        ("linear", 4, 32): [0.5, 0.6], ("linear", 8, 32): [0.2, 0.1],
+        ("softmax", 4, 32): [1.0, 1.0], ("softmax", 8, 32): [0.9, 0.9],
+    })  # fmt: skip
+    found = frontier.lines(frontier.grid_runs(rows))
+    by = {(line.knob.name, line.context, line.mechanism): line for line in found}
+    assert by[("pairs", "d_model=64", "softmax")].frontier() == (16, True)
+    assert by[("pairs", "d_model=64", "linear")].frontier() == (4, False)
+    assert by[("pairs", "d_model=32", "linear")].frontier() == (None, False)
+    assert by[("pairs", "d_model=32", "softmax")].frontier() == (8, True)
+    # width: smaller is harder, so 64 comes first
+    width = by[("d_model", "pairs=8", "linear")]
+    assert list(width.points["value"]) == [64, 32]
+    assert width.frontier() == (None, False)
+    table = to_markdown(frontier.frontier_grid(found, "quick", QUICK.version))
+    assert "| kv_recall | pairs (larger)" in table
+    assert "16 (all)" in table and "none" in table
+    assert "4: 0.99, 8: 0.82, 16: 0.94" in table
+
+
+def test_state_points_use_the_declared_state_size():
+    rows = grid_rows({("linear", 4, 32): [0.5], ("linear", 4, 64): [0.7],
+                      ("softmax", 4, 64): [1.0]})  # fmt: skip
+    states = frontier.state_points(frontier.grid_runs(rows)).set_index(["mechanism", "d_model"])
+    from synthbench.mechanism import MECHANISMS
+
+    length = TASKS.get("kv_recall")(pairs=4, queries=4).seq_len
+    for (mechanism, d_model), row in states.iterrows():
+        heads, layers = QUICK.n_heads, QUICK.n_layers
+        expected = (
+            layers * heads * MECHANISMS.get(mechanism)(d_model // heads, heads).state_size(length)
+        )
+        assert row["state"] == expected
+    assert states.loc[("linear", 32), "state"] < states.loc[("linear", 64), "state"]
+
+
+def test_a_difficulty_ladder_is_one_knob_ordered_easy_to_hard():
+    rows = []
+    for name, value in (("hard", 0.2), ("easy", 1.0), ("default", 0.95)):
+        spec = RunSpec.resolve("copy", "linear", QUICK, 0,
+                               TASKS.get("copy").difficulties.get(name, {}))  # fmt: skip
+        rows.append({**spec.row_fields(), "status": "ok", "selected": True, "lr": 1e-2,
+                     "token_acc": value, "lr_edge": False})  # fmt: skip
+    found = frontier.lines(frontier.grid_runs(pd.DataFrame(rows)))
+    ladder = [line for line in found if line.knob.name == "difficulty"]
+    assert len(ladder) == 1
+    assert list(ladder[0].points["value"]) == ["easy", "default", "hard"]
+    assert ladder[0].frontier() == ("default", False)
+    assert not [line for line in found if line.knob.name == "n"]  # the ladder says it
+
+
+def test_rows_without_a_grid_have_no_frontier():
+    spec = RunSpec.resolve("copy", "linear", QUICK, 0)
+    rows = pd.DataFrame([{**spec.row_fields(), "status": "ok", "selected": True, "lr": 1e-2,
+                          "token_acc": 1.0, "lr_edge": False}])  # fmt: skip
+    assert frontier.lines(frontier.grid_runs(rows)) == []
+    assert json.loads(rows["task_params"][0])["n"] == 32
