@@ -34,6 +34,14 @@ check`` runs every check below and prints one line per check.
 - **state-size**: ``state_size(L)`` is an int >= 0 that never shrinks as L grows, and does not
   grow at all for a mechanism registered with ``complexity="linear"``.
 
+- **recurrent** (only for a mechanism with a recurrent form, ``step``: synthbench/mechanism.py):
+  token by token it gives the causal ``forward``'s outputs, in float64, within
+  ``RECURRENT_TOLERANCE`` of the output's scale, at ``RECURRENT_LENGTHS`` and the shortest
+  length given.
+
+A mechanism's extra inputs (a gate, a decay: ``Mechanism.extra_inputs``) are inputs like q, k
+and v in every check: standard normal, and a leak through them is a leak.
+
 Every check leaves torch's global random state as it found it.
 """
 
@@ -50,7 +58,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from synthbench.mechanism import MECHANISMS
+from synthbench.mechanism import MECHANISMS, extra_inputs, has_recurrent_form, recurrent_forward
 from synthbench.model import prepared_mechanism
 from synthbench.protocols import PROTOCOLS
 from synthbench.spec import RunSpec
@@ -114,15 +122,31 @@ class Subject:
         make = functools.partial(cls, self.head_dim, self.n_heads, **self.params)
         return prepared_mechanism(make, self.max_len or length).to(self.device)
 
+    def has_recurrent_form(self) -> bool:
+        with _own_random_state(self.device):
+            return has_recurrent_form(self.build(1))
+
+    def extra_widths(self) -> dict[str, int]:
+        """The extra per-token inputs of the mechanism (Mechanism.extra_inputs)."""
+        with _own_random_state(self.device):
+            return extra_inputs(self.build(1))
+
+    def input_names(self) -> tuple[str, ...]:
+        return (*INPUT_NAMES, *self.extra_widths())
+
     def inputs(self, length: int, dtype: torch.dtype, scale: float = 1.0):
-        """q, k, v: (BATCH, heads, length, head_dim), standard normal times ``scale``."""
+        """q, k, v: (BATCH, heads, length, head_dim), then each extra input (BATCH, heads,
+        length, its width): standard normal times ``scale``."""
         generator = torch.Generator().manual_seed(SEED)
-        shape = (BATCH, self.n_heads, length, self.head_dim)
+        widths = [self.head_dim] * len(INPUT_NAMES) + list(self.extra_widths().values())
         return [
-            (torch.randn(shape, generator=generator, dtype=torch.float64) * scale).to(
-                self.device, dtype
-            )
-            for _ in INPUT_NAMES
+            (
+                torch.randn(
+                    (BATCH, self.n_heads, length, width), generator=generator, dtype=torch.float64
+                )
+                * scale
+            ).to(self.device, dtype)
+            for width in widths
         ]
 
 
@@ -193,8 +217,10 @@ def _set_mode(module: nn.Module, mode: str) -> nn.Module:
 
 
 def _call(mechanism: nn.Module, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The mechanism on q, k, v and its extra inputs (``Subject.inputs``' order)."""
     torch.manual_seed(SEED)  # a mechanism that draws at each call draws the same each time
-    return mechanism(*inputs, causal=True)
+    q, k, v, *rest = inputs
+    return mechanism(q, k, v, causal=True, **dict(zip(extra_inputs(mechanism), rest, strict=True)))
 
 
 def _layout_problem(out: Any, like: torch.Tensor) -> str | None:
@@ -369,7 +395,7 @@ def check_causality(subject: Subject, lengths: Sequence[int]) -> CheckResult:
         problem = _layout_problem(out, inputs[0])
         if problem is None:
             generator = torch.Generator().manual_seed(SEED)
-            problem = _gradient_leak(out, inputs, INPUT_NAMES, 2, generator)
+            problem = _gradient_leak(out, inputs, subject.input_names(), 2, generator)
         return problem
 
     cases = (
@@ -536,7 +562,41 @@ def check_mechanism(subject: Subject, lengths: Sequence[int]) -> list[CheckResul
             check_large_inputs(subject, longest),
             check_determinism(subject, longest),
             check_state_size(subject, lengths),
+            *([check_recurrent(subject, lengths)] if subject.has_recurrent_form() else []),
         ]
+
+
+RECURRENT_LENGTHS = (1, 5, 37)  # with the shortest suite length: several chunk remainders
+RECURRENT_TOLERANCE = 1e-9  # of the output's scale, in float64
+
+
+def check_recurrent(subject: Subject, lengths: Sequence[int]) -> CheckResult:
+    """A mechanism with a recurrent form (``step``): token by token it gives the causal
+    ``forward``'s outputs, in float64, in evaluation mode."""
+    name = "recurrent"
+    checked = sorted({*RECURRENT_LENGTHS, min(lengths)})
+
+    def probe(length: int) -> str | None:
+        mechanism = subject.build(length).to(torch.float64).eval()
+        inputs = subject.inputs(length, torch.float64)
+        with torch.no_grad():
+            parallel = _call(mechanism, inputs)
+            torch.manual_seed(SEED)
+            q, k, v, *rest = inputs
+            stepped = recurrent_forward(
+                mechanism, q, k, v, **dict(zip(extra_inputs(mechanism), rest, strict=True))
+            )
+        scale = max(float(parallel.abs().max()), 1.0)
+        error = float((stepped - parallel).abs().max())
+        if not error <= RECURRENT_TOLERANCE * scale:  # a NaN fails too
+            return f"step by step differs from forward by {error:.2g} (output scale {scale:.2g})"
+        return None
+
+    cases = ((f"float64, length {n}", functools.partial(probe, n)) for n in checked)
+    return _first_failure(name, cases) or CheckResult(
+        name, True, f"step-by-step outputs equal forward's (float64; lengths "
+        f"{', '.join(map(str, checked))})"
+    )  # fmt: skip
 
 
 # -- the trained model ----------------------------------------------------------------------

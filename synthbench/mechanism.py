@@ -27,6 +27,25 @@ MECHANISMS: Registry[type[nn.Module]] = Registry(
 
 
 class Mechanism(nn.Module):
+    """Base class of a mechanism: ``forward(q, k, v, causal)`` on (batch, heads, length,
+    head_dim), returning the same shape.
+
+    **Extra inputs.** A gated or recurrent mechanism reads more than q, k and v: a gate, a
+    decay, a write strength per token. It names them in ``extra_inputs`` (name -> width per
+    head; set it in ``__init__`` where the width follows ``head_dim``): the layer projects its
+    input to each (one more Linear, only for a mechanism that asks: synthbench/model.py) and
+    passes them to ``forward`` as keyword arguments of shape (batch, heads, length, width),
+    raw (the mechanism applies its own sigmoid or softplus).
+
+    **Recurrent form.** A mechanism that can generate token by token with a state defines
+    ``initial_state(batch, device, dtype)`` and ``step(state, q, k, v, **extra) -> (out,
+    state)``, on one position: q, k, v (batch, heads, head_dim), each extra (batch, heads,
+    width), out (batch, heads, head_dim). ``recurrent_forward`` runs it over a sequence;
+    tests/test_recurrent.py and ``synthbench check`` prove it equals the causal ``forward``.
+    """
+
+    extra_inputs: dict[str, int] = {}  # never mutated; an instance may set its own
+
     def __init__(self, head_dim: int, n_heads: int) -> None:
         super().__init__()
         self.head_dim, self.n_heads = head_dim, n_heads
@@ -93,6 +112,32 @@ class FeatureMapMechanism(Mechanism):
         return linear_attention(
             phi_q, phi_k, v, causal, eps=self.eps, chunk_size=self.chunk_size, signed=self.signed
         )
+
+
+def extra_inputs(mechanism: nn.Module) -> dict[str, int]:
+    """The extra per-token inputs a mechanism reads (name -> width per head); {} for one
+    that reads only q, k and v (every mechanism written before them, and most plugins)."""
+    return dict(getattr(mechanism, "extra_inputs", None) or {})
+
+
+def has_recurrent_form(mechanism: nn.Module) -> bool:
+    return callable(getattr(mechanism, "step", None)) and callable(
+        getattr(mechanism, "initial_state", None)
+    )
+
+
+def recurrent_forward(
+    mechanism: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **extra
+) -> torch.Tensor:
+    """The causal output computed token by token through ``mechanism.step``: the reference
+    the parallel form must equal (and how a decoder would run it)."""
+    state = mechanism.initial_state(q.shape[0], q.device, q.dtype)
+    outs = []
+    for t in range(q.shape[-2]):
+        at = {name: x[..., t, :] for name, x in extra.items()}
+        out, state = mechanism.step(state, q[..., t, :], k[..., t, :], v[..., t, :], **at)
+        outs.append(out)
+    return torch.stack(outs, dim=-2)
 
 
 def random_generator(seed: int | None) -> torch.Generator | None:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from synthbench.mechanism import extra_inputs
 from synthbench.params import constructor_params
 from synthbench.positional import ROTATIONS
 
@@ -83,6 +84,11 @@ class MultiHeadAttention(nn.Module):
         self.out = nn.Linear(d_model, d_model)
         self.mechanism = mechanism
         self.rotation = rotation
+        # a gate, a decay, a write strength per token (Mechanism.extra_inputs): one more
+        # projection, only for a mechanism that asks (the others' parameters are unchanged)
+        self.extra_widths = extra_inputs(mechanism)
+        if self.extra_widths:
+            self.extra = nn.Linear(d_model, n_heads * sum(self.extra_widths.values()))
 
     def forward(self, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
         B, L, D = x.shape
@@ -90,7 +96,12 @@ class MultiHeadAttention(nn.Module):
         q, k, v = qkv
         if self.rotation is not None:  # positions enter through q and k only, never v
             q, k = self.rotation(qkv[:2])  # both in one call: one set of angles
-        y = self.mechanism(q, k, v, causal=causal)  # (B, H, L, head_dim)
+        extra = {}
+        if self.extra_widths:
+            projected = self.extra(x).view(B, L, self.n_heads, -1).transpose(1, 2)
+            parts = projected.split(list(self.extra_widths.values()), dim=-1)
+            extra = dict(zip(self.extra_widths, parts, strict=True))
+        y = self.mechanism(q, k, v, causal=causal, **extra)  # (B, H, L, head_dim)
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
 
