@@ -16,6 +16,12 @@ sequences longer than M with a ValueError: beyond M the cosine turns negative fo
 pairs (and wraps around after 4M), which would break the non-negativity the unguarded core
 relies on. Within the horizon every feature is >= 0 (relu, and cos, sin >= 0 on
 [0, pi/2)), and so is every score.
+
+Recurrent form: the features of position t need t and M, not the rest of the sequence, so
+with a fixed M (``horizon``, or the model's ``set_max_len``) it decodes with the shared
+feature-map state (S, z) and the position t carried beside it. Without one M is the length
+of each call, unknown while generating: then there is no recurrent form (``recurrent`` is
+False).
 """
 
 from __future__ import annotations
@@ -77,3 +83,45 @@ class CosformerAttention(FeatureMapMechanism):
     @property
     def feature_dim(self) -> int:
         return 2 * self.head_dim
+
+    # -- recurrent form: the position rides in the state ---------------------------------
+
+    @property
+    def recurrent(self) -> bool:  # type: ignore[override]
+        """Only with a fixed horizon (see the module docstring)."""
+        return bool(self.horizon or self.max_len)
+
+    def _fixed_horizon(self) -> int:
+        horizon = self.horizon or self.max_len
+        if not horizon:
+            raise ValueError(
+                "cosformer: decoding needs a fixed horizon: build it with horizon=M or tell it "
+                "the longest sequence (set_max_len)"
+            )
+        return horizon
+
+    def initial_state(self, batch, device, dtype):
+        """(S, z, position 0)."""
+        self._fixed_horizon()
+        return (*super().initial_state(batch, device, dtype), 0)
+
+    def _features_at(self, x: torch.Tensor, position: int, horizon: int) -> torch.Tensor:
+        """(B, H, d) at ``position`` -> (B, H, 1, 2d): ``feature_map``'s row of that position."""
+        dtype = compute_dtype(x)
+        angle = torch.full((1,), position, device=x.device, dtype=dtype)
+        angle = angle * (math.pi / (2 * horizon))
+        r = F.relu(x.to(dtype)).unsqueeze(-2)
+        return torch.cat([r * angle.cos().unsqueeze(-1), r * angle.sin().unsqueeze(-1)], dim=-1)
+
+    def step(self, state, q, k, v):
+        s, z, position = state
+        horizon = self._fixed_horizon()
+        if position >= horizon:
+            name = "horizon" if self.horizon else "the model's max length"
+            raise ValueError(
+                f"cosformer: sequence length {position + 1} exceeds {name}={horizon}; "
+                f"build it with horizon >= the longest sequence"
+            )
+        phi_q, phi_k = (self._features_at(x, position, horizon) for x in (q, k))
+        out, (s, z) = self.step_features((s, z), phi_q, phi_k, v)
+        return out, (s, z, position + 1)

@@ -13,7 +13,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from synthbench.linear_attention import attend_to_scores, compute_dtype, linear_attention
+from synthbench.linear_attention import (
+    attend_to_scores,
+    compute_dtype,
+    linear_attention,
+    normalise,
+)
 from synthbench.params import check_int, constructor_params
 from synthbench.registry import Registry
 
@@ -45,6 +50,8 @@ class Mechanism(nn.Module):
     """
 
     extra_inputs: dict[str, int] = {}  # never mutated; an instance may set its own
+    # forward(causal=False) raises: a recurrence (a decay, a delta rule) has no two-sided form
+    causal_only: ClassVar[bool] = False
 
     def __init__(self, head_dim: int, n_heads: int) -> None:
         super().__init__()
@@ -77,9 +84,20 @@ class FeatureMapMechanism(Mechanism):
     scores, then the same normalisation (``attend_to_scores``). There the scores are
     smaller than the (features x head_dim) state of the core, and a mechanism whose kernel
     factorises overrides ``scores`` to compute them without forming the features at all.
+
+    **Recurrent form.** Every subclass decodes token by token with the state (S, z),
+    S = sum_j phi(k_j)^T v_j (batch, heads, features, head_dim) and z = sum_j phi(k_j)
+    (batch, heads, features), in at least float32: out = phi(q) S / (phi(q) . z + eps), with
+    the core's normalisation (``normalise``: the guarded denominator where ``signed``), so it
+    equals the causal ``forward``. That holds only where a position's features depend on its
+    own q or k alone: a subclass whose features depend on the position or on the sequence
+    (its length, a statistic over it) overrides ``initial_state``/``step`` correctly
+    (cosformer carries the position) or sets ``recurrent = False`` (then
+    ``has_recurrent_form`` is False). ``synthbench check`` proves the form of every one.
     """
 
     signed: ClassVar[bool] = False
+    recurrent: ClassVar[bool] = True  # False: features depend on the position or the sequence
 
     def __init__(self, head_dim: int, n_heads: int, eps: float = 1e-6, chunk_size: int = 64):
         super().__init__(head_dim, n_heads)
@@ -113,6 +131,32 @@ class FeatureMapMechanism(Mechanism):
             phi_q, phi_k, v, causal, eps=self.eps, chunk_size=self.chunk_size, signed=self.signed
         )
 
+    def initial_state(self, batch: int, device, dtype: torch.dtype):
+        """(S, z) of no token: zeros in at least float32 (as the core sums)."""
+        dtype = torch.promote_types(dtype, torch.float32)
+        features = self.feature_dim
+        s = torch.zeros(batch, self.n_heads, features, self.head_dim, device=device, dtype=dtype)
+        return s, torch.zeros(batch, self.n_heads, features, device=device, dtype=dtype)
+
+    def step(self, state, q, k, v):
+        """One position: its features, then ``step_features``."""
+        phi_q = self.feature_map(q.unsqueeze(-2), is_query=True)
+        phi_k = self.feature_map(k.unsqueeze(-2), is_query=False)
+        return self.step_features(state, phi_q, phi_k, v)
+
+    def step_features(self, state, phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor):
+        """Add phi(k)^T v to S and phi(k) to z, then read them with phi(q): features
+        (batch, heads, 1, features), v (batch, heads, head_dim) -> (out, (S, z)), out in v's
+        dtype. Not in place: autograd sees every state."""
+        s, z = state
+        out_dtype, dtype = v.dtype, compute_dtype(phi_q, phi_k, v, s)
+        phi_q, phi_k, v = phi_q.to(dtype), phi_k.to(dtype), v.to(dtype).unsqueeze(-2)
+        s = s + phi_k.mT @ v  # (B, H, F, 1) @ (B, H, 1, D)
+        z = z + phi_k.squeeze(-2)
+        num = (phi_q @ s).squeeze(-2)  # (B, H, D)
+        den = (phi_q.squeeze(-2) * z).sum(-1)  # (B, H)
+        return normalise(num, den, self.eps, self.signed).to(out_dtype), (s, z)
+
 
 def extra_inputs(mechanism: nn.Module) -> dict[str, int]:
     """The extra per-token inputs a mechanism reads (name -> width per head); {} for one
@@ -121,6 +165,11 @@ def extra_inputs(mechanism: nn.Module) -> dict[str, int]:
 
 
 def has_recurrent_form(mechanism: nn.Module) -> bool:
+    """Whether ``mechanism`` decodes token by token: it has ``initial_state`` and ``step``
+    and does not switch them off (``recurrent = False``, which a feature-map mechanism whose
+    features depend on the position or the sequence sets)."""
+    if getattr(mechanism, "recurrent", True) is False:
+        return False
     return callable(getattr(mechanism, "step", None)) and callable(
         getattr(mechanism, "initial_state", None)
     )

@@ -252,9 +252,10 @@ BUILTINS = [e.name for e in MECHANISMS.entries() if e.source == "builtin"]
 @pytest.mark.parametrize("name", BUILTINS)
 def test_every_builtin_passes_every_check(name):
     results = check_mechanism(subject(name), LENGTHS)
+    recurrent = ["recurrent"] if subject(name).has_recurrent_form() else []
     assert [r.name for r in results] == [
         "layout", "causality", "causality-forward", "dtypes", "large-inputs", "determinism",
-        "state-size",
+        "state-size", *recurrent,
     ]  # fmt: skip
     assert failures(results) == {}, "\n".join(r.line(name) for r in results)
 
@@ -559,7 +560,9 @@ def test_check_command_passes_softmax():
     result = invoke("check", "softmax", "--length", 7, "--length", 33)
     assert result.exit_code == 0, result.output
     lines = result.stdout.strip().splitlines()
-    assert len(lines) == 7 and all(line.startswith("PASS  softmax  ") for line in lines)
+    # softmax decodes through a KV cache: its recurrent form is checked too
+    assert len(lines) == 8 and all(line.startswith("PASS  softmax  ") for line in lines)
+    assert "recurrent" in lines[-1]
 
 
 def test_check_command_fails_a_leaky_plugin_with_one_fail_line(leaky):

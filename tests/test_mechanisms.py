@@ -18,7 +18,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from synthbench.linear_attention import linear_attention_reference
-from synthbench.mechanism import MECHANISMS, FeatureMapMechanism, Mechanism, mechanism_params
+from synthbench.mechanism import (
+    MECHANISMS,
+    FeatureMapMechanism,
+    Mechanism,
+    extra_inputs,
+    mechanism_params,
+)
 
 B, H, L, D = 2, 3, 70, 8  # L crosses the default 64-position chunk of the linear core
 TIGHT = {"atol": 1e-10, "rtol": 1e-10}
@@ -63,6 +69,22 @@ def build(name: str) -> torch.nn.Module:
     return MECHANISMS.get(name)(D, H)
 
 
+def call(mechanism, q, k, v, causal=True):
+    """The mechanism on q, k, v and, for one that reads them (Mechanism.extra_inputs),
+    standard-normal extra inputs of its widths, the same for the same q (seeded)."""
+    g = torch.Generator().manual_seed(1234)
+    extra = {
+        name: torch.randn(*q.shape[:-1], width, generator=g, dtype=torch.float64).to(q.dtype)
+        for name, width in extra_inputs(mechanism).items()
+    }
+    return mechanism(q, k, v, causal=causal, **extra)
+
+
+def skip_if_causal_only(name: str, causal: bool) -> None:
+    if not causal and MECHANISMS.get(name).causal_only:
+        pytest.skip(f"{name} is causal only")
+
+
 def causal_mask(length: int) -> torch.Tensor:
     return torch.ones(length, length, dtype=torch.bool).tril()
 
@@ -89,8 +111,9 @@ def reference_elu_linear(q, k, v, causal, eps):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("name", ALL_MECHANISMS)
 def test_output_shape_dtype_and_finite(name, causal, dtype):
+    skip_if_causal_only(name, causal)
     q, k, v = qkv(dtype=dtype)
-    out = build(name)(q * 4, k * 4, v, causal=causal)  # larger logits too
+    out = call(build(name), q * 4, k * 4, v, causal=causal)  # larger logits too
     assert out.shape == v.shape and out.dtype == dtype
     assert bool(out.isfinite().all())
 
@@ -104,8 +127,8 @@ def test_causal_output_ignores_the_future(name, t):
     g = torch.Generator().manual_seed(t)
     for x in perturbed:
         x[:, :, t + 1 :] = 3 * torch.randn(x[:, :, t + 1 :].shape, generator=g, dtype=x.dtype)
-    out = mechanism(*inputs, causal=True)
-    out_perturbed = mechanism(*perturbed, causal=True)
+    out = call(mechanism, *inputs, causal=True)
+    out_perturbed = call(mechanism, *perturbed, causal=True)
     torch.testing.assert_close(out_perturbed[:, :, : t + 1], out[:, :, : t + 1], **TIGHT)
     if name != "none":  # the floor mixes nothing, so its output ignores every input
         assert not torch.allclose(out_perturbed[:, :, t + 1 :], out[:, :, t + 1 :])
@@ -362,11 +385,12 @@ BF16_TOLERANCE = {"atol": 1e-2, "rtol": 1e-2}
 def test_bfloat16_forward_is_close_to_float32(name, causal):
     """The same (bfloat16-representable) inputs in bfloat16 and float32 give outputs within
     atol = rtol = 1e-2 (BF16_TOLERANCE), and the bfloat16 output comes back in bfloat16."""
+    skip_if_causal_only(name, causal)
     mechanism = build(name)
     q, k, v = (t.to(torch.bfloat16) for t in qkv(dtype=torch.float32))
-    out = mechanism(q, k, v, causal=causal)
+    out = call(mechanism, q, k, v, causal=causal)
     assert out.dtype == torch.bfloat16
-    expected = mechanism(q.float(), k.float(), v.float(), causal=causal)
+    expected = call(mechanism, q.float(), k.float(), v.float(), causal=causal)
     torch.testing.assert_close(out.float(), expected, **BF16_TOLERANCE)
 
 
@@ -375,10 +399,11 @@ def test_bfloat16_forward_is_close_to_float32(name, causal):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("name", ALL_MECHANISMS)
 def test_cuda_forward_matches_cpu(name, causal, dtype):
+    skip_if_causal_only(name, causal)
     mechanism = build(name)
     q, k, v = (t.to(dtype) for t in qkv(dtype=torch.float32))
-    expected = mechanism(q, k, v, causal=causal).float()
-    out = mechanism.cuda()(q.cuda(), k.cuda(), v.cuda(), causal=causal)
+    expected = call(mechanism, q, k, v, causal=causal).float()
+    out = call(mechanism.cuda(), q.cuda(), k.cuda(), v.cuda(), causal=causal)
     assert out.device.type == "cuda" and out.dtype == dtype
     tolerance = {"atol": 1e-3, "rtol": 1e-3} if dtype == torch.float32 else BF16_TOLERANCE
     torch.testing.assert_close(out.float().cpu(), expected, **tolerance)

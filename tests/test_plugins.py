@@ -440,7 +440,8 @@ def test_shell_completion_is_available() -> None:
     request = {"_SYNTHBENCH_COMPLETE": "complete_bash", "COMP_CWORD": "1"}
     assert complete({**request, "COMP_WORDS": "synthbench ru"}).split() == ["run"]
     request["COMP_CWORD"] = "2"
-    assert complete({**request, "COMP_WORDS": "synthbench run --prot"}).split() == ["--protocol"]
+    words = complete({**request, "COMP_WORDS": "synthbench run --protocol-"}).split()
+    assert words == ["--protocol-param"]
 
 
 # -- the README's plugin walkthrough -----------------------------------------------------------

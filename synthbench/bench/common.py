@@ -32,7 +32,7 @@ import torch
 from synthbench import provenance
 from synthbench.store import BENCH_DIR, write_atomically
 
-KINDS = ("scaling", "fidelity", "quadrature", "train")
+KINDS = ("scaling", "fidelity", "quadrature", "train", "decode")
 # the paper's Fig. 2 line-up (001 sec. 3.2), plus spherical Yat, the kernel SLAY linearises
 DEFAULT_MECHS = ("softmax", "linear", "performer", "cosformer", "yat", "yat-spherical", "slay")
 STATUSES = ("ok", "oom", "time_limit", "error", "nonfinite", "noisy")

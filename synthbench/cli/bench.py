@@ -2,6 +2,7 @@
 exact kernel (docs/BENCHMARKS.md).
 
     synthbench bench scaling     latency, peak memory, throughput of one layer against length
+    synthbench bench decode      per-token decoding latency and state memory (recurrent forms)
     synthbench bench fidelity    SLAY variants against exact spherical Yat; quadrature error
     synthbench bench train       steps/s and tokens/s of the real training loop
     synthbench bench plot        figures and tables of the stored rows
@@ -22,7 +23,7 @@ import torch
 import typer
 
 from synthbench.allocator import reuse_freed_memory
-from synthbench.bench import fidelity, scaling, throughput
+from synthbench.bench import decode, fidelity, scaling, throughput
 from synthbench.bench.common import (
     DEFAULT_BENCH_RESULTS,
     DEFAULT_MECHS,
@@ -49,6 +50,7 @@ from synthbench.mechanisms.slay import MAX_QUAD_NODES
 from synthbench.protocols import PROTOCOLS
 from synthbench.report import to_markdown
 from synthbench.task import TASKS
+from synthbench.text import plural
 
 bench_app = typer.Typer(
     no_args_is_help=True,
@@ -189,6 +191,65 @@ def scaling_command(
         echo(line)
     if plot:
         _wrote(_plots().scaling_figure(rows, out / "scaling", [f".{f}" for f in FIGURE_FORMATS]))
+
+
+# -- decode ---------------------------------------------------------------------------------
+
+
+@bench_app.command("decode")
+@guard
+def decode_command(
+    mech: Annotated[
+        str,
+        typer.Option(
+            help="'all' (every mechanism with a recurrent form) or comma-separated names."
+        ),
+    ] = "all",
+    lengths: Annotated[
+        str, typer.Option(help="Comma-separated context lengths L the state is prefilled with.")
+    ] = ",".join(map(str, decode.DEFAULT_LENGTHS)),
+    tokens: Annotated[int, typer.Option(help="Steps timed after the prefill.")] = 64,
+    batch: Annotated[int, typer.Option(help="Sequences decoded at once.")] = 1,
+    head_dim: Annotated[int, typer.Option(help="Head size (quick's layer: 16).")] = 16,
+    heads: Annotated[int, typer.Option(help="Heads (quick's layer: 4).")] = 4,
+    repeats: Annotated[int, typer.Option(help="Timed rounds (median).")] = 11,
+    warmup: Annotated[int, typer.Option(help="Untimed rounds before them.")] = 1,
+    threads: Annotated[int, typer.Option(help="Torch threads while measuring.")] = 1,
+    device: DeviceOption = "auto",
+    bench_results: BenchResultsOption = DEFAULT_BENCH_RESULTS,
+    plugin: PluginOption = None,
+    results: OldResultsOption = None,
+) -> None:
+    """Per-token decoding latency and state memory of the mechanisms with a recurrent form."""
+    bench_results = _bench_results(bench_results, results)
+    reuse_freed_memory()  # as `synthbench run` does: a KV cache grown by cat is not mapped anew
+    dev = resolve_device(device)
+    setup = decode.DecodeSetup(
+        decode.parse_lengths(lengths), tokens, batch, head_dim, heads, repeats, warmup, threads,
+        str(dev),
+    )  # fmt: skip
+    load_plugins(plugin)
+    names, skipped = decode.select(select_mechanisms(mech), setup, explicit=mech != "all")
+    file = BenchFile(bench_results, decode.KIND, decode.METRICS, new_bench_id())
+    without = f" (no recurrent form: {', '.join(skipped)})" if skipped else ""
+    echo(
+        f"decode {file.bench_id}: {plural(len(names), 'mechanism')}{without} x L "
+        f"{', '.join(map(str, setup.lengths))}; {plural(tokens, 'step')} timed after each "
+        f"prefill, batch {batch}, {plural(heads, 'head')} of {head_dim}, float32, device {dev}, "
+        f"{plural(threads, 'thread')}; median of {repeats} interleaved rounds after {warmup} "
+        f"warm-up -> {file.path}"
+    )
+    try:
+        rows = decode.measure(names, setup)
+    except KeyboardInterrupt:
+        raise fail("interrupted; nothing stored", 130) from None
+    file.add(rows, dev)
+    echo()
+    for line in decode.table_lines(rows):
+        echo(line)
+    for line in decode.growth_lines(rows):
+        echo(line)
+    echo(decode.note(setup, str(dev), rows[0]["reference"]))
 
 
 # -- fidelity -------------------------------------------------------------------------------

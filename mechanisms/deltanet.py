@@ -1,0 +1,211 @@
+"""DeltaNet: linear attention with the delta rule (Schlag et al. 2021, Linear Transformers Are
+Secretly Fast Weight Programmers), computed chunk by chunk as in Yang et al. 2024
+(Parallelizing Linear Transformers with the Delta Rule over Sequence Length, arXiv 2406.06484:
+the WY representation and the UT transform).
+
+Per head, with d = head_dim, q_t, k_t, v_t in R^d (rows of the (batch, heads, length, d)
+inputs) and the extra input ``beta`` (batch, heads, length, 1), raw:
+
+    k^_t    = k_t / sqrt(|k_t|^2 + 1e-6)                  (L2 normalisation, eps 1e-6)
+    q^_t    = q_t / sqrt(|q_t|^2 + 1e-6) * d^(-1/2)       (L2 normalisation, then the scale)
+    b_t     = sigmoid(beta_t)                             (the write strength, in (0, 1))
+    S_t     = S_{t-1} - b_t k^_t (k^_t^T S_{t-1}) + b_t k^_t v_t^T,      S_{-1} = 0
+            = (I - b_t k^_t k^_t^T) S_{t-1} + b_t k^_t v_t^T
+    o_t     = q^_t^T S_t                                   (a row of length d)
+
+S_t is d x d, indexed (key coordinate, value coordinate); Yang et al. write its transpose
+(S_t = S_{t-1} (I - b_t k_t k_t^T) + b_t v_t k_t^T, o_t = S_t q_t), the same function. In words:
+the memory reads what it stores under k^_t, k^_t^T S_{t-1}, and moves it a fraction b_t of
+the way to v_t: the delta rule. The output reads the state after the write (o_t sees v_t).
+
+Choices, and where they come from:
+
+- q and k are L2-normalised inside the mechanism, as Yang et al. 2024 do (the
+  normalisation keeps every I - b k k^T a contraction, eigenvalues in [1 - b, 1], so S stays
+  bounded for any sequence); the eps inside the square root (fla's ``l2norm``, 1e-6) makes it
+  smooth at 0 and leaves |k^| slightly below 1. Schlag et al. 2021 normalise features by
+  their sum instead (after DPFP); Yang et al. found L2 better.
+- q is also scaled by d^(-1/2), as flash-linear-attention's ``chunk_delta_rule`` does by
+  default (``scale = k.shape[-1] ** -0.5``, also when its ``use_qk_l2norm_in_kernel`` is on,
+  which is how its ``DeltaNet`` layer calls it).
+- b_t = sigmoid of the raw extra input (fla's ``b_proj(...).sigmoid()``; the layer projects
+  it, synthbench/model.py). fla's option of b in (0, 2) (negative eigenvalues) is not used.
+- Left to the model, as for every mechanism here: fla's layer also applies a short causal
+  convolution and a SiLU to q, k, v before the kernel, and a normalisation and gate after.
+  No positions either (``--pos``).
+- Causal only: the delta rule is a recurrence; ``causal=False`` raises ValueError.
+
+Three forms of the same function:
+
+- ``delta_rule_reference``: the recurrence above, one token at a time (as flash-linear-
+  attention's ``fla/ops/delta_rule/naive.py``), the readable reference.
+- ``chunked_delta_rule`` (``forward``): chunks of C = min(chunk_size, L) positions (the last
+  one zero-padded: a padded position has k^ = 0, v = 0, b = 0, so it writes nothing, and it
+  comes after every real position). Inside chunk n, with S the state before the chunk and
+  K (C x d), V (C x d), Q (C x d) its normalised rows, B = diag(b):
+
+      A = strictly lower triangular part of B K K^T   (A_ij = b_i k^_i . k^_j for j < i)
+      T = (I + A)^(-1)                                (the UT transform: unit lower
+                                                       triangular, by a triangular solve)
+      W = T B K,  U~ = T B V                           (the WY representation)
+      U = U~ - W S                                     (row i: u_i = b_i (v_i - S_{i-1}^T k^_i),
+                                                       the "pseudo-value" actually written)
+      O = Q S + tril(Q K^T) U                          (tril keeps the diagonal: o_t sees v_t)
+      S <- S + K^T U
+
+  Why: writing u_i = b_i (v_i - S_{i-1}^T k^_i), the recurrence is S_i = S_{i-1} + k^_i u_i^T,
+  so S_{i-1} = S + sum_{j<i} k^_j u_j^T and u_i = b_i (v_i - S^T k^_i - sum_{j<i} (k^_i . k^_j)
+  u_j), i.e. (I + A) U = B V - B K S. T, W and U~ are computed for every chunk at once; only
+  the d x d state recurrence loops over the chunks. Cost O(L C d + L d^2); no L x L matrix.
+- the recurrent form (``initial_state``, ``step``): S, d x d numbers per head whatever L.
+
+Numerics: everything in at least float32 (``compute_dtype``), returned in v's dtype. Inputs
+scaled x100 change only how saturated b is (q and k are normalised), so outputs grow only as v.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from synthbench.linear_attention import compute_dtype
+from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.params import check_int
+
+L2_EPS = 1e-6  # inside the square root of the L2 normalisation (fla's l2norm)
+
+
+def l2_normalise(x: torch.Tensor) -> torch.Tensor:
+    """x / sqrt(|x|^2 + L2_EPS) along the last dimension."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def _prepared(q, k, v, beta):
+    """q^ (normalised, scaled), k^ (normalised), v and b = sigmoid(beta), all in the
+    compute dtype; beta (..., 1) stays (..., 1)."""
+    dtype = compute_dtype(q, k, v, beta)
+    q, k, v, beta = (t.to(dtype) for t in (q, k, v, beta))
+    return l2_normalise(q) / math.sqrt(q.shape[-1]), l2_normalise(k), v, torch.sigmoid(beta)
+
+
+def _check_inputs(causal: bool, beta: torch.Tensor | None) -> None:
+    if not causal:
+        raise ValueError("deltanet is causal only: the delta rule is a recurrence")
+    if beta is None:
+        raise ValueError("deltanet needs its extra input beta (batch, heads, length, 1)")
+
+
+def delta_rule_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor
+) -> torch.Tensor:
+    """The recurrence of the module docstring, token after token: q, k, v (B, H, L, d), beta
+    (B, H, L, 1) raw -> (B, H, L, d) in v's dtype."""
+    out_dtype = v.dtype
+    q, k, v, b = _prepared(q, k, v, beta)
+    batch, heads, length, dim = q.shape
+    state = q.new_zeros(batch, heads, dim, v.shape[-1])  # S: (key coordinate, value coordinate)
+    outs = []
+    for t in range(length):
+        q_t, k_t, v_t, b_t = q[:, :, t], k[:, :, t], v[:, :, t], b[:, :, t, :, None]
+        k_col = k_t.unsqueeze(-1)  # (B, H, d, 1)
+        read = k_col.mT @ state  # k^_t^T S_{t-1}: (B, H, 1, d)
+        state = state - b_t * k_col @ read + b_t * k_col @ v_t.unsqueeze(-2)
+        outs.append((q_t.unsqueeze(-2) @ state).squeeze(-2))  # q^_t^T S_t
+    return torch.stack(outs, dim=-2).to(out_dtype)
+
+
+def chunked_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """The chunkwise (WY / UT-transform) form of the module docstring: the same function as
+    ``delta_rule_reference``, q, k, v (B, H, L, d), beta (B, H, L, 1) raw -> (B, H, L, d)."""
+    out_dtype = v.dtype
+    q, k, v, b = _prepared(q, k, v, beta)
+    batch, heads, length, dim = q.shape
+    dim_v = v.shape[-1]
+    C = max(1, min(chunk_size, length))
+    N = -(-length // C)
+    pad = N * C - length
+
+    def chunks(t: torch.Tensor) -> torch.Tensor:  # zero-padded, (B, H, N, C, width)
+        return F.pad(t, (0, 0, 0, pad)).reshape(batch, heads, N, C, t.shape[-1])
+
+    q, k, v, b = chunks(q), chunks(k), chunks(v), chunks(b)
+    # every chunk at once: A, then W = T B K and U~ = T B V by one triangular solve of I + A
+    a = ((b * k) @ k.mT).tril(-1)  # A_ij = b_i k^_i . k^_j for j < i
+    eye = torch.eye(C, dtype=a.dtype, device=a.device)
+    wu = torch.linalg.solve_triangular(
+        eye + a, torch.cat([b * k, b * v], dim=-1), upper=False, unitriangular=True
+    )
+    w, u_tilde = wu[..., :dim], wu[..., dim:]
+    # across chunks: the state before each chunk, S <- S + K^T (U~ - W S)
+    states = [q.new_zeros(batch, heads, dim, dim_v)]
+    for n in range(N - 1):
+        s = states[-1]
+        states.append(s + k[:, :, n].mT @ (u_tilde[:, :, n] - w[:, :, n] @ s))
+    before = torch.stack(states, dim=2)  # (B, H, N, d, d_v)
+    u = u_tilde - w @ before
+    out = q @ before + (q @ k.mT).tril() @ u  # (B, H, N, C, d_v)
+    return out.reshape(batch, heads, N * C, dim_v)[:, :, :length].to(out_dtype)
+
+
+@MECHANISMS.register(
+    "deltanet",
+    aliases=("delta-rule",),
+    complexity="linear",
+    family="delta-rule",
+    reference="Schlag et al. 2021, Linear Transformers Are Secretly Fast Weight Programmers; "
+    "chunked as Yang et al. 2024 (arXiv 2406.06484)",
+)
+class DeltaNet(Mechanism):
+    """The delta rule: S_t = S_{t-1} - b_t k^_t (k^_t^T S_{t-1}) + b_t k^_t v_t^T,
+    o_t = q^_t^T S_t, with q, k L2-normalised (q then scaled by head_dim^-1/2) and
+    b_t = sigmoid(beta_t), ``beta`` an extra input of width 1. Causal only (causal=False
+    raises ValueError). The exact definition, the chunked form and the choices: the module
+    docstring.
+
+    chunk_size: positions per chunk of the chunkwise form (>= 1, default 64; any value gives
+    the same function)."""
+
+    signed = True  # its implicit attention weights take either sign
+    causal_only = True  # forward(causal=False) raises: the delta rule is a recurrence
+
+    def __init__(self, head_dim: int, n_heads: int, chunk_size: int = 64):
+        super().__init__(head_dim, n_heads)
+        check_int("chunk_size", chunk_size, 1)
+        self.chunk_size = chunk_size
+        self.extra_inputs = {"beta": 1}
+
+    def forward(self, q, k, v, causal: bool = True, beta: torch.Tensor | None = None):
+        _check_inputs(causal, beta)
+        return chunked_delta_rule(q, k, v, beta, self.chunk_size)
+
+    def state_size(self, seq_len: int) -> int:
+        """The d x d state S, whatever the length."""
+        return self.head_dim * self.head_dim
+
+    def initial_state(self, batch: int, device, dtype: torch.dtype) -> torch.Tensor:
+        """S = 0: (batch, heads, head_dim, head_dim) in at least float32."""
+        dtype = torch.promote_types(dtype, torch.float32)
+        shape = (batch, self.n_heads, self.head_dim, self.head_dim)
+        return torch.zeros(shape, device=device, dtype=dtype)
+
+    def step(self, state, q, k, v, beta: torch.Tensor | None = None):
+        """One position: q, k, v (batch, heads, head_dim), beta (batch, heads, 1) raw.
+        S <- S + b k^ (v - S^T k^)^T, then o = q^^T S. Not in place: autograd sees every
+        state."""
+        _check_inputs(True, beta)
+        out_dtype = v.dtype
+        q, k, v, b = _prepared(q, k, v, beta)
+        dtype = torch.promote_types(q.dtype, state.dtype)
+        q, k, v, b = q.to(dtype), k.to(dtype), v.to(dtype), b.to(dtype)
+        read = (k.unsqueeze(-2) @ state).squeeze(-2)  # S^T k^: (B, H, d)
+        state = state + (b * k).unsqueeze(-1) * (v - read).unsqueeze(-2)
+        out = (q.unsqueeze(-2) @ state).squeeze(-2)
+        return out.to(out_dtype), state

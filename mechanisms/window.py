@@ -1,0 +1,163 @@
+"""Sliding-window softmax attention (Beltagy et al. 2020, Longformer; a baseline in Arora et
+al. 2024, Based).
+
+Causal (the default): position i attends to the ``window`` most recent positions, itself
+included, j = i - window + 1 .. i (fewer at the start of the sequence), with softmax
+attention at scale 1/sqrt(d), d = head_dim:
+
+    out_i = sum_{j in W(i)} softmax_j(q_i . k_j / sqrt(d)) v_j,
+    W(i) = {j : 0 <= i - j <= window - 1, 0 <= j < L}.
+
+window >= L is causal softmax attention; window = 1 returns v. No positions, projections or
+gates: they belong to the model.
+
+Non-causal (``causal=False``): the symmetric band W(i) = {j : |i - j| <= window - 1, 0 <= j < L},
+window - 1 positions on each side of i and i itself, so that the causal form is exactly the
+non-causal one with every later key masked (as for every other mechanism here). Longformer's own
+non-causal window of size w takes w/2 positions on each side; this one takes window - 1.
+
+Three forms of the same function:
+
+- ``sliding_window_reference``: the plain (L x L) masked softmax, the readable reference.
+- ``sliding_window_attention`` (``forward``): blocks of ``chunk_size`` queries, each against
+  the keys of its own block and of just enough earlier blocks to reach window - 1 positions
+  back (and as many later blocks, non-causal), with a band mask: at the defaults (window 64,
+  chunk 64) each block of 64 queries sees 128 keys. Cost O(L (window + chunk) d); no L x L
+  matrix.
+- the recurrent form (``initial_state``, ``step``): the last ``window`` keys and values, a
+  state of 2 window d numbers per head whatever the length (hence complexity "linear").
+
+Scores, softmax and sums run in at least float32 (``compute_dtype``); the output comes back
+in v's dtype. The softmax subtracts its row maximum, so inputs scaled x100 stay finite.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from synthbench.linear_attention import compute_dtype
+from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.params import check_int
+
+
+def _in_band(offset: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
+    """Whether a key at ``offset`` = i - j positions before its query is attended to."""
+    if causal:
+        return (offset >= 0) & (offset < window)
+    return offset.abs() < window
+
+
+def sliding_window_reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, causal: bool = True
+) -> torch.Tensor:
+    """The module docstring's formula through the full (L x L) score matrix: q k^T / sqrt(d),
+    every key outside the band set to -inf, softmax over the keys, times v."""
+    dtype = compute_dtype(q, k, v)
+    length = q.shape[-2]
+    positions = torch.arange(length, device=q.device)
+    offset = positions[:, None] - positions[None, :]  # i - j
+    scores = q.to(dtype) @ k.to(dtype).mT / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(~_in_band(offset, window, causal), float("-inf"))
+    return (scores.softmax(dim=-1) @ v.to(dtype)).to(v.dtype)
+
+
+def sliding_window_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: int,
+    causal: bool = True,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """The same function in blocks (module docstring): (B, H, L, d) -> (B, H, L, d).
+
+    Queries come in N blocks of C = min(chunk_size, L) positions (the last one padded). Block
+    n sees the keys of blocks n - back .. n + ahead, back = ceil((window - 1) / C) (the
+    earliest key a query of the block can see is window - 1 positions before the block's
+    first query), ahead = 0 causal, back otherwise; both at most N - 1. Keys and values are
+    zero-padded so that every block has that span, and the band mask, built once for all
+    blocks, removes every key outside the band, before the sequence or after its end."""
+    batch, heads, length, dim = q.shape
+    out_dtype = v.dtype
+    dtype = compute_dtype(q, k, v)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    C = max(1, min(chunk_size, length))
+    N = -(-length // C)
+    back = min(-(-(window - 1) // C), N - 1)
+    ahead = 0 if causal else back
+    span = (back + 1 + ahead) * C
+    pad = N * C - length
+    blocks = F.pad(q, (0, 0, 0, pad)).reshape(batch, heads, N, C, dim)
+    # key/value position p sits at padded index p + back * C; block n's keys are the padded
+    # indices n C .. n C + span - 1, i.e. positions (n - back) C + b for b < span
+    k, v = (F.pad(t, (0, 0, back * C, pad + ahead * C)) for t in (k, v))
+    keys = k.unfold(-2, span, C)  # (B, H, N, d, span)
+    values = v.unfold(-2, span, C).mT  # (B, H, N, span, d)
+
+    n = torch.arange(N, device=q.device)[:, None, None]
+    i = n * C + torch.arange(C, device=q.device)[None, :, None]  # query positions
+    j = (n - back) * C + torch.arange(span, device=q.device)[None, None, :]  # key positions
+    # a padded query (i >= L) keeps its own (zero) key, so that its softmax row is never
+    # empty: an all -inf row would give NaN, whose gradient would reach the real keys
+    allowed = _in_band(i - j, window, causal) & (j >= 0) & ((j < length) | (j == i))
+
+    scores = blocks @ keys / math.sqrt(dim)  # (B, H, N, C, span)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    out = scores.softmax(dim=-1) @ values  # (B, H, N, C, d)
+    return out.reshape(batch, heads, N * C, dim)[:, :, :length].to(out_dtype)
+
+
+@MECHANISMS.register(
+    "sliding-window",
+    aliases=("swa", "window"),
+    complexity="linear",
+    family="softmax",
+    reference="Beltagy et al. 2020 (Longformer); as a baseline in Arora et al. 2024 (Based)",
+)
+class SlidingWindowAttention(Mechanism):
+    """Softmax attention over the ``window`` most recent positions, itself included, at scale
+    1/sqrt(head_dim) (causal); the symmetric band |i - j| <= window - 1 non-causal. The exact
+    definition, the forms and the numerics: the module docstring.
+
+    window: positions attended to (>= 1, default 64); chunk_size: queries per block of the
+    parallel form (>= 1, default 64; any value gives the same function)."""
+
+    def __init__(self, head_dim: int, n_heads: int, window: int = 64, chunk_size: int = 64):
+        super().__init__(head_dim, n_heads)
+        check_int("window", window, 1)
+        check_int("chunk_size", chunk_size, 1)
+        self.window, self.chunk_size = window, chunk_size
+
+    def forward(self, q, k, v, causal: bool = True):
+        return sliding_window_attention(q, k, v, self.window, causal, self.chunk_size)
+
+    def state_size(self, seq_len: int) -> int:
+        """The last ``window`` keys and values, whatever the length."""
+        return 2 * self.window * self.head_dim
+
+    def initial_state(self, batch: int, device, dtype: torch.dtype):
+        """(keys, values, seen): the last ``window`` keys and values, oldest first (batch,
+        heads, window, head_dim, zeros in at least float32), and how many tokens came in (the
+        slots of the ones not yet seen are masked)."""
+        dtype = torch.promote_types(dtype, torch.float32)
+        shape = (batch, self.n_heads, self.window, self.head_dim)
+        zeros = torch.zeros(shape, device=device, dtype=dtype)
+        return zeros, zeros, 0
+
+    def step(self, state, q, k, v):
+        """One position, q, k, v (batch, heads, head_dim): push k and v in (the oldest
+        falls out), then attend over the filled slots. Not in place: autograd sees every
+        state."""
+        keys, values, seen = state
+        dtype = compute_dtype(q, k, v, keys)
+        keys = torch.cat([keys[:, :, 1:], k.to(dtype).unsqueeze(-2)], dim=-2)
+        values = torch.cat([values[:, :, 1:], v.to(dtype).unsqueeze(-2)], dim=-2)
+        seen += 1
+        scores = (keys @ q.to(dtype).unsqueeze(-1)).squeeze(-1) / math.sqrt(self.head_dim)
+        empty = torch.arange(self.window, device=q.device) < self.window - min(seen, self.window)
+        scores = scores.masked_fill(empty, float("-inf"))  # (B, H, window)
+        out = (scores.softmax(dim=-1).unsqueeze(-2) @ values).squeeze(-2)
+        return out.to(v.dtype), (keys, values, seen)
