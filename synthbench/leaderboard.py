@@ -220,8 +220,30 @@ def notes(board: Leaderboard) -> list[str]:
     return notes
 
 
+STATE_LENGTH = 1024  # where the leaderboard quotes each mechanism's declared state
+
+
+def declared_state(label: str, protocol: str) -> int | None:
+    """The state per head a mechanism declares (``state_size``) at length STATE_LENGTH and
+    the protocol's head size, at its default parameters; None for a mechanism that is not
+    registered here or a variant run with other parameters (``name (k=v)``)."""
+    from synthbench.mechanism import MECHANISMS  # torch: only where a board is written
+    from synthbench.protocols import PROTOCOLS
+
+    name, _, variant = label.partition(" (")
+    if variant not in ("", "reference)") or name not in MECHANISMS or protocol not in PROTOCOLS:
+        return None
+    preset = PROTOCOLS.get(protocol)
+    try:
+        mechanism = MECHANISMS.get(name)(preset.d_model // preset.n_heads, preset.n_heads)
+        return int(mechanism.state_size(STATE_LENGTH))
+    except Exception:  # a plugin that cannot be built with its defaults: no figure
+        return None
+
+
 def to_markdown(board: Leaderboard) -> str:
-    """The ranking as a Markdown table with its footnotes."""
+    """The ranking as a Markdown table with its footnotes, and each mechanism's declared
+    state beside its score."""
     n_tasks = len(board.tasks)
     body = []
     for _, row in board.table.iterrows():
@@ -229,8 +251,17 @@ def to_markdown(board: Leaderboard) -> str:
         tie = " ≈" if row["same_as_next"] else ""
         cells = ["--" if pd.isna(row[c]) else f"{row[c]:.3f}" for c in board.categories]
         tasks = f"{row['n_tasks']}/{n_tasks}"
-        body.append([rank, row["mechanism"] + tie, _interval(row), *cells, tasks])
-    text = markdown_table(
-        body, ["rank", "mechanism", f"score [{CONFIDENCE:.0%} CI]", *board.categories, "tasks"]
+        state = declared_state(row["mechanism"], board.protocol)
+        state_text = "--" if state is None else f"{state:,}"
+        body.append([rank, row["mechanism"] + tie, _interval(row), *cells, tasks, state_text])
+    headers = ["rank", "mechanism", f"score [{CONFIDENCE:.0%} CI]", *board.categories, "tasks",
+               "state/head"]  # fmt: skip
+    text = markdown_table(body, headers)
+    state_note = (
+        f"state/head: the numbers a head carries from one token to the next when generating "
+        f"(its declared state_size) at length {STATE_LENGTH} and this protocol's head size, "
+        "default parameters; a KV cache (softmax) grows with the length, a recurrent state "
+        "does not."
     )
-    return text + "\n\n" + "\n".join(f"- {n}" for n in notes(board)) + "\n"
+    lines = [*notes(board), state_note]
+    return text + "\n\n" + "\n".join(f"- {n}" for n in lines) + "\n"

@@ -167,7 +167,7 @@ def test_one_seed_has_no_interval_and_tells_no_neighbours_apart():
     md = to_markdown(board)
     (line,) = [x for x in md.splitlines() if "| a" in x]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells == ["1", "a ≈", "0.900", "0.900", "1/1"]
+    assert cells == ["1", "a ≈", "0.900", "0.900", "1/1", "--"]  # a: no registered state
     assert "One seed: no interval" in md
 
 
@@ -220,3 +220,24 @@ def test_the_ranking_is_reproducible():
     values = runs({("Basic", "copy", m): [0.1, 0.5, 0.9] for m in ("a", "b")})
     first, second = (build(values, "q", 1, "token_acc").table for _ in range(2))
     pd.testing.assert_frame_equal(first, second)
+
+
+def test_the_board_quotes_each_registered_mechanisms_declared_state():
+    """Beside the score: the state per head at L 1024 and the protocol's head size, as the
+    mechanism declares it (softmax's KV cache grows with L, linear's state does not)."""
+    board = build(
+        runs({("Basic", "copy", "softmax"): [0.9], ("Basic", "copy", "linear (reference)"): [0.8],
+              ("Basic", "copy", "linear (eps=0.1)"): [0.7]}),
+        "quick", 1, "target",
+    )  # fmt: skip
+    md = to_markdown(board)
+    cells = {
+        c[1]: c[-1]
+        for c in ([x.strip() for x in line.strip("|").split("|")] for line in md.splitlines())
+        if len(c) > 2
+    }
+    head = 64 // 4  # quick: d_model 64, 4 heads
+    assert cells["softmax ≈"] == f"{2 * 1024 * head:,}"
+    assert cells["linear (reference) ≈"] == f"{head * (head + 1):,}"
+    assert cells["linear (eps=0.1)"] == "--"  # another parameter set: not the default's figure
+    assert "state/head: the numbers a head carries" in md
