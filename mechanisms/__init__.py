@@ -1,3 +1,20 @@
 """Built-in attention mechanisms; importing this package registers them in MECHANISMS."""
 
-from . import cosformer, linear, none, performer, rewa, rff, slay, softmax, yat  # noqa: F401
+# imported for their registration only
+from . import (  # noqa: F401
+    based,
+    cosformer,
+    deltanet,
+    gla,
+    linear,
+    mamba2,
+    none,
+    performer,
+    retnet,
+    rewa,
+    rff,
+    slay,
+    softmax,
+    window,
+    yat,
+)

@@ -403,8 +403,9 @@ def check_causality(subject: Subject, lengths: Sequence[int]) -> CheckResult:
         for length in lengths
         for mode in MODES
     )
+    names = ", ".join(subject.input_names())
     return _first_failure("causality", cases) or CheckResult(
-        "causality", True, "gradient exactly 0 w.r.t. q, k, v after each cut and other batch "
+        "causality", True, f"gradient exactly 0 w.r.t. {names} after each cut and other batch "
         f"items (float64, train and eval; {describe_lengths(lengths)}; {_coverage(lengths)})"
     )  # fmt: skip
 
@@ -423,9 +424,11 @@ def check_forward_causality(subject: Subject, lengths: Sequence[int]) -> CheckRe
                 lambda qkv: _call(mechanism, qkv),
                 subject.inputs(length, torch.float32),
                 _randn_like,
-                "q, k, v",
+                names,
                 2,
             )
+
+    names = ", ".join(subject.input_names())
 
     cases = (
         (
@@ -436,7 +439,7 @@ def check_forward_causality(subject: Subject, lengths: Sequence[int]) -> CheckRe
         for mode in MODES
     )
     return _first_failure("causality-forward", cases) or CheckResult(
-        "causality-forward", True, "outputs up to each cut unchanged when q, k, v after it "
+        "causality-forward", True, f"outputs up to each cut unchanged when {names} after it "
         "or other batch items change (float32, train, eval under no_grad; "
         f"{describe_lengths(lengths)})"
     )  # fmt: skip

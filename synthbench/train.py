@@ -162,6 +162,17 @@ def build_model(spec: RunSpec, *tasks: Task) -> Model:
     )
 
 
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW's parameter groups: every parameter with the protocol's weight decay, but one a
+    mechanism marks ``_no_weight_decay`` (as Mamba-2 marks its A_log and dt_bias) without.
+    Without such a parameter, one group in the model's order: as before the marks existed."""
+    decayed, exempt = [], []
+    for param in model.parameters():
+        (exempt if getattr(param, "_no_weight_decay", False) else decayed).append(param)
+    groups = [{"params": decayed, "weight_decay": weight_decay}]
+    return groups + ([{"params": exempt, "weight_decay": 0.0}] if exempt else [])
+
+
 def _train_and_evaluate(
     spec: RunSpec, lr: float, device: torch.device, row: dict, budget: Budget
 ) -> None:
@@ -173,7 +184,7 @@ def _train_and_evaluate(
     model = build_model(spec, task, *([long_task] if long_task else [])).to(device)
     row["n_params"] = sum(t.numel() for t in model.parameters())
     optimizer = torch.optim.AdamW(
-        model.parameters(),
+        parameter_groups(model, p.weight_decay),
         lr=lr,
         betas=p.betas,
         weight_decay=p.weight_decay,

@@ -534,3 +534,23 @@ def test_a_training_that_falls_behind_its_pace_stops_from_half_the_schedule():
     behind = tuple((step, 0.0) for step in curve_points(SMOKE.steps))  # never behind
     kept_up = train_eval(spec(protocol=paced), 3e-3, CPU, Budget(pace=behind))
     assert kept_up["steps_done"] == SMOKE.steps
+
+
+def test_a_parameter_marked_no_weight_decay_gets_none():
+    """Mamba-2 marks A_log and dt_bias (as its own code does); every other parameter, and
+    every parameter of a model without marks, keeps the protocol's weight decay in one group
+    in the model's order (the optimiser of the runs stored before the marks existed)."""
+    from synthbench.mechanism import MECHANISMS
+    from synthbench.model import MultiHeadAttention
+    from synthbench.train import parameter_groups
+
+    layer = MultiHeadAttention(16, 2, MECHANISMS.get("mamba2")(8, 2))
+    groups = parameter_groups(layer, 0.01)
+    assert [g["weight_decay"] for g in groups] == [0.01, 0.0]
+    assert {id(p) for p in groups[1]["params"]} == {
+        id(layer.mechanism.A_log),
+        id(layer.mechanism.dt_bias),
+    }
+    plain = MultiHeadAttention(16, 2, MECHANISMS.get("linear")(8, 2))
+    (group,) = parameter_groups(plain, 0.01)
+    assert group["params"] == list(plain.parameters()) and group["weight_decay"] == 0.01

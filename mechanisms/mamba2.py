@@ -1,0 +1,254 @@
+"""Mamba-2's state-space duality (SSD) layer core (Dao and Gu 2024, Transformers are SSMs:
+Generalized Models and Efficient Algorithms Through Structured State Space Duality, arXiv
+2405.21060, sec. 6-7), as an attention-like mechanism: the selective SSM with a scalar decay
+per head and token, read through the SSD duality C = q, B = k, X = v.
+
+Per head h, with d = head_dim, q_t, k_t, v_t in R^d (rows of the (batch, heads, length, d)
+inputs), the extra input ``dt`` (batch, heads, length, 1), raw, and the head's learned
+parameters ``A_log[h]`` and ``dt_bias[h]``:
+
+    Delta_t = softplus(dt_t + dt_bias[h])                (the step size, > 0)
+    A_h     = -exp(A_log[h])                             (< 0)
+    a_t     = exp(Delta_t * A_h)                         (the decay, a scalar in (0, 1))
+    S_t     = a_t S_{t-1} + Delta_t k_t^T v_t             (S is d x d, S_{-1} = 0)
+    o_t     = q_t S_t                                     (a row of length d, no scale)
+
+that is, Mamba-2's h_t = exp(Delta_t A) h_{t-1} + Delta_t B_t x_t^T, y_t = C_t^T h_t with its
+discretisation (zero-order hold on A, Euler on B: the X * dt, A * dt of its reference code),
+B = k, C = q, X = v, the state size N and the head size P both head_dim. S_t is indexed
+(key coordinate, value coordinate). Unrolled, the SSD "attention" form:
+
+    o_t = sum_{s <= t} (q_t . k_s) exp(sum_{s < r <= t} Delta_r A_h) Delta_s v_s
+
+The output reads the state after the write (o_t sees v_t). q is not scaled: Mamba-2 reads its
+state with C as it is.
+
+Parameters, per head (n_heads each, float32 as built), drawn from torch's global random
+generator at construction in Mamba-2's order (its ``Mamba2Simple.__init__``), so that the
+engine's seed before building the model fixes them:
+
+- ``dt_bias``: Delta0 = exp(u (log 0.1 - log 0.001) + log 0.001), u ~ uniform[0, 1)
+  (``torch.rand(n_heads)``), i.e. log-uniform in [1e-3, 1e-1], clamped below at 1e-4 (a no-op
+  here), stored as its inverse softplus dt_bias = Delta0 + log(-expm1(-Delta0)), so that
+  softplus(dt_bias) = Delta0 (dt_bias in about [-6.9, -2.25]).
+- ``A_log`` = log(A0), A0 ~ uniform[1, 16] (``torch.empty(n_heads).uniform_(1, 16)``,
+  Mamba-2's A_init_range), so A_log in [0, log 16].
+
+As in Mamba-2, neither is weight-decayed: both are marked ``_no_weight_decay``, which
+synthbench's training honours (``train.parameter_groups``).
+
+Left to the model, as for every mechanism here: Mamba-2's D skip term (D x_t added to y_t;
+the model has residuals), its gate (y * SiLU(z)) and RMSNorm before the output projection,
+the short causal convolution and SiLU on x, B, C, the groups of B and C shared across heads,
+and dt_limit (its default (0, inf) clamps nothing). No positions either (``--pos``).
+Causal only: the SSM is a recurrence; ``causal=False`` raises ValueError.
+
+Three forms of the same function:
+
+- ``ssd_reference``: the recurrence above, one token at a time, the readable reference.
+- ``chunked_ssd`` (``forward``): the SSD algorithm of the paper (sec. 6, its listing 1,
+  ``ssd_minimal_discrete``) in chunks of C = min(chunk_size, L) positions. With
+  l_t = Delta_t A_h = log a_t and segsum(l)_ij = sum_{j < r <= i} l_r for j <= i, -inf above
+  the diagonal:
+
+      inside a chunk:    O = ((Q K^T) * exp(segsum(l))) (Delta * V)       (diagonal blocks)
+      chunk states:      W_n = sum_j exp(sum_{j < r <= end} l_r) Delta_j k_j^T v_j
+      state passing:     S_n = sum_{m < n} exp(sum of the whole log decays of chunks
+                               m+1 .. n-1) W_m   (the segsum over the chunks' totals)
+      state to output:   O += (Q * exp(cumsum(l))) S_n                     (off-diagonal)
+
+  every chunk at once, the state passing a (N x N) product over the chunks: no Python loop
+  over chunks or positions. Cost O(L (C + d) d + N^2 d^2) per head; no L x L matrix. The
+  last chunk is zero-padded with q = k = v = 0 and l = 0 (Delta = 0): it decays nothing and
+  writes nothing.
+- the recurrent form (``initial_state``, ``step``): S, d x d numbers per head whatever L.
+
+Numerics: Delta is a softplus (finite for any finite dt, from x100 inputs too); each l_t <= 0.
+Every decay exponentiated is a sum of l over a segment j < r <= i, computed as segsum does:
+the l_r masked to the segment BEFORE the cumulative sum, and -inf above the diagonal before
+the exponential (no difference of two long cumulative sums, never exp(-cumsum)), or a
+cumulative sum from the chunk's start, <= 0. Sums run in at least float32 (``compute_dtype``,
+the parameters cast to it); the output comes back in v's dtype.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from synthbench.linear_attention import compute_dtype
+from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.params import check_int
+
+A_INIT_RANGE = (1.0, 16.0)  # A0 ~ uniform[1, 16], A_log = log(A0) (Mamba-2's A_init_range)
+DT_MIN, DT_MAX, DT_INIT_FLOOR = 1e-3, 1e-1, 1e-4  # softplus(dt_bias) log-uniform in [1e-3, 1e-1]
+
+
+def _check_inputs(causal: bool, dt: torch.Tensor | None) -> None:
+    if not causal:
+        raise ValueError("mamba2 is causal only: the state-space model is a recurrence")
+    if dt is None:
+        raise ValueError("mamba2 needs its extra input dt (batch, heads, length, 1)")
+
+
+def _prepared(q, k, v, dt, A_log, dt_bias):  # noqa: N803 - Mamba-2's names
+    """q, k, v, Delta (B, H, L) and log a = Delta A (B, H, L), in the compute dtype; dt
+    (..., 1) raw, A_log and dt_bias (H,). Works on one position too (no length axis)."""
+    dtype = compute_dtype(q, k, v, dt, A_log, dt_bias)
+    q, k, v, dt, A_log, dt_bias = (t.to(dtype) for t in (q, k, v, dt, A_log, dt_bias))
+    shape = (-1,) + (1,) * (dt.dim() - 3)  # heads is dim 1 of dt[..., 0]
+    delta = F.softplus(dt[..., 0] + dt_bias.view(shape))
+    log_a = -delta * A_log.exp().view(shape)
+    return q, k, v, delta, log_a
+
+
+def ssd_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dt: torch.Tensor,
+    A_log: torch.Tensor,  # noqa: N803
+    dt_bias: torch.Tensor,
+) -> torch.Tensor:
+    """The recurrence of the module docstring, token after token: q, k, v (B, H, L, d), dt
+    (B, H, L, 1) raw, A_log and dt_bias (H,) -> (B, H, L, d) in v's dtype."""
+    out_dtype = v.dtype
+    q, k, v, delta, log_a = _prepared(q, k, v, dt, A_log, dt_bias)
+    batch, heads, length, dim = q.shape
+    state = q.new_zeros(batch, heads, dim, v.shape[-1])  # S: (key coordinate, value coordinate)
+    outs = []
+    for t in range(length):
+        a_t = log_a[:, :, t].exp().view(batch, heads, 1, 1)
+        delta_t = delta[:, :, t].view(batch, heads, 1, 1)
+        state = a_t * state + delta_t * k[:, :, t].unsqueeze(-1) * v[:, :, t].unsqueeze(-2)
+        outs.append((q[:, :, t].unsqueeze(-2) @ state).squeeze(-2))  # q_t S_t
+    return torch.stack(outs, dim=-2).to(out_dtype)
+
+
+def segsum(x: torch.Tensor) -> torch.Tensor:
+    """x (..., T) -> (..., T, T): out_ij = sum_{j < r <= i} x_r for j <= i (0 on the
+    diagonal), -inf for j > i. Each x_r is masked to its segments before the cumulative sum
+    (no difference of cumulative sums), as ssd_minimal's stable segsum."""
+    T = x.shape[-1]
+    ones = torch.ones(T, T, dtype=torch.bool, device=x.device)
+    segments = x.unsqueeze(-1).expand(*x.shape, T)  # row r, column j: x_r
+    segments = segments.masked_fill(~ones.tril(-1), 0)  # x_r kept where j < r
+    out = segments.cumsum(-2)  # row i, column j: sum of x_r for j < r <= i
+    return out.masked_fill(~ones.tril(), -math.inf)
+
+
+def chunked_ssd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    dt: torch.Tensor,
+    A_log: torch.Tensor,  # noqa: N803
+    dt_bias: torch.Tensor,
+    chunk_size: int = 64,
+) -> torch.Tensor:
+    """The chunked SSD form of the module docstring: the same function as ``ssd_reference``,
+    q, k, v (B, H, L, d), dt (B, H, L, 1) raw, A_log and dt_bias (H,) -> (B, H, L, d)."""
+    out_dtype = v.dtype
+    q, k, v, delta, log_a = _prepared(q, k, v, dt, A_log, dt_bias)
+    batch, heads, length, dim = q.shape
+    dim_v = v.shape[-1]
+    C = max(1, min(chunk_size, length))
+    N = -(-length // C)
+    pad = N * C - length
+    x = v * delta.unsqueeze(-1)  # Delta_t v_t: what position t writes
+    q, k, x = (F.pad(t, (0, 0, 0, pad)).reshape(batch, heads, N, C, t.shape[-1]) for t in (q, k, x))
+    log_a = F.pad(log_a, (0, pad)).reshape(batch, heads, N, C)
+
+    # 1. inside each chunk: the masked quadratic form with the decay mask exp(segsum)
+    decays = segsum(log_a)  # (B, H, N, C, C)
+    out = ((q @ k.mT) * decays.exp()) @ x  # (B, H, N, C, d_v)
+    if N > 1:
+        cumulative = log_a.cumsum(-1)  # (B, H, N, C): log decay from the chunk's start, <= 0
+        # 2. each chunk's writes, decayed to its end: exp(l_{j+1} + ... + l_end) <= 1
+        to_end = decays[..., -1, :]  # (B, H, N, C): the segsum's last row
+        writes = (k * to_end.exp().unsqueeze(-1)).mT @ x  # (B, H, N, d, d_v)
+        # 3. state passing: S_n = sum_{m < n} exp(totals of chunks m+1 .. n-1) W_m, with
+        # totals[m'] the whole log decay of chunk m' - 1 (totals[0] = 0 for no chunk)
+        totals = F.pad(cumulative[:, :, :-1, -1], (1, 0))  # (B, H, N)
+        starts = F.pad(writes[:, :, :-1], (0, 0, 0, 0, 1, 0))  # W_{n-1} (0 for n = 0)
+        passing = segsum(totals).exp()  # (B, H, N, N)
+        before = (passing @ starts.flatten(-2)).view(batch, heads, N, dim, dim_v)
+        # 4. the state before the chunk, read by each query decayed from the chunk's start
+        out = out + (q * cumulative.exp().unsqueeze(-1)) @ before
+    return out.reshape(batch, heads, N * C, dim_v)[:, :, :length].to(out_dtype)
+
+
+def initial_dt_bias(n_heads: int) -> torch.Tensor:
+    """Mamba-2's dt_bias: softplus(dt_bias) log-uniform in [DT_MIN, DT_MAX] (torch's global
+    generator), as the module docstring says."""
+    low, high = math.log(DT_MIN), math.log(DT_MAX)
+    delta0 = torch.exp(torch.rand(n_heads) * (high - low) + low).clamp(min=DT_INIT_FLOOR)
+    return delta0 + torch.log(-torch.expm1(-delta0))  # the inverse of softplus
+
+
+def initial_A_log(n_heads: int) -> torch.Tensor:  # noqa: N802
+    """Mamba-2's A_log = log(uniform[1, 16]) (torch's global generator)."""
+    return torch.empty(n_heads).uniform_(*A_INIT_RANGE).log()
+
+
+@MECHANISMS.register(
+    "mamba2",
+    aliases=("ssd",),
+    complexity="linear",
+    family="ssm",
+    reference="Dao and Gu 2024, Transformers are SSMs (arXiv 2405.21060; the SSD core of Mamba-2)",
+)
+class Mamba2(Mechanism):
+    """S_t = a_t S_{t-1} + Delta_t k_t^T v_t, o_t = q_t S_t (no scale), with
+    Delta_t = softplus(dt_t + dt_bias) and a_t = exp(-Delta_t exp(A_log)), scalars per head
+    and token; ``dt`` an extra input of width 1 (raw), ``A_log`` and ``dt_bias`` learned
+    parameters per head initialised as Mamba-2's. No D skip term, gate or normalisation.
+    Causal only (causal=False raises ValueError). The exact definition, the initialisation,
+    the chunked form and what is left out: the module docstring.
+
+    chunk_size: positions per chunk of the SSD form (>= 1, default 64; any value gives the
+    same function)."""
+
+    signed = True  # its implicit attention weights (q.k) decay Delta take either sign
+    causal_only = True
+
+    def __init__(self, head_dim: int, n_heads: int, chunk_size: int = 64):
+        super().__init__(head_dim, n_heads)
+        check_int("chunk_size", chunk_size, 1)
+        self.chunk_size = chunk_size
+        self.extra_inputs = {"dt": 1}
+        # Mamba-2's order: dt_bias drawn first, then A_log
+        self.dt_bias = nn.Parameter(initial_dt_bias(n_heads))
+        self.A_log = nn.Parameter(initial_A_log(n_heads))
+        for param in (self.dt_bias, self.A_log):  # as Mamba-2: no weight decay (train.py)
+            param._no_weight_decay = True
+
+    def forward(self, q, k, v, causal: bool = True, dt: torch.Tensor | None = None):
+        _check_inputs(causal, dt)
+        return chunked_ssd(q, k, v, dt, self.A_log, self.dt_bias, self.chunk_size)
+
+    def state_size(self, seq_len: int) -> int:
+        """The d x d state S, whatever the length."""
+        return self.head_dim * self.head_dim
+
+    def initial_state(self, batch: int, device, dtype: torch.dtype) -> torch.Tensor:
+        """S = 0: (batch, heads, head_dim, head_dim) in at least float32."""
+        dtype = torch.promote_types(dtype, torch.float32)
+        shape = (batch, self.n_heads, self.head_dim, self.head_dim)
+        return torch.zeros(shape, device=device, dtype=dtype)
+
+    def step(self, state, q, k, v, dt: torch.Tensor | None = None):
+        """One position: q, k, v (batch, heads, head_dim), dt (batch, heads, 1) raw.
+        S <- a S + Delta k^T v, then o = q S. Not in place: autograd sees every state."""
+        _check_inputs(True, dt)
+        out_dtype = v.dtype
+        q, k, v, delta, log_a = _prepared(q, k, v, dt, self.A_log, self.dt_bias)
+        dtype = torch.promote_types(q.dtype, state.dtype)
+        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+        a, delta = log_a.to(dtype).exp()[..., None, None], delta.to(dtype)[..., None, None]
+        state = a * state + delta * k.unsqueeze(-1) * v.unsqueeze(-2)
+        out = (q.unsqueeze(-2) @ state).squeeze(-2)
+        return out.to(out_dtype), state
