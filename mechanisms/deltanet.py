@@ -71,7 +71,7 @@ import torch
 import torch.nn.functional as F
 
 from synthbench.linear_attention import compute_dtype
-from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
 from synthbench.params import check_int
 
 L2_EPS = 1e-6  # inside the square root of the L2 normalisation (fla's l2norm)
@@ -163,7 +163,7 @@ def chunked_delta_rule(
     reference="Schlag et al. 2021, Linear Transformers Are Secretly Fast Weight Programmers; "
     "chunked as Yang et al. 2024 (arXiv 2406.06484)",
 )
-class DeltaNet(Mechanism):
+class DeltaNet(MatrixStateMechanism):
     """The delta rule: S_t = S_{t-1} - b_t k^_t (k^_t^T S_{t-1}) + b_t k^_t v_t^T,
     o_t = q^_t^T S_t, with q, k L2-normalised (q then scaled by head_dim^-1/2) and
     b_t = sigmoid(beta_t), ``beta`` an extra input of width 1. Causal only (causal=False
@@ -174,7 +174,6 @@ class DeltaNet(Mechanism):
     the same function)."""
 
     signed = True  # its implicit attention weights take either sign
-    causal_only = True  # forward(causal=False) raises: the delta rule is a recurrence
 
     def __init__(self, head_dim: int, n_heads: int, chunk_size: int = 64):
         super().__init__(head_dim, n_heads)
@@ -185,16 +184,6 @@ class DeltaNet(Mechanism):
     def forward(self, q, k, v, causal: bool = True, beta: torch.Tensor | None = None):
         _check_inputs(causal, beta)
         return chunked_delta_rule(q, k, v, beta, self.chunk_size)
-
-    def state_size(self, seq_len: int) -> int:
-        """The d x d state S, whatever the length."""
-        return self.head_dim * self.head_dim
-
-    def initial_state(self, batch: int, device, dtype: torch.dtype) -> torch.Tensor:
-        """S = 0: (batch, heads, head_dim, head_dim) in at least float32."""
-        dtype = torch.promote_types(dtype, torch.float32)
-        shape = (batch, self.n_heads, self.head_dim, self.head_dim)
-        return torch.zeros(shape, device=device, dtype=dtype)
 
     def step(self, state, q, k, v, beta: torch.Tensor | None = None):
         """One position: q, k, v (batch, heads, head_dim), beta (batch, heads, 1) raw.

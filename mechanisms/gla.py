@@ -76,7 +76,7 @@ import torch
 import torch.nn.functional as F
 
 from synthbench.linear_attention import compute_dtype
-from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
 from synthbench.params import check_int
 
 GATE_TEMPERATURE = 16.0  # the paper's tau: alpha = sigmoid(gate)^(1/16)
@@ -198,7 +198,7 @@ def chunked_gla(
     reference="Yang et al. 2024, Gated Linear Attention Transformers with Hardware-Efficient "
     "Training (arXiv 2312.06635)",
 )
-class GatedLinearAttention(Mechanism):
+class GatedLinearAttention(MatrixStateMechanism):
     """S_t = diag(alpha_t) S_{t-1} + k_t^T v_t, o_t = (q_t / sqrt(head_dim)) S_t, with the
     forget gate alpha_t = sigmoid(gate_t)^(1 / gate_temperature) on the key dimension,
     ``gate`` an extra input of width head_dim (raw). No parameters of its own; no output
@@ -210,7 +210,6 @@ class GatedLinearAttention(Mechanism):
     default 16, the paper's)."""
 
     signed = True  # its implicit attention weights q.(k * decay) take either sign
-    causal_only = True
 
     def __init__(
         self,
@@ -235,16 +234,6 @@ class GatedLinearAttention(Mechanism):
     def forward(self, q, k, v, causal: bool = True, gate: torch.Tensor | None = None):
         _check_inputs(causal, gate)
         return chunked_gla(q, k, v, gate, self.gate_temperature, self.chunk_size)
-
-    def state_size(self, seq_len: int) -> int:
-        """The d x d state S, whatever the length."""
-        return self.head_dim * self.head_dim
-
-    def initial_state(self, batch: int, device, dtype: torch.dtype) -> torch.Tensor:
-        """S = 0: (batch, heads, head_dim, head_dim) in at least float32."""
-        dtype = torch.promote_types(dtype, torch.float32)
-        shape = (batch, self.n_heads, self.head_dim, self.head_dim)
-        return torch.zeros(shape, device=device, dtype=dtype)
 
     def step(self, state, q, k, v, gate: torch.Tensor | None = None):
         """One position: q, k, v, gate (batch, heads, head_dim), gate raw.

@@ -80,7 +80,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from synthbench.linear_attention import compute_dtype
-from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
 from synthbench.params import check_int
 
 A_INIT_RANGE = (1.0, 16.0)  # A0 ~ uniform[1, 16], A_log = log(A0) (Mamba-2's A_init_range)
@@ -201,7 +201,7 @@ def initial_A_log(n_heads: int) -> torch.Tensor:  # noqa: N802
     family="ssm",
     reference="Dao and Gu 2024, Transformers are SSMs (arXiv 2405.21060; the SSD core of Mamba-2)",
 )
-class Mamba2(Mechanism):
+class Mamba2(MatrixStateMechanism):
     """S_t = a_t S_{t-1} + Delta_t k_t^T v_t, o_t = q_t S_t (no scale), with
     Delta_t = softplus(dt_t + dt_bias) and a_t = exp(-Delta_t exp(A_log)), scalars per head
     and token; ``dt`` an extra input of width 1 (raw), ``A_log`` and ``dt_bias`` learned
@@ -213,7 +213,6 @@ class Mamba2(Mechanism):
     same function)."""
 
     signed = True  # its implicit attention weights (q.k) decay Delta take either sign
-    causal_only = True
 
     def __init__(self, head_dim: int, n_heads: int, chunk_size: int = 64):
         super().__init__(head_dim, n_heads)
@@ -229,16 +228,6 @@ class Mamba2(Mechanism):
     def forward(self, q, k, v, causal: bool = True, dt: torch.Tensor | None = None):
         _check_inputs(causal, dt)
         return chunked_ssd(q, k, v, dt, self.A_log, self.dt_bias, self.chunk_size)
-
-    def state_size(self, seq_len: int) -> int:
-        """The d x d state S, whatever the length."""
-        return self.head_dim * self.head_dim
-
-    def initial_state(self, batch: int, device, dtype: torch.dtype) -> torch.Tensor:
-        """S = 0: (batch, heads, head_dim, head_dim) in at least float32."""
-        dtype = torch.promote_types(dtype, torch.float32)
-        shape = (batch, self.n_heads, self.head_dim, self.head_dim)
-        return torch.zeros(shape, device=device, dtype=dtype)
 
     def step(self, state, q, k, v, dt: torch.Tensor | None = None):
         """One position: q, k, v (batch, heads, head_dim), dt (batch, heads, 1) raw.

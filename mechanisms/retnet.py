@@ -58,7 +58,7 @@ import torch
 import torch.nn.functional as F
 
 from synthbench.linear_attention import compute_dtype
-from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
 from synthbench.params import check_int
 
 
@@ -154,7 +154,7 @@ def chunked_retention(
     family="retention",
     reference="Sun et al. 2023, Retentive Network (arXiv 2307.08621; retention only)",
 )
-class Retention(Mechanism):
+class Retention(MatrixStateMechanism):
     """o_t = sum_{s <= t} gamma_h^(t - s) (q_t . k_s / sqrt(head_dim)) v_s with the fixed
     per-head decays gamma_h = 1 - 2^(-5 - h), h = 0 .. n_heads - 1 (buffer ``log_decay``,
     not learned); no xPos, GroupNorm or gate. Causal only (causal=False raises ValueError).
@@ -164,7 +164,6 @@ class Retention(Mechanism):
     the same function)."""
 
     signed = True  # its scores q.k gamma^(t-s) take either sign (nothing normalises them)
-    causal_only = True
 
     def __init__(self, head_dim: int, n_heads: int, chunk_size: int = 64):
         super().__init__(head_dim, n_heads)
@@ -180,16 +179,6 @@ class Retention(Mechanism):
     def forward(self, q, k, v, causal: bool = True):
         _check_causal(causal)
         return chunked_retention(q, k, v, self.log_decay, self.chunk_size)
-
-    def state_size(self, seq_len: int) -> int:
-        """The d x d state S, whatever the length."""
-        return self.head_dim * self.head_dim
-
-    def initial_state(self, batch: int, device, dtype: torch.dtype) -> torch.Tensor:
-        """S = 0: (batch, heads, head_dim, head_dim) in at least float32."""
-        dtype = torch.promote_types(dtype, torch.float32)
-        return torch.zeros(batch, self.n_heads, self.head_dim, self.head_dim, device=device,
-                           dtype=dtype)  # fmt: skip
 
     def step(self, state, q, k, v):
         """S = gamma S + k^T v, then o = (q / sqrt(d)) S; q, k, v (batch, heads, head_dim).

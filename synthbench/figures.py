@@ -329,10 +329,36 @@ def _panels(n: int, width: float = 2.8, height: float = 2.2):
     return fig, axes
 
 
+def _accuracy_line(ax, x, mean, std, colour) -> None:
+    """Mean accuracy with its seed spread (clipped to [0, 1]), markers at the points."""
+    yerr = _clipped_spread(mean, std)
+    ax.errorbar(x, mean, yerr=yerr, color=colour, marker="o", markersize=3, linewidth=1.2,
+                capsize=2)  # fmt: skip
+
+
+def _finish_accuracy_panels(fig, axes, colour: dict, title: str, stem: Path, suffixes):
+    """Shared by the frontier and state figures: the y label, 0 to 1 with the 0.9 level, a
+    grid, one legend of the mechanisms under the panels, the title, saved."""
+    for ax in axes.flat:
+        if ax.axison:
+            ax.axhline(0.9, color="grey", linestyle=":", linewidth=0.8)
+            ax.tick_params(labelsize=7)
+            ax.set_ylim(0, 1.02)
+            ax.grid(alpha=0.3, linewidth=0.5)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("target accuracy", fontsize=7)
+    handles = [plt.Line2D([], [], color=colour[m], marker="o", markersize=3) for m in colour]
+    fig.legend(
+        handles, list(colour), fontsize=7, loc="outside lower center", ncol=min(6, len(colour))
+    )
+    fit_title(fig.suptitle(title, fontsize=TITLE_SIZE))
+    return _save(fig, stem, suffixes)
+
+
 def frontier_curves(lines, threshold: float, title: str, stem: Path, suffixes: list[str]):
     """``lines`` (synthbench.frontier.Line) of one task and knob: accuracy against the knob's
     values, easiest on the left, one panel per context, one line per mechanism with its seed
-    spread (std, clipped to [0, 1]); the threshold dotted."""
+    spread (std, clipped to [0, 1]); the 0.9 threshold dotted."""
     contexts = sorted({line.context for line in lines})
     colour = _mechanism_colours({line.mechanism for line in lines})
     fig, axes = _panels(len(contexts))
@@ -340,34 +366,13 @@ def frontier_curves(lines, threshold: float, title: str, stem: Path, suffixes: l
     for ax, context in zip(axes.flat, contexts, strict=False):
         here = [line for line in lines if line.context == context]
         labels = list(dict.fromkeys(str(v) for line in here for v in line.points["value"]))
-        ax.axhline(threshold, color="grey", linestyle=":", linewidth=0.8)
         for line in here:
             x = [labels.index(str(v)) for v in line.points["value"]]
-            ax.errorbar(
-                x,
-                line.points["mean"],
-                yerr=_clipped_spread(line.points["mean"], line.points["std"]),
-                color=colour[line.mechanism],
-                marker="o",
-                markersize=3,
-                linewidth=1.2,
-                capsize=2,
-                label=line.mechanism,
-            )
+            _accuracy_line(ax, x, line.points["mean"], line.points["std"], colour[line.mechanism])
         ax.set_xticks(range(len(labels)), labels)
         ax.set_xlabel(f"{knob.name} (harder to the right)", fontsize=7)
         ax.set_title(context or "", fontsize=8, pad=2)
-        ax.tick_params(labelsize=7)
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3, linewidth=0.5)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("target accuracy", fontsize=7)
-    handles = [plt.Line2D([], [], color=colour[m], marker="o", markersize=3) for m in colour]
-    fig.legend(
-        handles, list(colour), fontsize=7, loc="outside lower center", ncol=min(6, len(colour))
-    )
-    fit_title(fig.suptitle(title, fontsize=TITLE_SIZE))
-    return _save(fig, stem, suffixes)
+    return _finish_accuracy_panels(fig, axes, colour, title, stem, suffixes)
 
 
 def state_curves(points: pd.DataFrame, context_keys: list[str], title: str, stem: Path,
@@ -375,38 +380,19 @@ def state_curves(points: pd.DataFrame, context_keys: list[str], title: str, stem
     """``points`` (synthbench.frontier.state_points) of one task: accuracy against declared
     state size (log scale), one panel per value of ``context_keys`` (the task knobs that vary),
     one line per mechanism from its smallest state to its largest."""
-    groups = list(points.groupby([points[k].map(str) for k in context_keys])) if context_keys else [
-        ((), points)
-    ]  # fmt: skip
+    if context_keys:
+        groups = list(points.groupby([points[k].map(str) for k in context_keys]))
+    else:
+        groups = [((), points)]
     colour = _mechanism_colours(set(points["mechanism"]))
     fig, axes = _panels(len(groups))
     for ax, (values, part) in zip(axes.flat, groups, strict=False):
         values = values if isinstance(values, tuple) else (values,)
-        ax.axhline(0.9, color="grey", linestyle=":", linewidth=0.8)
         for mechanism, line in part.groupby("mechanism"):
             line = line.sort_values("state")
-            ax.errorbar(
-                line["state"],
-                line["mean"],
-                yerr=_clipped_spread(line["mean"], line["std"]),
-                color=colour[mechanism],
-                marker="o",
-                markersize=3,
-                linewidth=1.2,
-                capsize=2,
-            )
+            _accuracy_line(ax, line["state"], line["mean"], line["std"], colour[mechanism])
         ax.set_xscale("log", base=2)
         ax.set_title(" ".join(f"{k}={v}" for k, v in zip(context_keys, values, strict=True)),
                      fontsize=8, pad=2)  # fmt: skip
         ax.set_xlabel("state size (numbers)", fontsize=7)
-        ax.tick_params(labelsize=7)
-        ax.set_ylim(0, 1.02)
-        ax.grid(alpha=0.3, linewidth=0.5)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("target accuracy", fontsize=7)
-    handles = [plt.Line2D([], [], color=colour[m], marker="o", markersize=3) for m in colour]
-    fig.legend(
-        handles, list(colour), fontsize=7, loc="outside lower center", ncol=min(6, len(colour))
-    )
-    fit_title(fig.suptitle(title, fontsize=TITLE_SIZE))
-    return _save(fig, stem, suffixes)
+    return _finish_accuracy_panels(fig, axes, colour, title, stem, suffixes)

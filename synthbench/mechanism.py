@@ -73,6 +73,24 @@ class Mechanism(nn.Module):
         return 2 * seq_len * self.head_dim
 
 
+class MatrixStateMechanism(Mechanism):
+    """A causal-only recurrence whose state is one (head_dim x head_dim) matrix S per head,
+    zero before the first token (retnet, gla, mamba2, deltanet): they differ in how S decays
+    and is written, not in what it is."""
+
+    causal_only = True
+
+    def state_size(self, seq_len: int) -> int:
+        """The d x d state S, whatever the length."""
+        return self.head_dim * self.head_dim
+
+    def initial_state(self, batch: int, device, dtype: torch.dtype) -> torch.Tensor:
+        """S = 0: (batch, heads, head_dim, head_dim) in at least float32."""
+        dtype = torch.promote_types(dtype, torch.float32)
+        shape = (batch, self.n_heads, self.head_dim, self.head_dim)
+        return torch.zeros(shape, device=device, dtype=dtype)
+
+
 class FeatureMapMechanism(Mechanism):
     """Kernelised attention phi(q) phi(k)^T, normalised, on the shared linear core.
 
