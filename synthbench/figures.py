@@ -17,6 +17,7 @@ import pandas as pd  # noqa: E402
 
 from synthbench.atomic import atomic_output  # noqa: E402
 from synthbench.curves import THRESHOLD  # noqa: E402
+from synthbench.frontier import value_text  # noqa: E402
 from synthbench.report import Grid, Stat, sort_tasks  # noqa: E402
 
 
@@ -365,9 +366,9 @@ def frontier_curves(lines, threshold: float, title: str, stem: Path, suffixes: l
     knob = lines[0].knob
     for ax, context in zip(axes.flat, contexts, strict=False):
         here = [line for line in lines if line.context == context]
-        labels = list(dict.fromkeys(str(v) for line in here for v in line.points["value"]))
+        labels = list(dict.fromkeys(value_text(v) for line in here for v in line.points["value"]))
         for line in here:
-            x = [labels.index(str(v)) for v in line.points["value"]]
+            x = [labels.index(value_text(v)) for v in line.points["value"]]
             _accuracy_line(ax, x, line.points["mean"], line.points["std"], colour[line.mechanism])
         ax.set_xticks(range(len(labels)), labels)
         ax.set_xlabel(f"{knob.name} (harder to the right)", fontsize=7)
@@ -386,13 +387,13 @@ def state_curves(points: pd.DataFrame, context_keys: list[str], title: str, stem
         groups = [((), points)]
     colour = _mechanism_colours(set(points["mechanism"]))
     fig, axes = _panels(len(groups))
-    for ax, (values, part) in zip(axes.flat, groups, strict=False):
-        values = values if isinstance(values, tuple) else (values,)
+    for ax, (_, part) in zip(axes.flat, groups, strict=False):
         for mechanism, line in part.groupby("mechanism"):
             line = line.sort_values("state")
             _accuracy_line(ax, line["state"], line["mean"], line["std"], colour[mechanism])
         ax.set_xscale("log", base=2)
-        ax.set_title(" ".join(f"{k}={v}" for k, v in zip(context_keys, values, strict=True)),
-                     fontsize=8, pad=2)  # fmt: skip
+        first = part.iloc[0]
+        ax.set_title(" ".join(f"{k}={value_text(first[k])}" for k in context_keys), fontsize=8,
+                     pad=2)  # fmt: skip
         ax.set_xlabel("state size (numbers)", fontsize=7)
     return _finish_accuracy_panels(fig, axes, colour, title, stem, suffixes)

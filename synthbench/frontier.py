@@ -236,7 +236,9 @@ def lines(runs: pd.DataFrame) -> list[Line]:
                 if ladder and name in task_knobs and group[LADDER].notna().all():
                     continue  # only presets: the ladder's line says it
                 first = group.iloc[0]
-                context = " ".join(f"{k}={first[k]}" for k in others if pd.notna(first[k]))
+                context = " ".join(
+                    f"{k}={value_text(first[k])}" for k in others if pd.notna(first[k])
+                )
                 for mechanism, line in group.groupby("mechanism", sort=True):
                     stats = (
                         line.groupby(line[name].map(repr))
@@ -260,8 +262,12 @@ def lines(runs: pd.DataFrame) -> list[Line]:
     return found
 
 
-def _value_text(value) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+def value_text(value) -> str:
+    """A knob's value as a reader wants it: 16 (not 16.0, as a column shared with another
+    task's missing values stores it), 0.5, easy, True."""
+    if isinstance(value, float | np.floating):
+        return f"{value:g}"
+    return str(value)
 
 
 def frontier_grid(
@@ -277,9 +283,9 @@ def frontier_grid(
         if held is None:
             frontier = "none"
         else:
-            frontier = _value_text(held) + (" (all)" if everywhere else "")
+            frontier = value_text(held) + (" (all)" if everywhere else "")
         ladder = ", ".join(
-            f"{_value_text(v)}: {m:.2f}" + ("" if n >= seeds else f" (n={n})")
+            f"{value_text(v)}: {m:.2f}" + ("" if n >= seeds else f" (n={n})")
             for v, m, n in zip(
                 line.points["value"], line.points["mean"], line.points["n"], strict=True
             )

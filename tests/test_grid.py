@@ -296,3 +296,18 @@ def test_rows_without_a_grid_have_no_frontier():
                           "token_acc": 1.0, "lr_edge": False}])  # fmt: skip
     assert frontier.lines(frontier.grid_runs(rows)) == []
     assert json.loads(rows["task_params"][0])["n"] == 32
+
+
+def test_knob_values_read_as_typed_beside_another_tasks_rows():
+    """Rows of two tasks share one frame, so a task's knob column holds the other's missing
+    values: the tables still say pairs=16 and d_model=32, never 16.0."""
+    rows = grid_rows({("softmax", 16, 32): [1.0], ("softmax", 16, 64): [1.0],
+                      ("softmax", 32, 32): [0.1]})  # fmt: skip
+    other = RunSpec.resolve("copy", "softmax", QUICK, 0)
+    copy_row = {**other.row_fields(), "status": "ok", "selected": True, "lr": 1e-2,
+                "token_acc": 1.0, "lr_edge": False}  # fmt: skip
+    rows = pd.concat([rows, pd.DataFrame([copy_row])])
+    table = to_markdown(frontier.frontier_grid(frontier.lines(frontier.grid_runs(rows)), "quick",
+                                               QUICK.version))  # fmt: skip
+    assert "pairs=16 " in table and "d_model=32 " in table and "16.0" not in table
+    assert "16: 1.00, 32: 0.10" in table
