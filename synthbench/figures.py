@@ -17,7 +17,7 @@ import pandas as pd  # noqa: E402
 
 from synthbench.atomic import atomic_output  # noqa: E402
 from synthbench.curves import THRESHOLD  # noqa: E402
-from synthbench.frontier import value_text  # noqa: E402
+from synthbench.frontier import sort_key, value_text  # noqa: E402
 from synthbench.report import Grid, Stat, sort_tasks  # noqa: E402
 
 
@@ -360,7 +360,7 @@ def frontier_curves(lines, threshold: float, title: str, stem: Path, suffixes: l
     """``lines`` (synthbench.frontier.Line) of one task and knob: accuracy against the knob's
     values, easiest on the left, one panel per context, one line per mechanism with its seed
     spread (std, clipped to [0, 1]); the 0.9 threshold dotted."""
-    contexts = sorted({line.context for line in lines})
+    contexts = list(dict.fromkeys(line.context for line in lines))  # lines come sorted
     colour = _mechanism_colours({line.mechanism for line in lines})
     fig, axes = _panels(len(contexts))
     knob = lines[0].knob
@@ -381,8 +381,9 @@ def state_curves(points: pd.DataFrame, context_keys: list[str], title: str, stem
     """``points`` (synthbench.frontier.state_points) of one task: accuracy against declared
     state size (log scale), one panel per value of ``context_keys`` (the task knobs that vary),
     one line per mechanism from its smallest state to its largest."""
-    if context_keys:
-        groups = list(points.groupby([points[k].map(str) for k in context_keys]))
+    if context_keys:  # one panel per combination, in numeric order (pairs 4 before 16)
+        keys = points[context_keys].apply(lambda r: tuple(sort_key(v) for v in r), axis=1)
+        groups = [(key, points[keys == key]) for key in sorted(set(keys))]
     else:
         groups = [((), points)]
     colour = _mechanism_colours(set(points["mechanism"]))

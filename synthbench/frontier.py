@@ -62,6 +62,7 @@ class Line:
     context: str  # "d_model=64", say; "" where nothing else varies
     mechanism: str
     points: pd.DataFrame  # value, mean, std, n: easiest first
+    context_order: tuple = ()  # the context's values, to sort by (d_model 32 before 128)
 
     def frontier(self, threshold: float = THRESHOLD):
         """The hardest value held at or above ``threshold`` from the easiest on, and whether
@@ -239,6 +240,7 @@ def lines(runs: pd.DataFrame) -> list[Line]:
                 context = " ".join(
                     f"{k}={value_text(first[k])}" for k in others if pd.notna(first[k])
                 )
+                context_order = tuple(sort_key(first[k]) for k in others)
                 for mechanism, line in group.groupby("mechanism", sort=True):
                     stats = (
                         line.groupby(line[name].map(repr))
@@ -257,9 +259,22 @@ def lines(runs: pd.DataFrame) -> list[Line]:
                     stats = stats.set_index(stats["value"].map(repr)).loc[list(map(repr, order))]
                     found.append(
                         Line(protocol, int(version), task, knob, context, mechanism,
-                             stats.reset_index(drop=True))
+                             stats.reset_index(drop=True), context_order)
                     )  # fmt: skip
-    return found
+    return sorted(
+        found,
+        key=lambda line: (line.protocol, line.protocol_version, line.task, line.knob.name,
+                          line.context_order, line.mechanism),
+    )  # fmt: skip
+
+
+def sort_key(value) -> tuple:
+    """Numbers in numeric order, before names (and a missing value last)."""
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return (2, "")
+    if isinstance(value, int | float | np.integer | np.floating) and not isinstance(value, bool):
+        return (0, float(value))
+    return (1, str(value))
 
 
 def value_text(value) -> str:

@@ -311,3 +311,15 @@ def test_knob_values_read_as_typed_beside_another_tasks_rows():
                                                QUICK.version))  # fmt: skip
     assert "pairs=16 " in table and "d_model=32 " in table and "16.0" not in table
     assert "16: 1.00, 32: 0.10" in table
+
+
+def test_lines_come_in_numeric_order_of_their_context():
+    rows = grid_rows({(m, p, d): [0.95] for m in ("softmax",) for p in (4, 16) for d in (128, 32)})
+    found = frontier.lines(frontier.grid_runs(rows))
+    assert [line.context for line in found if line.knob.name == "pairs"] == [
+        "d_model=32", "d_model=128"
+    ]  # fmt: skip
+    assert [line.context for line in found if line.knob.name == "d_model"] == [
+        "pairs=4",
+        "pairs=16",
+    ]
