@@ -6,7 +6,7 @@ keys..keys+values-1 (disjoint halves of the vocabulary), SEP is keys+values. At 
 model must find that key earlier in the context and emit the token after it: an induction
 head (a previous-token head feeding a matching head).
 
-Suite v2 asks m = ``queries`` (12 of the 24 pairs by default) and binds distinct values
+Suite v2 asks m = ``queries`` (by default half the pairs: 12 of the 24) and binds distinct values
 (``distinct_values``). Suite v1 (``queries=0 distinct_values=false``, which the slay-paper
 protocol runs) asked every key once, with values drawn independently, so "the most frequent
 context value not answered yet", which never reads a key, scored 0.39 (the task's
@@ -35,13 +35,20 @@ class KVRecallParams:
     # key-value pairs in the context: 24, beyond what linear attention's state holds at the
     # quick model's width (it stays at chance where softmax reaches 1.00; at 8 pairs both do)
     pairs: int = 24
-    # queried keys per sequence, distinct; 0 queries every key once (suite v1)
-    queries: int = 12
+    # queried keys per sequence, distinct; 0 queries every key once (suite v1); None (the
+    # default): half the pairs, rounded down (12 of the 24; every preset asks half too), so a
+    # sweep over pairs alone keeps the ratio (the resolved value is what a run id holds)
+    queries: int | None = None
     keys: int = 64  # size of the key vocabulary
     values: int = 64  # size of the value vocabulary
     distinct_values: bool = True  # no value bound to two keys (suite v1: drawn independently)
 
     def __post_init__(self):
+        if self.queries is None:  # frozen: set once, here, to the value it stands for
+            object.__setattr__(self, "queries", self.pairs // 2 if isinstance(self.pairs, int)
+                               and not isinstance(self.pairs, bool) else None)  # fmt: skip
+        if isinstance(self.queries, bool) or not isinstance(self.queries, int):
+            raise ValueError(f"kv_recall parameter queries must be int, got {self.queries!r}")
         if not 1 <= self.pairs <= self.keys:
             raise ValueError(f"kv_recall needs 1 <= pairs <= keys, got {self.pairs}, {self.keys}")
         if not 0 <= self.queries <= self.pairs:

@@ -323,3 +323,18 @@ def test_lines_come_in_numeric_order_of_their_context():
         "pairs=4",
         "pairs=16",
     ]
+
+
+def test_a_kv_recall_sweep_over_pairs_alone_queries_half_of_each():
+    """The check's one command: kv_recall pairs 4 to 32, nothing else set (queries defaults to
+    half the pairs, as the default's 12 of 24: that run keeps its id)."""
+    specs = runner.plan(["kv_recall"], ["softmax", "linear"], QUICK, 1,
+                        task_params={"pairs": (4, 8, 16, 32)})  # fmt: skip
+    assert sorted({(s.task_params["pairs"], s.task_params["queries"]) for s in specs}) == [
+        (4, 2), (8, 4), (16, 8), (32, 16)
+    ]  # fmt: skip
+    default = RunSpec.resolve("kv_recall", "softmax", QUICK, 0)
+    assert default.task_params["queries"] == 12
+    assert (
+        default.run_id == RunSpec.resolve("kv_recall", "softmax", QUICK, 0, {"queries": 12}).run_id
+    )

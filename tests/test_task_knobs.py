@@ -19,11 +19,12 @@ NO_DIRECTION = {("bigram", "table_seed"): "a seed picks another table, neither h
 def numeric_knobs(cls: type[Task]) -> set[str]:
     """The int and float fields of ``cls.Params`` (bool is an int, but not a numeric knob)."""
     hints = typing.get_type_hints(cls.Params)
-    return {
-        f.name
-        for f in dataclasses.fields(cls.Params)
-        if hints[f.name] in (int, float) and hints[f.name] is not bool
-    }
+
+    def numeric(hint) -> bool:  # int, float, or one of them | None (a default resolved later)
+        options = set(typing.get_args(hint)) - {type(None)} or {hint}
+        return len(options) == 1 and options <= {int, float}
+
+    return {f.name for f in dataclasses.fields(cls.Params) if numeric(hints[f.name])}
 
 
 def test_the_builtin_tasks_are_all_here():
