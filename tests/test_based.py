@@ -8,11 +8,10 @@ windows; defaults, dtypes, large inputs, parameters, state."""
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+from mechtools import LargestTensor, lengths_around  # tests/mechtools.py
 
 from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
 from synthbench.mechanisms.based import based_reference, taylor_feature_map
@@ -38,12 +37,6 @@ def qkv(length, seed=0, dtype=torch.float64, requires_grad=False, scale=1.0, hea
 
 def build(heads=H, dim=D, **params):
     return MECHANISMS.get("based")(dim, heads, **params)
-
-
-def lengths_around(chunk):
-    """1, chunk - 1, chunk, chunk + 1, 2 chunk + 3 and one drawn at random (seeded)."""
-    drawn = random.Random(chunk).randint(2, 4 * chunk)
-    return sorted({1, max(1, chunk - 1), chunk, chunk + 1, 2 * chunk + 3, drawn})
 
 
 def assert_same_function(fn, reference, inputs, tol=CLOSE):
@@ -183,21 +176,6 @@ def test_state_size_is_the_mean_over_heads_and_constant():
     assert {mechanism.state_size(n) for n in (1, 64, 10_000)} == {expected}
     assert build(window_heads=0).state_size(9) == 73 * (D + 1)
     assert build(window=10, window_heads=H).state_size(9) == 2 * 10 * D
-
-
-class LargestTensor(TorchFunctionMode):
-    """The largest number of elements of any tensor a torch function returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def test_no_length_by_length_matrix():

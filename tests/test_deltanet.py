@@ -8,11 +8,10 @@ parameters, state."""
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+from mechtools import LargestTensor, lengths_around  # tests/mechtools.py
 
 from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
 from synthbench.mechanisms.deltanet import chunked_delta_rule, delta_rule_reference
@@ -45,12 +44,6 @@ def build(heads=H, **params):
 
 def call(mechanism):
     return lambda q, k, v, beta: mechanism(q, k, v, beta=beta)
-
-
-def lengths_around(chunk):
-    """1, chunk - 1, chunk, chunk + 1, 2 chunk + 3 and one drawn at random (seeded)."""
-    drawn = random.Random(chunk).randint(2, 4 * chunk)
-    return sorted({1, max(1, chunk - 1), chunk, chunk + 1, 2 * chunk + 3, drawn})
 
 
 def assert_same_function(fn, reference, args, tol=CLOSE):
@@ -166,21 +159,6 @@ def test_long_sequences_in_float32_match_the_float64_recurrence():
         expected = recurrent_forward(reference, *(x.double() for x in (q, k, v)),
                                      beta=beta.double())  # fmt: skip
         torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4)
-
-
-class LargestTensor(TorchFunctionMode):
-    """The largest number of elements of any tensor a torch function returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def test_no_length_by_length_matrix():

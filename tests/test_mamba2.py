@@ -9,12 +9,11 @@ only, parameters, state."""
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from mechtools import LargestTensor, lengths_around  # tests/mechtools.py
 
 from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
 from synthbench.mechanisms.mamba2 import chunked_ssd, segsum, ssd_reference
@@ -53,12 +52,6 @@ def strong(mechanism):
         mechanism.A_log.copy_(torch.linspace(0, 4, mechanism.n_heads))
         mechanism.dt_bias.copy_(torch.linspace(-1, 3, mechanism.n_heads))
     return mechanism
-
-
-def lengths_around(chunk):
-    """1, chunk - 1, chunk, chunk + 1, 2 chunk + 3 and one drawn at random (seeded)."""
-    drawn = random.Random(chunk).randint(2, 4 * chunk)
-    return sorted({1, max(1, chunk - 1), chunk, chunk + 1, 2 * chunk + 3, drawn})
 
 
 def assert_same_function(mechanism, fn, reference, args, tol=CLOSE):
@@ -223,21 +216,6 @@ def test_long_sequences_in_float32_match_the_float64_recurrence():
         q, k, v, dt = (t.double() for t in args)
         expected = recurrent_forward(reference, q, k, v, dt=dt)
         torch.testing.assert_close(out.double(), expected, atol=1e-4, rtol=1e-4)
-
-
-class LargestTensor(TorchFunctionMode):
-    """The largest number of elements of any tensor a torch function returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def test_no_length_by_length_matrix():

@@ -8,11 +8,10 @@ causal only, parameters, state."""
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
+from mechtools import LargestTensor, lengths_around  # tests/mechtools.py
 
 from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
 from synthbench.mechanisms.retnet import retention_reference
@@ -38,12 +37,6 @@ def qkv(length, seed=0, dtype=torch.float64, requires_grad=False, scale=1.0, hea
 
 def build(heads=H, **params):
     return MECHANISMS.get("retnet")(D, heads, **params)
-
-
-def lengths_around(chunk):
-    """1, chunk - 1, chunk, chunk + 1, 2 chunk + 3 and one drawn at random (seeded)."""
-    drawn = random.Random(chunk).randint(2, 4 * chunk)
-    return sorted({1, max(1, chunk - 1), chunk, chunk + 1, 2 * chunk + 3, drawn})
 
 
 def assert_same_function(fn, reference, inputs, tol=CLOSE):
@@ -141,21 +134,6 @@ def test_many_heads_keep_decays_below_one_in_float32():
     q, k, v = qkv(70, seed=7, dtype=torch.float32, heads=heads)
     expected = loop_reference(q.double(), k.double(), v.double())
     torch.testing.assert_close(mechanism(q, k, v).double(), expected, atol=1e-4, rtol=1e-4)
-
-
-class LargestTensor(TorchFunctionMode):
-    """The largest number of elements of any tensor a torch function returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def test_no_length_by_length_matrix():

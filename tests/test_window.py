@@ -7,12 +7,11 @@ attention; the recurrent form at small windows; dtypes, large inputs, parameters
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
+from mechtools import LargestTensor, lengths_around  # tests/mechtools.py
 
 from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
 from synthbench.mechanisms.window import sliding_window_reference
@@ -38,12 +37,6 @@ def qkv(length, seed=0, dtype=torch.float64, requires_grad=False, scale=1.0):
 
 def build(**params):
     return MECHANISMS.get("sliding-window")(D, H, **params)
-
-
-def lengths_around(chunk):
-    """1, chunk - 1, chunk, chunk + 1, 2 chunk + 3 and one drawn at random (seeded)."""
-    drawn = random.Random(chunk).randint(2, 4 * chunk)
-    return sorted({1, max(1, chunk - 1), chunk, chunk + 1, 2 * chunk + 3, drawn})
 
 
 def assert_same_function(fn, reference, inputs, tol=CLOSE):
@@ -147,21 +140,6 @@ def test_recurrent_state_is_the_last_window_keys_and_values():
     assert seen == 9 and keys.shape == (B, H, 4, D)
     torch.testing.assert_close(keys, k[:, :, 5:], atol=0, rtol=0)
     torch.testing.assert_close(values, v[:, :, 5:], atol=0, rtol=0)
-
-
-class LargestTensor(TorchFunctionMode):
-    """The largest number of elements of any tensor a torch function returns."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, tuple | list) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 def test_no_length_by_length_matrix():
