@@ -1,5 +1,6 @@
 """Helpers of the tests of the chunked mechanisms (tests/test_window.py, test_retnet.py,
-test_gla.py, test_mamba2.py, test_deltanet.py, test_based.py)."""
+test_gla.py, test_mamba2.py, test_deltanet.py, test_based.py); assert_same_function is
+the forward-and-gradient comparison of those whose mechanism reads only q, k and v."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import random
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+CLOSE = {"atol": 1e-10, "rtol": 1e-9}  # float64: the chunked form against its reference
 
 
 def lengths_around(chunk):
@@ -28,3 +31,17 @@ class LargestTensor(TorchFunctionMode):
             if isinstance(t, torch.Tensor):
                 self.largest = max(self.largest, t.numel())
         return out
+
+
+def assert_same_function(fn, reference, inputs, tol=CLOSE):
+    """Forward and the gradients w.r.t. q, k, v of a random weighting of the output."""
+    weight = torch.randn(inputs[2].shape, generator=torch.Generator().manual_seed(7),
+                         dtype=inputs[2].dtype)  # fmt: skip
+    results = []
+    for f in (fn, reference):
+        out = f(*inputs)
+        results.append((out, torch.autograd.grad((out * weight).sum(), inputs)))
+    (out, grads), (expected, expected_grads) = results
+    torch.testing.assert_close(out, expected, **tol)
+    for name, grad, expected_grad in zip("qkv", grads, expected_grads, strict=True):
+        torch.testing.assert_close(grad, expected_grad, **tol, msg=f"gradient w.r.t. {name}")

@@ -11,13 +11,12 @@ import math
 
 import pytest
 import torch
-from mechtools import LargestTensor, lengths_around  # tests/mechtools.py
+from mechtools import CLOSE, LargestTensor, assert_same_function, lengths_around
 
 from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
 from synthbench.mechanisms.based import based_reference, taylor_feature_map
 
 B, H, D = 2, 4, 8
-CLOSE = {"atol": 1e-10, "rtol": 1e-9}
 
 
 @pytest.fixture(autouse=True)
@@ -37,20 +36,6 @@ def qkv(length, seed=0, dtype=torch.float64, requires_grad=False, scale=1.0, hea
 
 def build(heads=H, dim=D, **params):
     return MECHANISMS.get("based")(dim, heads, **params)
-
-
-def assert_same_function(fn, reference, inputs, tol=CLOSE):
-    """Forward and the gradients w.r.t. q, k, v of a random weighting of the output."""
-    weight = torch.randn(inputs[2].shape, generator=torch.Generator().manual_seed(7),
-                         dtype=inputs[2].dtype)  # fmt: skip
-    results = []
-    for f in (fn, reference):
-        out = f(*inputs)
-        results.append((out, torch.autograd.grad((out * weight).sum(), inputs)))
-    (out, grads), (expected, expected_grads) = results
-    torch.testing.assert_close(out, expected, **tol)
-    for name, grad, expected_grad in zip("qkv", grads, expected_grads, strict=True):
-        torch.testing.assert_close(grad, expected_grad, **tol, msg=f"gradient w.r.t. {name}")
 
 
 @pytest.mark.parametrize("d", [1, 4, 16])
