@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from synthbench.params import resolve_params
-from synthbench.protocols import Protocol
+from synthbench.protocols import PROTOCOLS, Protocol
 
 # Protocol fields a grid may set. Not: name, version, description (they name the preset),
 # seeds (--seeds), pos (--pos, with its rotation's parameters), task_params (--task-param),
@@ -127,18 +127,20 @@ def protocol_points(protocol: Protocol, overrides: dict[str, Any] | None) -> lis
     return found
 
 
-def protocol_overrides(protocol: Protocol) -> dict[str, Any]:
-    """The grid fields of ``protocol`` that differ from its registered preset's (empty for
-    the preset itself, or a protocol that is not registered)."""
-    from synthbench.protocols import PROTOCOLS
-
-    if protocol.name not in PROTOCOLS:
+def protocol_changes(name: str | None, stored: dict) -> dict[str, Any]:
+    """The grid fields of a protocol config (``Protocol.config()``, or a stored row's) that
+    differ from the registered preset of the same name and version; {} for the preset
+    itself, another version, or a protocol that is not registered."""
+    if name not in PROTOCOLS or not stored:
         return {}
-    preset = PROTOCOLS.get(protocol.name)
+    preset = PROTOCOLS.get(name)
+    if stored.get("version") != preset.version:
+        return {}
+    own = preset.config()
     return {
-        name: getattr(protocol, name)
-        for name in PROTOCOL_FIELDS
-        if getattr(protocol, name) != getattr(preset, name)
+        field: stored[field]
+        for field in PROTOCOL_FIELDS
+        if field in stored and stored[field] != own.get(field)
     }
 
 

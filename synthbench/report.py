@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 from tabulate import tabulate
 
-from synthbench.grid import PROTOCOL_FIELDS
+from synthbench.grid import protocol_changes
 from synthbench.protocols import PROTOCOLS
 from synthbench.store import LEAKY
 from synthbench.task import CATEGORIES, TASKS
@@ -148,22 +148,6 @@ def _mechanism_variant(values: dict) -> tuple[dict, set]:
     return params, set(changed) | ({"pos"} if pos != _preset_pos(values["protocol"]) else set())
 
 
-def _protocol_changes(name: str | None, stored: dict) -> dict:
-    """The grid fields (synthbench/grid.py) of a stored protocol config that differ from the
-    registered preset of the same name and version."""
-    if name not in PROTOCOLS or not stored:
-        return {}
-    preset = PROTOCOLS.get(name)
-    if stored.get("version") != preset.version:
-        return {}
-    own = preset.config()
-    return {
-        field: stored[field]
-        for field in PROTOCOL_FIELDS
-        if field in stored and stored[field] != own.get(field)
-    }
-
-
 def prepare_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """Rows as every report reads them: what older schemas lack filled from the registry
     (under the tasks' registered names, so before labelling), then variants labelled."""
@@ -181,7 +165,7 @@ def _grid_fields(rows: pd.DataFrame) -> pd.Series:
     changed: dict[tuple, set] = {}
     for name, config in zip(names, configs, strict=True):
         key = (name, config.get("version"))
-        changed.setdefault(key, set()).update(_protocol_changes(name, config))
+        changed.setdefault(key, set()).update(protocol_changes(name, config))
     return pd.Series(
         [
             json.dumps({f: c[f] for f in sorted(changed[(n, c.get("version"))]) if f in c})

@@ -53,8 +53,8 @@ def test_protocol_points_replace_fields_and_keep_the_name():
         ("quick", QUICK.version, 32, 50),
         ("quick", QUICK.version, 128, 50),
     ]
-    assert grid.protocol_overrides(found[0]) == {"d_model": 32, "steps": 50}
-    assert grid.protocol_overrides(QUICK) == {}
+    assert grid.protocol_changes("quick", found[0].config()) == {"d_model": 32, "steps": 50}
+    assert grid.protocol_changes("quick", QUICK.config()) == {}
 
 
 @pytest.mark.parametrize(
