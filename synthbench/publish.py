@@ -92,7 +92,7 @@ def _figures(
             written += figures.length_curves(points, title, folder / "length", suffixes)
 
 
-def _frontiers(found, grid_points, tables: ReportTables, out: Path, formats, suffixes, written):
+def _frontiers(found, states, tables: ReportTables, out: Path, formats, suffixes, written):
     """The frontier table (and its figures) of one protocol version, where its rows hold a
     grid; returns the table, or None."""
     protocol, version = tables.protocol, tables.protocol_version
@@ -116,7 +116,6 @@ def _frontiers(found, grid_points, tables: ReportTables, out: Path, formats, suf
         )
         stem = folder / f"frontier-{_slug(task)}-{_slug(knob)}"
         written += figures.frontier_curves(knob_lines, frontier.THRESHOLD, title, stem, suffixes)
-    states = frontier.state_points(grid_points)
     for task in sorted({line.task for line in mine}):
         part = states[
             (states["protocol"] == protocol)
@@ -167,6 +166,7 @@ def write_reports(
     # grids of runs (run with lists, sweep): on the target metric, whatever the report's
     grid_points = frontier.grid_runs(rows)
     found = frontier.lines(grid_points)
+    states = frontier.state_points(grid_points) if found else None  # once, for every protocol
     frontier_grids: list[Grid] = []
     for tables in all_tables:
         mine = rows[rows["protocol"] == tables.protocol]
@@ -202,7 +202,7 @@ def write_reports(
         suffixes = [f".{f}" for f in ("png", "pdf") if f in formats]
         if suffixes:
             _figures(tables, mine, runs, folder, suffixes, written)
-        frontier_grid = _frontiers(found, grid_points, tables, out, formats, suffixes, written)
+        frontier_grid = _frontiers(found, states, tables, out, formats, suffixes, written)
         if frontier_grid is not None:
             frontier_grids.append(frontier_grid)
         boards.append(
