@@ -39,10 +39,10 @@ Three forms of the same function:
 
 - ``delta_rule_reference``: the recurrence above, one token at a time (as flash-linear-
   attention's ``fla/ops/delta_rule/naive.py``), the readable reference.
-- ``chunked_delta_rule`` (``forward``): chunks of C = min(chunk_size, L) positions (the last
-  one zero-padded: a padded position has k^ = 0, v = 0, b = 0, so it writes nothing, and it
-  comes after every real position). Inside chunk n, with S the state before the chunk and
-  K (C x d), V (C x d), Q (C x d) its normalised rows, B = diag(b):
+- ``chunked_delta_rule`` (``forward``): N = ceil(L / chunk_size) chunks of C = ceil(L / N)
+  positions (the last one zero-padded: a padded position has k^ = 0, v = 0, b = 0, so it
+  writes nothing, and it comes after every real position). Inside chunk n, with S the state
+  before the chunk and K (C x d), V (C x d), Q (C x d) its normalised rows, B = diag(b):
 
       A = strictly lower triangular part of B K K^T   (A_ij = b_i k^_i . k^_j for j < i)
       T = (I + A)^(-1)                                (the UT transform: unit lower
@@ -70,7 +70,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import compute_dtype
+from synthbench.linear_attention import chunking, compute_dtype
 from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
 from synthbench.params import check_int
 
@@ -129,8 +129,7 @@ def chunked_delta_rule(
     q, k, v, b = _prepared(q, k, v, beta)
     batch, heads, length, dim = q.shape
     dim_v = v.shape[-1]
-    C = max(1, min(chunk_size, length))
-    N = -(-length // C)
+    N, C = chunking(length, chunk_size)
     pad = N * C - length
 
     def chunks(t: torch.Tensor) -> torch.Tensor:  # zero-padded, (B, H, N, C, width)

@@ -36,27 +36,27 @@ Three forms of the same function:
 
 - ``gla_reference``: the recurrence above, one token at a time (as flash-linear-attention's
   ``fla/ops/gla/naive.py``), the readable reference.
-- ``chunked_gla`` (``forward``): the paper's chunkwise form (sec. 4.2-4.3) in chunks of
-  C = min(chunk_size, L) positions. With b_i = sum_{r <= i} log alpha_r the cumulative log
-  decay from the chunk's start to position i of the chunk (inclusive) and S the state before
-  the chunk:
+- ``chunked_gla`` (``forward``): the paper's chunkwise form (sec. 4.2-4.3) in
+  N = ceil(L / chunk_size) chunks of C = ceil(L / N) positions. With b_i = sum_{r <= i}
+  log alpha_r the cumulative log decay from the chunk's start to position i of the chunk
+  (inclusive) and S the state before the chunk:
 
       o_i     = sum_{j <= i} sum_m q_i[m] k_j[m] exp(b_i[m] - b_j[m]) v_j     (intra-chunk)
               + (q_i * exp(b_i)) S                                          (inter-chunk)
       S_next  = diag(exp(b_last)) S + sum_j (k_j * exp(b_last - b_j))^T v_j
 
   (q already scaled, * elementwise). The intra-chunk part uses the paper's secondary
-  chunking into sub-chunks of c = min(16, C) positions: for a key j in an earlier sub-chunk
-  than the query i, exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) with r the last position
-  before the query's sub-chunk, so that block is a matrix product of q * exp(b_i - b_r) and
-  k * exp(b_r - b_j), both factors in (0, 1] (one product per query sub-chunk, over the keys
-  before it); a diagonal block (j and i in one sub-chunk) is computed element by element in
-  log space, one key offset j at a time over the rows i >= j only (no (c, c, d) tensor).
-  Every chunk at once; only the d x d chunk-level state recurrence loops over the chunks, and
-  the sub-chunk loops run c and C / c - 1 times whatever L. Cost O(L (C d + d^2)) per head;
-  no L x L matrix. Padding (at the sequence's end, and at a chunk's end to a whole
-  number of sub-chunks) is q = k = v = 0 with log alpha = 0: it decays nothing and writes
-  nothing, so it changes no output.
+  chunking into s = ceil(C / 16) sub-chunks of c = ceil(C / s) positions: for a key j in an
+  earlier sub-chunk than the query i, exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) with r
+  the last position before the query's sub-chunk, so that block is a matrix product of q *
+  exp(b_i - b_r) and k * exp(b_r - b_j), both factors in (0, 1] (one product per query
+  sub-chunk, over the keys before it); a diagonal block (j and i in one sub-chunk) is
+  computed element by element in log space, one key offset j at a time over the rows i >= j
+  only (no (c, c, d) tensor). Every chunk at once; only the d x d chunk-level state
+  recurrence loops over the chunks, and the sub-chunk loops run c and s - 1 times
+  whatever L. Cost O(L (C d + d^2)) per head; no L x L matrix. Padding (at the sequence's
+  end, and at a chunk's end to a whole number of sub-chunks) is q = k = v = 0 with
+  log alpha = 0: it decays nothing and writes nothing, so it changes no output.
 - the recurrent form (``initial_state``, ``step``): S, d x d numbers per head whatever L.
 
 Numerics: log alpha = logsigmoid(gate) / tau is computed from the raw gate (finite and <= 0
@@ -75,7 +75,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import compute_dtype
+from synthbench.linear_attention import chunking, compute_dtype
 from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
 from synthbench.params import check_int
 
@@ -138,10 +138,8 @@ def chunked_gla(
     q, k, v, log_alpha = _prepared(q, k, v, gate, gate_temperature)
     batch, heads, length, dim = q.shape
     dim_v = v.shape[-1]
-    C = max(1, min(chunk_size, length))
-    N = -(-length // C)
-    c = max(1, min(subchunk_size, C))
-    s = -(-C // c)  # sub-chunks per chunk
+    N, C = chunking(length, chunk_size)
+    s, c = chunking(C, subchunk_size)  # s sub-chunks per chunk
     P = s * c  # a chunk's length padded to whole sub-chunks
 
     def chunks(t: torch.Tensor) -> torch.Tensor:  # zero-padded, (B, H, N, P, width)

@@ -47,9 +47,9 @@ Three forms of the same function:
 
 - ``ssd_reference``: the recurrence above, one token at a time, the readable reference.
 - ``chunked_ssd`` (``forward``): the SSD algorithm of the paper (sec. 6, its listing 1,
-  ``ssd_minimal_discrete``) in chunks of C = min(chunk_size, L) positions. With
-  l_t = Delta_t A_h = log a_t and segsum(l)_ij = sum_{j < r <= i} l_r for j <= i, -inf above
-  the diagonal:
+  ``ssd_minimal_discrete``) in N = ceil(L / chunk_size) chunks of C = ceil(L / N) positions.
+  With l_t = Delta_t A_h = log a_t and segsum(l)_ij = sum_{j < r <= i} l_r for j <= i, -inf
+  above the diagonal:
 
       inside a chunk:    O = ((Q K^T) * exp(segsum(l))) (Delta * V)       (diagonal blocks)
       chunk states:      W_n = sum_j exp(sum_{j < r <= end} l_r) Delta_j k_j^T v_j
@@ -79,7 +79,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from synthbench.linear_attention import compute_dtype
+from synthbench.linear_attention import chunking, compute_dtype
 from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
 from synthbench.params import check_int
 
@@ -155,8 +155,7 @@ def chunked_ssd(
     q, k, v, delta, log_a = _prepared(q, k, v, dt, A_log, dt_bias)
     batch, heads, length, dim = q.shape
     dim_v = v.shape[-1]
-    C = max(1, min(chunk_size, length))
-    N = -(-length // C)
+    N, C = chunking(length, chunk_size)
     pad = N * C - length
     x = v * delta.unsqueeze(-1)  # Delta_t v_t: what position t writes
     q, k, x = (F.pad(t, (0, 0, 0, pad)).reshape(batch, heads, N, C, t.shape[-1]) for t in (q, k, x))

@@ -57,7 +57,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import compute_dtype
+from synthbench.linear_attention import chunking, compute_dtype
 from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
 from synthbench.params import check_int
 
@@ -108,9 +108,9 @@ def chunked_retention(
 ) -> torch.Tensor:
     """The chunkwise recurrent representation: (B, H, L, d) -> (B, H, L, d).
 
-    Chunks of C = min(chunk_size, L) positions (the last one zero-padded: zero keys and
-    values add nothing). For t = nC + a (a = 0 .. C-1) and S_n the recurrent state after
-    position nC - 1 (the decayed sum over every earlier chunk):
+    N = ceil(L / chunk_size) chunks of C = ceil(L / N) positions (the last one zero-padded:
+    zero keys and values add nothing). For t = nC + a (a = 0 .. C-1) and S_n the recurrent
+    state after position nC - 1 (the decayed sum over every earlier chunk):
 
         o_t     = sum_{b <= a} gamma^(a - b) (q_t . k_{nC+b}) v_{nC+b} + gamma^(a + 1) q_t S_n
         S_{n+1} = gamma^C S_n + sum_b gamma^(C - 1 - b) k_{nC+b}^T v_{nC+b}
@@ -121,8 +121,7 @@ def chunked_retention(
     out_dtype = v.dtype
     dtype = compute_dtype(q, k, v)
     log_decay = log_decay.to(dtype)
-    C = max(1, min(chunk_size, length))
-    N = -(-length // C)
+    N, C = chunking(length, chunk_size)
     pad = N * C - length
     q = q.to(dtype) / math.sqrt(dim)
     q, k, v = (

@@ -38,7 +38,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import compute_dtype
+from synthbench.linear_attention import chunking, compute_dtype
 from synthbench.mechanism import MECHANISMS, Mechanism
 from synthbench.params import check_int
 
@@ -74,18 +74,18 @@ def sliding_window_attention(
 ) -> torch.Tensor:
     """The same function in blocks (module docstring): (B, H, L, d) -> (B, H, L, d).
 
-    Queries come in N blocks of C = min(chunk_size, L) positions (the last one padded). Block
-    n sees the keys of blocks n - back .. n + ahead, back = ceil((window - 1) / C) (the
-    earliest key a query of the block can see is window - 1 positions before the block's
-    first query), ahead = 0 causal, back otherwise; both at most N - 1. Keys and values are
-    zero-padded so that every block has that span, and the band mask, built once for all
-    blocks, removes every key outside the band, before the sequence or after its end."""
+    Queries come in N = ceil(L / chunk_size) blocks of C = ceil(L / N) positions (the last
+    one padded). Block n sees the keys of blocks n - back .. n + ahead, back =
+    ceil((window - 1) / C) (the earliest key a query of the block can see is window - 1
+    positions before the block's first query), ahead = 0 causal, back otherwise; both at
+    most N - 1. Keys and values are zero-padded so that every block has that span, and the
+    band mask, built once for all blocks, removes every key outside the band, before the
+    sequence or after its end."""
     batch, heads, length, dim = q.shape
     out_dtype = v.dtype
     dtype = compute_dtype(q, k, v)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-    C = max(1, min(chunk_size, length))
-    N = -(-length // C)
+    N, C = chunking(length, chunk_size)
     back = min(-(-(window - 1) // C), N - 1)
     ahead = 0 if causal else back
     span = (back + 1 + ahead) * C

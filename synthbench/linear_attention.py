@@ -80,9 +80,11 @@ def linear_attention(
     return normalise(out[..., :D], out[..., D], eps, signed).to(out_dtype)
 
 
-def _chunking(length: int, chunk_size: int) -> tuple[int, int]:
+def chunking(length: int, chunk_size: int) -> tuple[int, int]:
     """(number of chunks N, chunk length C): as few chunks as chunk_size allows, of equal
-    length, so that the last one is at most N - 1 positions short."""
+    length, so that the last one is at most N - 1 positions short. Every chunked form here
+    splits this way: at L 72 and chunk_size 64, two chunks of 36, not 64 + 8 padded to 128
+    (which costs the quadratic in-chunk work three times over)."""
     n = max(1, -(-length // max(1, chunk_size)))
     return n, max(1, -(-length // n))
 
@@ -91,7 +93,7 @@ def _causal_prefix(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size
     """sum_{j<=i} (q_i . k_j) v_j for all chunks at once; v carries the ones column."""
     B, H, L, Fdim = q.shape
     E = v.shape[-1]
-    N, C = _chunking(L, chunk_size)
+    N, C = chunking(L, chunk_size)
     pad = N * C - L
     if pad:  # zero features at padded positions contribute nothing to any sum
         q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
@@ -113,7 +115,7 @@ def _causal_scan(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, chunk_size: 
     """sum_{j<=i} (q_i . k_j) v_j, chunk after chunk with a running state."""
     B, H, L, Fdim = q.shape
     E = v.shape[-1]
-    _, C = _chunking(L, chunk_size)
+    _, C = chunking(L, chunk_size)
     keep = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     out = _CausalScan.apply(
         q.reshape(B * H, L, Fdim), k.reshape(B * H, L, Fdim), v.reshape(B * H, L, E), C, keep
