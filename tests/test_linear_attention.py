@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from synthbench.linear_attention import linear_attention, linear_attention_reference, normalise
+from synthbench.linear_attention import (
+    chunking,
+    linear_attention,
+    linear_attention_reference,
+    normalise,
+)
 
 B, H, F, D = 2, 3, 4, 5  # features != head_dim, to catch a transposed contraction
 LENGTHS = [1, 5, 64, 100, 130]
@@ -215,3 +220,11 @@ def test_cuda_matches_reference(causal, strategy):
     assert out.device.type == "cuda" and out.dtype == torch.float32
     ref = linear_attention_reference(*inputs, causal=causal)
     torch.testing.assert_close(out.cpu().double(), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_chunking_gives_as_few_equal_chunks_as_chunk_size_allows():
+    for length in range(1, 300):
+        for chunk_size in range(1, 80):
+            n, c = chunking(length, chunk_size)
+            assert n == -(-length // chunk_size), (length, chunk_size)
+            assert c <= chunk_size and 0 <= n * c - length < n, (length, chunk_size)
