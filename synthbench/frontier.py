@@ -74,6 +74,16 @@ class Line:
             held = value
         return held, True
 
+    def back_above(self, threshold: float = THRESHOLD):
+        """The first value harder than a fall below ``threshold`` where the mean is at or
+        above it again (None if none is): accuracy not monotone in the knob."""
+        fell = False
+        for value, mean in zip(self.points["value"], self.points["mean"], strict=True):
+            fell = fell or mean < threshold
+            if fell and mean >= threshold:
+                return value
+        return None
+
 
 def grid_runs(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per successful seed at its selected lr: protocol, protocol_version, task,
@@ -293,12 +303,17 @@ def frontier_grid(
     rows, cells = [], []
     undeclared = sorted({line.knob.name for line in mine if not line.knob.declared})
     seeds = max((int(line.points["n"].max()) for line in mine), default=0)
+    not_monotone = False
     for line in mine:
         held, everywhere = line.frontier(threshold)
         if held is None:
             frontier = "none"
         else:
             frontier = value_text(held) + (" (all)" if everywhere else "")
+        again = line.back_above(threshold)
+        if again is not None:
+            frontier += f" (back above at {value_text(again)})"
+            not_monotone = True
         ladder = ", ".join(
             f"{value_text(v)}: {m:.2f}" + ("" if n >= seeds else f" (n={n})")
             for v, m, n in zip(
@@ -317,6 +332,12 @@ def frontier_grid(
         f"below at the easiest. Each seed at its selected lr; {seeds} seed"
         f"{'' if seeds == 1 else 's'} a point (n: fewer).",
     ]
+    if not_monotone:
+        notes.append(
+            "back above at V: a harder value V holds the threshold again, so accuracy is not "
+            "monotone in the knob there: the frontier understates what the mechanism holds, "
+            "and the knob is not all that makes the task hard at this budget."
+        )
     if undeclared:
         notes.append(
             f"* {', '.join(undeclared)}: no declared direction, taken as harder when larger."

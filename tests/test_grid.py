@@ -257,6 +257,12 @@ def test_the_frontier_is_the_hardest_value_held_from_the_easiest_on():
     assert "| kv_recall | pairs (larger)" in table
     assert "16 (all)" in table and "none" in table
     assert "4: 0.99, 8: 0.82, 16: 0.94" in table
+    # linear at width 64 falls at 8 and is back above at 16: the table says so, once
+    assert by[("pairs", "d_model=64", "linear")].back_above() == 16
+    assert by[("pairs", "d_model=64", "softmax")].back_above() is None
+    assert by[("pairs", "d_model=32", "linear")].back_above() is None
+    assert table.count("back above at") == 2  # the row and the note
+    assert "| 4 (back above at 16) " in table
 
 
 def test_state_points_use_the_declared_state_size():
