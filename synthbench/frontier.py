@@ -236,6 +236,9 @@ def lines(runs: pd.DataFrame) -> list[Line]:
             knob = knob_of(task, part["mechanism"].unique(), name)
             if name == LADDER:
                 along = part[part[LADDER].notna()]
+                moved = [k for k in task_knobs if k in along and along[k].map(repr).nunique() > 1]
+                if len(moved) < 2 and part[LADDER].isna().any():
+                    continue  # a sweep of one knob that passes through presets: its own line
                 # a preset sets task knobs together: the context is the other kinds of knob
                 others = [k for k in knobs if k != LADDER and k not in task_knobs]
             else:

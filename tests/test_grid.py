@@ -296,6 +296,19 @@ def test_a_difficulty_ladder_is_one_knob_ordered_easy_to_hard():
     assert not [line for line in found if line.knob.name == "n"]  # the ladder says it
 
 
+def test_a_knob_sweep_through_presets_is_no_ladder():
+    """selective_copy's easy preset is k = 4 at the default length: a k sweep 4, 8, 16 meets
+    the easy and default presets, but one knob moved, so there is one line (k), no ladder."""
+    rows = []
+    for k, value in ((4, 1.0), (8, 0.95), (16, 0.5)):
+        spec = RunSpec.resolve("selective_copy", "linear", QUICK, 0, {"k": k})
+        rows.append({**spec.row_fields(), "status": "ok", "selected": True, "lr": 1e-2,
+                     "token_acc": value, "lr_edge": False})  # fmt: skip
+    found = frontier.lines(frontier.grid_runs(pd.DataFrame(rows)))
+    assert [line.knob.name for line in found] == ["k"]
+    assert found[0].frontier() == (8, False)
+
+
 def test_rows_without_a_grid_have_no_frontier():
     spec = RunSpec.resolve("copy", "linear", QUICK, 0)
     rows = pd.DataFrame([{**spec.row_fields(), "status": "ok", "selected": True, "lr": 1e-2,
