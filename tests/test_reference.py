@@ -19,6 +19,7 @@ from synthbench import reference
 from synthbench.protocols import PROTOCOLS
 from synthbench.spec import SUITE_VERSION, RunSpec
 from synthbench.store import COLUMNS, ResultStore
+from synthbench.task import TASKS
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -378,6 +379,12 @@ def test_the_shipped_reference_is_current(monkeypatch):
     assert loaded.info["protocol_version"] == protocol.version
     held = {m for m, n in loaded.info["mechanisms"].items() if n["runs"]}
     assert held == set(rows["mechanism"])
+    # complete: every reference mechanism on every built-in task, each run with its selected lr
+    builtin = {e.name for e in TASKS.entries() if e.source == "builtin"}
+    assert set(rows["mechanism"]) == set(reference.REFERENCE_MECHANISMS)
+    for mech, part in rows.groupby("mechanism"):
+        assert set(part["task"]) == builtin, mech
+    assert rows.groupby("run_id")["selected"].sum().eq(1).all()
 
 
 def load_builder():
