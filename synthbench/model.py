@@ -2,8 +2,12 @@
 
 ``attn-only`` (default, as in the SLAY task suite): token embedding + positional embedding,
 then n_layers x (multi-head attention + residual), then a linear head; no MLP, no norm, so
-every bit of token mixing is the mechanism's. ``transformer``: pre-norm blocks with an MLP
-and a final LayerNorm. The mechanism only ever sees (batch, heads, length, head_dim).
+every bit of token mixing is the mechanism's. ``attn-conv``: attn-only with a short causal
+convolution on q, k and v before the mechanism (depthwise, ``SHORT_CONV`` positions, then
+SiLU), as flash-linear-attention's DeltaNet, GLA and Based layers have: each position's
+q, k and v also see the few tokens before it, whatever the mechanism. ``transformer``:
+pre-norm blocks with an MLP and a final LayerNorm. The mechanism only ever sees (batch,
+heads, length, head_dim).
 
 Positions: an absolute embedding added to the tokens (``learned``, ``sinusoidal``), nothing
 (``none``), or a rotation of each head's queries and keys by position (the ``ROTATIONS`` of
@@ -18,13 +22,15 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from synthbench.mechanism import extra_inputs
 from synthbench.params import constructor_params
 from synthbench.positional import ROTATIONS
 
-ARCHS = ("attn-only", "transformer")
+ARCHS = ("attn-only", "attn-conv", "transformer")
+SHORT_CONV = 4  # attn-conv's kernel: flash-linear-attention's default conv_size
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
 POSITIONS = (*ABSOLUTE_POSITIONS, *ROTATIONS)
 
@@ -76,11 +82,22 @@ def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
 
 class MultiHeadAttention(nn.Module):
     def __init__(
-        self, d_model: int, n_heads: int, mechanism: nn.Module, rotation: nn.Module | None = None
+        self,
+        d_model: int,
+        n_heads: int,
+        mechanism: nn.Module,
+        rotation: nn.Module | None = None,
+        short_conv: int = 0,
     ) -> None:
         super().__init__()
         self.n_heads = n_heads
         self.qkv = nn.Linear(d_model, 3 * d_model)
+        # attn-conv: a depthwise causal convolution over the last ``short_conv`` positions
+        self.conv = (
+            nn.Conv1d(3 * d_model, 3 * d_model, short_conv, groups=3 * d_model)
+            if short_conv
+            else None
+        )
         self.out = nn.Linear(d_model, d_model)
         self.mechanism = mechanism
         self.rotation = rotation
@@ -92,7 +109,11 @@ class MultiHeadAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
         B, L, D = x.shape
-        qkv = self.qkv(x).view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        qkv = self.qkv(x)
+        if self.conv is not None:  # padded on the left only: position i sees i - 3 .. i
+            window = F.pad(qkv.transpose(1, 2), (self.conv.kernel_size[0] - 1, 0))
+            qkv = F.silu(self.conv(window)).transpose(1, 2)
+        qkv = qkv.view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         q, k, v = qkv
         if self.rotation is not None:  # positions enter through q and k only, never v
             q, k = self.rotation(qkv[:2])  # both in one call: one set of angles
@@ -115,7 +136,8 @@ class Block(nn.Module):
         rotation: nn.Module | None = None,
     ) -> None:
         super().__init__()
-        self.attn = MultiHeadAttention(d_model, n_heads, mechanism, rotation)
+        short_conv = SHORT_CONV if arch == "attn-conv" else 0
+        self.attn = MultiHeadAttention(d_model, n_heads, mechanism, rotation, short_conv)
         self.transformer = arch == "transformer"
         if self.transformer:
             self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)

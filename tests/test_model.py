@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from synthbench.mechanism import MECHANISMS
-from synthbench.model import ARCHS, POSITIONS, Model, sinusoidal_positions
+from synthbench.model import ARCHS, POSITIONS, SHORT_CONV, Model, sinusoidal_positions
 
 VOCAB, MAX_LEN, D, HEADS, LAYERS = 11, 80, 16, 2, 2
 L = 70  # crosses the 64-position chunk of the linear-attention core
@@ -167,3 +167,22 @@ def test_learned_rotations_get_gradients(pos):
     for block in model.blocks:
         for name, param in block.attn.rotation.named_parameters():
             assert param.grad is not None and param.grad.abs().sum() > 0, name
+
+
+def test_attn_conv_mixes_the_last_four_tokens_and_no_earlier_one():
+    """With a mechanism that mixes nothing (a window of 1 returns v) and one layer,
+    attn-conv's position i reads tokens i - 3 .. i through its short convolution
+    (SHORT_CONV = 4), and no earlier one."""
+    torch.manual_seed(0)
+    window = MECHANISMS.get("sliding-window")
+    model = Model(VOCAB, MAX_LEN, lambda: window(D // HEADS, HEADS, window=1), d_model=D,
+                  n_heads=HEADS, n_layers=1, arch="attn-conv").double().eval()  # fmt: skip
+    x = tokens(length=20)
+    with torch.no_grad():
+        base = model(x)
+        for back in range(6):
+            changed = x.clone()
+            changed[:, 10] = (changed[:, 10] + 1) % VOCAB
+            moved = (model(changed)[:, 10 + back] - base[:, 10 + back]).abs().max()
+            assert (moved > 1e-9) == (back < SHORT_CONV), back
+    assert not hasattr(make_model(arch="attn-only").blocks[0].attn.conv, "weight")
