@@ -201,6 +201,15 @@ def _ordered(values: list, knob: Knob, task: str) -> list:
     return ordered[::-1] if knob.harder == "smaller" else ordered
 
 
+def _ordinal(values: pd.Series) -> bool:
+    """Whether a knob's values have an order to walk: numbers (flags and names have none)."""
+    present = values.dropna()
+    return all(
+        isinstance(v, int | float | np.integer | np.floating) and not isinstance(v, bool)
+        for v in present
+    )
+
+
 NOT_KNOBS = {"protocol", "protocol_version", "task", "mechanism", "seed", "value", "state",
              "mean", "std"}  # fmt: skip
 
@@ -233,6 +242,8 @@ def lines(runs: pd.DataFrame) -> list[Line]:
         ladder = LADDER in knobs
         task_knobs = set(TASKS.get(task).Params.__dataclass_fields__) if task in TASKS else set()
         for name in knobs:
+            if name != LADDER and not _ordinal(part[name]):
+                continue  # names without an order (an arch, say): a context, never a line
             knob = knob_of(task, part["mechanism"].unique(), name)
             if name == LADDER:
                 along = part[part[LADDER].notna()]

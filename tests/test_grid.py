@@ -309,6 +309,22 @@ def test_a_knob_sweep_through_presets_is_no_ladder():
     assert found[0].frontier() == (8, False)
 
 
+def test_a_knob_without_an_order_is_a_context_not_a_line():
+    """Two architectures are two contexts of the pairs line, never a frontier of their own."""
+    rows = []
+    for arch, pairs, value in (("attn-only", 4, 1.0), ("attn-only", 8, 0.5),
+                               ("attn-conv", 4, 1.0), ("attn-conv", 8, 0.95)):  # fmt: skip
+        protocol = grid.protocol_points(QUICK, {"arch": arch})[0]
+        spec = RunSpec.resolve("kv_recall", "linear", protocol, 0, {"pairs": pairs, "queries": 2})
+        rows.append({**spec.row_fields(), "status": "ok", "selected": True, "lr": 1e-2,
+                     "token_acc": value, "lr_edge": False})  # fmt: skip
+    found = frontier.lines(frontier.grid_runs(pd.DataFrame(rows)))
+    assert {(line.knob.name, line.context) for line in found} == {
+        ("pairs", "arch=attn-conv"), ("pairs", "arch=attn-only")}  # fmt: skip
+    by = {line.context: line.frontier() for line in found}
+    assert by == {"arch=attn-conv": (8, True), "arch=attn-only": (4, False)}
+
+
 def test_rows_without_a_grid_have_no_frontier():
     spec = RunSpec.resolve("copy", "linear", QUICK, 0)
     rows = pd.DataFrame([{**spec.row_fields(), "status": "ok", "selected": True, "lr": 1e-2,
