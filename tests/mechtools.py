@@ -1,6 +1,6 @@
 """Helpers of the tests of the chunked mechanisms (tests/test_window.py, test_retnet.py,
 test_gla.py, test_mamba2.py, test_deltanet.py, test_based.py); assert_same_function is
-the forward-and-gradient comparison of those whose mechanism reads only q, k and v."""
+the forward-and-gradient comparison of a chunked form with its reference."""
 
 from __future__ import annotations
 
@@ -33,15 +33,19 @@ class LargestTensor(TorchFunctionMode):
         return out
 
 
-def assert_same_function(fn, reference, inputs, tol=CLOSE):
-    """Forward and the gradients w.r.t. q, k, v of a random weighting of the output."""
+def assert_same_function(fn, reference, inputs, tol=CLOSE, names="qkv", params=()):
+    """Forward, and the gradients of a random weighting of the output w.r.t. every input
+    (``names``: q, k, v and any extra input, in order) and every parameter in ``params``
+    (named by ``names`` too), each finite and equal to the reference's."""
     weight = torch.randn(inputs[2].shape, generator=torch.Generator().manual_seed(7),
                          dtype=inputs[2].dtype)  # fmt: skip
+    wrt = (*inputs, *params)
     results = []
     for f in (fn, reference):
         out = f(*inputs)
-        results.append((out, torch.autograd.grad((out * weight).sum(), inputs)))
+        results.append((out, torch.autograd.grad((out * weight).sum(), wrt)))
     (out, grads), (expected, expected_grads) = results
     torch.testing.assert_close(out, expected, **tol)
-    for name, grad, expected_grad in zip("qkv", grads, expected_grads, strict=True):
+    for name, grad, expected_grad in zip(names, grads, expected_grads, strict=True):
+        assert bool(grad.isfinite().all()), f"gradient w.r.t. {name} not finite"
         torch.testing.assert_close(grad, expected_grad, **tol, msg=f"gradient w.r.t. {name}")

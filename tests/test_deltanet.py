@@ -11,14 +11,13 @@ import math
 
 import pytest
 import torch
-from mechtools import LargestTensor, lengths_around  # tests/mechtools.py
+from mechtools import CLOSE, LargestTensor, assert_same_function, lengths_around
 
 from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
 from synthbench.mechanisms.deltanet import chunked_delta_rule, delta_rule_reference
 from synthbench.model import MultiHeadAttention
 
 B, H, D = 2, 3, 8
-CLOSE = {"atol": 1e-10, "rtol": 1e-9}
 
 
 @pytest.fixture(autouse=True)
@@ -38,6 +37,9 @@ def inputs(length, seed=0, dtype=torch.float64, requires_grad=False, scale=1.0, 
     )
 
 
+INPUTS = ("q", "k", "v", "beta")  # what the tests differentiate
+
+
 def build(heads=H, **params):
     return MECHANISMS.get("deltanet")(D, heads, **params)
 
@@ -46,27 +48,12 @@ def call(mechanism):
     return lambda q, k, v, beta: mechanism(q, k, v, beta=beta)
 
 
-def assert_same_function(fn, reference, args, tol=CLOSE):
-    """Forward and the gradients w.r.t. q, k, v and beta of a random weighting of the output."""
-    weight = torch.randn(args[2].shape, generator=torch.Generator().manual_seed(7),
-                         dtype=args[2].dtype)  # fmt: skip
-    results = []
-    for f in (fn, reference):
-        out = f(*args)
-        results.append((out, torch.autograd.grad((out * weight).sum(), args)))
-    (out, grads), (expected, expected_grads) = results
-    torch.testing.assert_close(out, expected, **tol)
-    for name, grad, expected_grad in zip(("q", "k", "v", "beta"), grads, expected_grads,
-                                         strict=True):  # fmt: skip
-        torch.testing.assert_close(grad, expected_grad, **tol, msg=f"gradient w.r.t. {name}")
-
-
 @pytest.mark.parametrize("chunk", [64, 16, 5, 1])
 def test_chunkwise_form_equals_the_recurrence(chunk):
     mechanism = build(chunk_size=chunk)
     for length in lengths_around(chunk):
         args = inputs(length, seed=length, requires_grad=True)
-        assert_same_function(call(mechanism), delta_rule_reference, args)
+        assert_same_function(call(mechanism), delta_rule_reference, args, names=INPUTS)
 
 
 def loop_reference(q, k, v, beta):
@@ -137,6 +124,7 @@ def test_recurrent_form_at_other_chunk_sizes(chunk):
         lambda q, k, v, beta: recurrent_forward(mechanism, q, k, v, beta=beta),
         call(mechanism),
         args,
+        names=INPUTS,
     )
 
 

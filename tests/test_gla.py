@@ -12,14 +12,13 @@ import math
 
 import pytest
 import torch
-from mechtools import LargestTensor, lengths_around  # tests/mechtools.py
+from mechtools import CLOSE, LargestTensor, assert_same_function, lengths_around
 
 from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
 from synthbench.mechanisms.gla import chunked_gla, gla_reference
 from synthbench.model import MultiHeadAttention
 
 B, H, D = 2, 3, 8
-CLOSE = {"atol": 1e-10, "rtol": 1e-9}
 
 
 @pytest.fixture(autouse=True)
@@ -42,26 +41,11 @@ def build(heads=H, **params):
     return MECHANISMS.get("gla")(D, heads, **params)
 
 
+INPUTS = ("q", "k", "v", "gate")  # what the tests differentiate
+
+
 def call(mechanism):
     return lambda q, k, v, gate: mechanism(q, k, v, gate=gate)
-
-
-def assert_same_function(fn, reference, args, tol=CLOSE):
-    """Forward and the gradients w.r.t. q, k, v and the gate of a random weighting of the
-    output."""
-    weight = torch.randn(
-        args[2].shape, generator=torch.Generator().manual_seed(7), dtype=args[2].dtype
-    )
-    results = []
-    for f in (fn, reference):
-        out = f(*args)
-        results.append((out, torch.autograd.grad((out * weight).sum(), args)))
-    (out, grads), (expected, expected_grads) = results
-    torch.testing.assert_close(out, expected, **tol)
-    for name, grad, expected_grad in zip(
-        ("q", "k", "v", "gate"), grads, expected_grads, strict=True
-    ):
-        torch.testing.assert_close(grad, expected_grad, **tol, msg=f"gradient w.r.t. {name}")
 
 
 def loop_reference(q, k, v, gate, tau=16.0):
@@ -89,6 +73,7 @@ def test_chunkwise_form_equals_the_recurrence(chunk, subchunk):
             lambda q, k, v, gate: chunked_gla(q, k, v, gate, 16.0, chunk, subchunk),
             gla_reference,
             args,
+            names=INPUTS,
         )
 
 
@@ -97,7 +82,10 @@ def test_forward_equals_the_recurrence(chunk):
     mechanism = build(chunk_size=chunk)
     for length in lengths_around(chunk):
         assert_same_function(
-            call(mechanism), gla_reference, inputs(length, seed=length + 1, requires_grad=True)
+            call(mechanism),
+            gla_reference,
+            inputs(length, seed=length + 1, requires_grad=True),
+            names=INPUTS,
         )
 
 
@@ -111,7 +99,7 @@ def test_strong_decays(tau):
     for t in (q, k, v):
         t.requires_grad_()
     assert_same_function(
-        call(mechanism), lambda q, k, v, gate: gla_reference(q, k, v, gate, tau), args
+        call(mechanism), lambda q, k, v, gate: gla_reference(q, k, v, gate, tau), args, names=INPUTS
     )
 
 
@@ -159,6 +147,7 @@ def test_recurrent_form_at_other_chunk_sizes(chunk):
         lambda q, k, v, gate: recurrent_forward(mechanism, q, k, v, gate=gate),
         call(mechanism),
         args,
+        names=INPUTS,
     )
 
 
