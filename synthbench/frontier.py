@@ -196,8 +196,7 @@ def _ordered(values: list, knob: Knob, task: str) -> list:
         own = list(TASKS.get(task).presets()) if task in TASKS else []
         order = [*LADDER_ORDER, *(p for p in own if p not in LADDER_ORDER)]
         return sorted(values, key=lambda v: order.index(v) if v in order else len(order))
-    numeric = all(isinstance(v, int | float) and not isinstance(v, bool) for v in values)
-    ordered = sorted(values) if numeric else sorted(values, key=str)
+    ordered = sorted(values)  # numbers: only a knob with an order has a line (_ordinal)
     return ordered[::-1] if knob.harder == "smaller" else ordered
 
 
