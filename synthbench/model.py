@@ -110,7 +110,7 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
         B, L, D = x.shape
         qkv = self.qkv(x)
-        if self.conv is not None:  # padded on the left only: position i sees i - 3 .. i
+        if self.conv is not None:  # padded on the left only: i sees i - kernel + 1 .. i
             window = F.pad(qkv.transpose(1, 2), (self.conv.kernel_size[0] - 1, 0))
             qkv = F.silu(self.conv(window)).transpose(1, 2)
         qkv = qkv.view(B, L, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
