@@ -9,8 +9,8 @@
     <out>/<protocol>/<metric>/heatmap.{png,pdf}, categories.{png,pdf}, curves.{png,pdf},
                                                      length.{png,pdf}
     <out>/<protocol>/<metric>/compare-<name>.{md,tex} with --compare
-    <out>/<protocol>/separation.{md,tex}             which pairs each task tells apart (always
-                                                     on the target metric)
+    <out>/<protocol>/separation.{md,tex}             which pairs each task tells apart, and head
+                                                     to head (always on the target metric)
     <out>/<protocol>/lrs.{md,tex}                    the lr each run selected
     <out>/<protocol>/frontier.{md,tex}, frontier-<task>-<knob>.{png,pdf},
     state-<task>.{png,pdf}                           where the rows hold a grid of runs

@@ -184,9 +184,53 @@ def _count_note(count) -> str:
     )
 
 
+PAIRS_APART = "pairs apart"  # the detail table's first column: separated pairs of those run
+
+
+def _apart(pairs: pd.DataFrame) -> str:
+    """How many of ``pairs`` (records) separate, of how many: "3/28"."""
+    return f"{int(pairs['separated'].sum())}/{len(pairs)}" if len(pairs) else MISSING
+
+
+def head_to_head(pairs: pd.DataFrame, mechanisms: list[str], title: str) -> Grid:
+    """The pairs' records of one measure as a mechanism x mechanism table: in row a, column
+    b, on how many tasks a is ahead of b and the pair separates, of the tasks both ran.
+    With many mechanisms this is the table to read first: the per-task one has a column
+    per pair (28 for 8 mechanisms)."""
+    cells = []
+    for a in mechanisms:
+        line = []
+        for b in mechanisms:
+            first, second = sorted((a, b))  # a pair is stored once, its names in order
+            both = pairs[(pairs["a"] == first) & (pairs["b"] == second)]
+            ahead = int((both["separated"] & (both["ahead"] == a)).sum())
+            line.append(f"{ahead}/{len(both)}" if a != b and len(both) else MISSING)
+        cells.append(line)
+    ever = {(p.a, p.b) for p in pairs.itertuples() if p.separated}
+    never = [f"{a} vs {b}" for a, b in combinations(mechanisms, 2) if (a, b) not in ever]
+    n_pairs = len(mechanisms) * (len(mechanisms) - 1) // 2
+    notes = [
+        "Cell (row a, column b): on how many tasks a is ahead of b and the pair separates "
+        "(the rules below), of the tasks both ran.",
+        f"Pairs told apart by at least one task: {n_pairs - len(never)} of {n_pairs}. "
+        f"By none: {', '.join(never) if never else 'none'}.",
+    ]
+    return Grid(
+        title,
+        ["mechanism"],
+        [(m,) for m in mechanisms],
+        mechanisms,
+        cells,
+        0,
+        best=None,
+        notes=notes,
+    )
+
+
 def grids(result: Separation, protocol: str, version: int) -> list[Grid]:
-    """The two tables of one protocol: on the target metric, then on the learning-curve
-    area; a row per task, a column per pair, the informative count below each."""
+    """The tables of one protocol, on the target metric, then on the learning-curve area:
+    for each, the head-to-head counts (``head_to_head``), then a row per task and a column
+    per pair (after how many pairs the task separates), with the informative count below."""
     pairs = result.pairs[result.pairs["protocol"] == protocol]
     runs = result.runs[result.runs["protocol"] == protocol]
     tasks = sort_tasks(runs)
@@ -220,7 +264,10 @@ def grids(result: Separation, protocol: str, version: int) -> list[Grid]:
     for measure in MEASURES:
         mine = pairs[pairs["measure"] == measure]
         found = {(p.task, f"{p.a} vs {p.b}"): _cell(p) for p in mine.itertuples()}
-        cells = [[found.get((t, c), MISSING) for c in columns] for _, t in tasks]
+        cells = [
+            [_apart(mine[mine["task"] == t]), *(found.get((t, c), MISSING) for c in columns)]
+            for _, t in tasks
+        ]
         (count,) = result.counts[
             (result.counts["protocol"] == protocol) & (result.counts["measure"] == measure)
         ].itertuples()
@@ -229,17 +276,21 @@ def grids(result: Separation, protocol: str, version: int) -> list[Grid]:
             "Cell: the mechanism ahead and the mean difference; else why the pair does not "
             "separate: "
             + "; ".join(f"{SHORT[r][0]}: {SHORT[r][1]}" for r in reasons[measure])
-            + f"; {MISSING}: one of the two did not run the task.",
+            + f"; {MISSING}: one of the two did not run the task. {PAIRS_APART}: how many "
+            "pairs of mechanisms the task separates, of those that both ran it.",
             _count_note(count),
         ]
         if measure == "target":
             notes.insert(1, target_note(runs))
         result_grids.append(
+            head_to_head(mine, mechanisms, titles[measure].replace("Separation", "Head to head"))
+        )
+        result_grids.append(
             Grid(
                 titles[measure],
                 ["category", "task"],
                 tasks,
-                columns,
+                [PAIRS_APART, *columns],
                 cells,
                 0,
                 best=None,

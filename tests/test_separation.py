@@ -192,8 +192,8 @@ def test_the_count_of_informative_tasks():
 
 def test_the_separation_tables():
     result = separation(informative_rows())
-    target, area = grids(result, "smoke", 1)
-    assert target.columns == ["a vs b"]
+    target_counts, target, area_counts, area = grids(result, "smoke", 1)
+    assert target.columns == ["pairs apart", "a vs b"]
     assert target.rows == [
         ("Basic", "copy"),
         ("Basic", "reverse"),
@@ -201,13 +201,41 @@ def test_the_separation_tables():
         ("Memory", "kv_recall"),
         ("Reasoning", "stack"),
     ]
-    assert [c for (c,) in target.cells] == ["a +0.37", "noise", "flip", "edge", MISSING]
-    assert [c for (c,) in area.cells] == ["a +0.37", "a +0.08", "flip", "edge", MISSING]
+    assert [c for _, c in target.cells] == ["a +0.37", "noise", "flip", "edge", MISSING]
+    assert [c for _, c in area.cells] == ["a +0.37", "a +0.08", "flip", "edge", MISSING]
+    # how many pairs each task separates, of those that both ran it (stack: a alone)
+    assert [n for n, _ in target.cells] == ["1/1", "0/1", "0/1", "0/1", MISSING]
+    assert [n for n, _ in area.cells] == ["1/1", "1/1", "0/1", "0/1", MISSING]
+    # head to head: a ahead of b on 1 (target) or 2 (area) of the 4 tasks both ran
+    assert target_counts.rows == [("a",), ("b",)] and target_counts.columns == ["a", "b"]
+    assert target_counts.cells == [[MISSING, "1/4"], ["0/4", MISSING]]
+    assert area_counts.cells == [[MISSING, "2/4"], ["0/4", MISSING]]
+    assert "Pairs told apart by at least one task: 1 of 1. By none: none." in to_markdown(
+        target_counts
+    )
     md = to_markdown(target)
     assert "Informative tasks (at least one pair separates): 1 of 5." in md
     assert "Separating nothing: reverse, sort, kv_recall, stack." in md
     assert "target: token_acc on every task." in md
     assert "Informative tasks (at least one pair separates): 2 of 5." in to_markdown(area)
+
+
+def test_head_to_head_names_the_pairs_no_task_tells_apart():
+    """c copies b on copy: a is ahead of both there, b and c are never told apart, and c
+    ran copy alone of the five tasks."""
+    rows = pd.concat(
+        [informative_rows(), frame(*cell("copy", "c", [0.5, 0.55, 0.6], se=0.01))],
+        ignore_index=True,
+    )
+    target_counts, target, _, _ = grids(separation(rows), "smoke", 1)
+    assert target_counts.cells == [
+        [MISSING, "1/4", "1/1"],
+        ["0/4", MISSING, "0/1"],
+        ["0/1", "0/1", MISSING],
+    ]
+    md = to_markdown(target_counts)
+    assert "Pairs told apart by at least one task: 2 of 3. By none: b vs c." in md
+    assert target.rows[0] == ("Basic", "copy") and target.cells[0][0] == "2/3"
 
 
 def test_protocols_are_separated_apart():
@@ -220,5 +248,6 @@ def test_protocols_are_separated_apart():
     assert counts.loc[("quick", "target"), "tasks"] == 1
     assert counts.loc[("quick", "target"), "informative"] == 0
     assert counts.loc[("smoke", "target"), "tasks"] == 5
-    (quick_target, _) = grids(result, "quick", 1)
-    assert quick_target.columns == [] and quick_target.rows == [("Basic", "copy")]
+    (quick_counts, quick_target, _, _) = grids(result, "quick", 1)
+    assert quick_target.columns == ["pairs apart"] and quick_target.rows == [("Basic", "copy")]
+    assert quick_target.cells == [[MISSING]] and quick_counts.cells == [[MISSING]]
