@@ -241,10 +241,8 @@ def grids(result: Separation, protocol: str, version: int) -> list[Grid]:
         "target": (CLOSE, FLIP, NOISE, NO_SE, EDGE, SEEDS, NO_VALUE),
         "area": (CLOSE, FLIP, EDGE, SEEDS, NO_CURVE),
     }
-    titles = {
-        "target": f"Separation on the target metric (protocol {protocol} v{version})",
-        "area": f"Separation on the learning-curve area (protocol {protocol} v{version})",
-    }
+    compared = {"target": "the target metric", "area": "the learning-curve area"}
+    titles = {m: f"on {on} (protocol {protocol} v{version})" for m, on in compared.items()}
     rules = {
         "target": (
             "Each task's target metric on the test set at each run's selected lr, over the "
@@ -282,12 +280,10 @@ def grids(result: Separation, protocol: str, version: int) -> list[Grid]:
         ]
         if measure == "target":
             notes.insert(1, target_note(runs))
-        result_grids.append(
-            head_to_head(mine, mechanisms, titles[measure].replace("Separation", "Head to head"))
-        )
+        result_grids.append(head_to_head(mine, mechanisms, f"Head to head {titles[measure]}"))
         result_grids.append(
             Grid(
-                titles[measure],
+                f"Separation {titles[measure]}",
                 ["category", "task"],
                 tasks,
                 [PAIRS_APART, *columns],
