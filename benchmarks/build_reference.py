@@ -4,17 +4,17 @@
 
 TREE defaults to benchmarks/runs/quick-v4. Of the runs stored there it keeps those of
 
-- protocol quick at this synthbench's version (synthbench.protocols.PROTOCOLS) and the
-  current SUITE_VERSION (synthbench/spec.py);
+- protocol quick at this synthbench's version (synthbench.run.protocols.PROTOCOLS) and the
+  current SUITE_VERSION (synthbench/run/spec.py);
 - the mechanisms softmax, linear, performer, cosformer, slay and none, seeds 0-2;
 - a built-in task at its default parameters, with the protocol's defaults: the run id must
   be the one ``RunSpec.resolve(task, mech, PROTOCOLS.get("quick"), seed)`` gives today;
 - a complete lr sweep (every lr the sweep needs has a row, none an error, the selected lr
-  marked as synthbench/sweep.py selects it);
+  marked as synthbench/run/lr_selection.py selects it);
 
 and writes every lr row of those runs, every stored column, to ONE zstd-compressed Parquet
 file (what ``synthbench report`` shows beside a user's rows and ``synthbench reproduce``
-re-runs: synthbench/reference.py). It prints what it dropped and why, and per mechanism how
+re-runs: synthbench/report/reference.py). It prints what it dropped and why, and per mechanism how
 many runs and tasks it holds and which (task, mechanism, seed) are missing; the file's
 metadata (``synthbench_reference``) says the same. A run id found in several trees is taken
 from the first tree given. The output is deterministic: the same trees give the same bytes.
@@ -29,19 +29,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from synthbench.protocols import PROTOCOLS
-from synthbench.reference import (
-    PROTOCOL,
-    REFERENCE_MECHANISMS,
-    SEEDS,
-    SHIPPED,
-    write,
-)
-from synthbench.spec import SUITE_VERSION, RunSpec
-from synthbench.store import SCHEMA, ResultStore
-from synthbench.sweep import lr_key, sweep_state
-from synthbench.task import TASKS
-from synthbench.text import plural
+from synthbench.core.task import TASKS
+from synthbench.core.text import plural
+from synthbench.report.reference import PROTOCOL, REFERENCE_MECHANISMS, SEEDS, SHIPPED, write
+from synthbench.run.lr_selection import sweep_state
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.schema import SCHEMA, lr_key
+from synthbench.run.spec import SUITE_VERSION, RunSpec
+from synthbench.run.store import ResultStore
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_TREES = [ROOT / "benchmarks" / "runs" / "quick-v4"]

@@ -39,7 +39,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from synthbench.bench.memory import peak_bytes  # noqa: E402
-from synthbench.linear_attention import STRATEGIES, linear_attention  # noqa: E402
+from synthbench.core.linear_attention import STRATEGIES, linear_attention  # noqa: E402
 
 BATCH, HEADS, HEAD_DIM, FEATURES = 1, 8, 32, 256
 DEFAULT_LENGTHS = [1024 * 2**i for i in range(7)]  # 1K ... 64K

@@ -3,7 +3,7 @@
     python benchmarks/short_scores.py [--mechs slay performer cosformer linear] [--rounds 5]
 
 For each mechanism and each causal length L up to its ``feature_dim`` (where its forward
-takes the (L x L) scores path: synthbench/mechanism.py), it times forward + backward (of the
+takes the (L x L) scores path: synthbench/core/mechanism.py), it times forward + backward (of the
 sum of the output) of the mechanism's forward and of ``linear_attention`` on its explicit
 features (the chunked core, what the forward did before the shortcut), batch 32, 4 heads,
 head_dim 16, float32, one torch thread. The two alternate in one process (A B A B, after a
@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from synthbench.linear_attention import linear_attention
-from synthbench.mechanism import MECHANISMS
+from synthbench.core.linear_attention import linear_attention
+from synthbench.core.mechanism import MECHANISMS
 
 LENGTHS = (16, 32, 64, 128, 256)
 

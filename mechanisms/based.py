@@ -43,7 +43,7 @@ Three forms of the same function (causal):
   S = sum phi(k_j)^T v_j and z = sum phi(k_j), for window heads the softmax over the last
   ``window`` keys, looped over j.
 - ``forward``: the Taylor heads through the shared chunked linear-attention core
-  (synthbench/linear_attention.py, chunks of ``chunk_size``), the window heads banded by
+  (synthbench/core/linear_attention.py, chunks of ``chunk_size``), the window heads banded by
   blocks of ``chunk_size`` queries (``sliding_window_attention`` of mechanisms/window.py,
   reused: each block against its own keys and just enough earlier ones). No L x L matrix.
 - the recurrent form (``initial_state``, ``step``): (S, z) for the Taylor heads, the last
@@ -66,10 +66,10 @@ import math
 
 import torch
 
-from synthbench.linear_attention import compute_dtype, linear_attention
-from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.core.linear_attention import compute_dtype, linear_attention
+from synthbench.core.mechanism import MECHANISMS, Mechanism
+from synthbench.core.params import check_int
 from synthbench.mechanisms.window import sliding_window_attention
-from synthbench.params import check_int
 
 BASED_EPS = 1e-12  # the denominator's (Based's, Zoology's and fla's layer default)
 

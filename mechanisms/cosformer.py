@@ -31,8 +31,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import compute_dtype
-from synthbench.mechanism import MECHANISMS, FeatureMapMechanism
+from synthbench.core.linear_attention import compute_dtype
+from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism
 
 
 @MECHANISMS.register(

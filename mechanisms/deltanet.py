@@ -29,7 +29,7 @@ Choices, and where they come from:
   default (``scale = k.shape[-1] ** -0.5``, also when its ``use_qk_l2norm_in_kernel`` is on,
   which is how its ``DeltaNet`` layer calls it).
 - b_t = sigmoid of the raw extra input (fla's ``b_proj(...).sigmoid()``; the layer projects
-  it, synthbench/model.py). fla's option of b in (0, 2) (negative eigenvalues) is not used.
+  it, synthbench/core/model.py). fla's option of b in (0, 2) (negative eigenvalues) is not used.
 - Left to the model, as for every mechanism here: fla's layer also applies a short causal
   convolution and a SiLU to q, k, v before the kernel, and a normalisation and gate after.
   No positions either (``--pos``).
@@ -70,9 +70,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import chunking, compute_dtype
-from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
-from synthbench.params import check_int
+from synthbench.core.linear_attention import chunking, compute_dtype
+from synthbench.core.mechanism import MECHANISMS, MatrixStateMechanism
+from synthbench.core.params import check_int
 
 L2_EPS = 1e-6  # inside the square root of the L2 normalisation (fla's l2norm)
 

@@ -19,7 +19,7 @@ The output reads the state after the write (o_t sees v_t).
 Choices, and where they come from:
 
 - alpha_t = sigmoid(x_t W_a1 W_a2 + b)^(1/tau) with tau = 16 is the paper's gate (sec. 4.4:
-  the low-rank projection is the layer's here, synthbench/model.py, which projects ``gate``
+  the low-rank projection is the layer's here, synthbench/core/model.py, which projects ``gate``
   from the layer input with one Linear of width n_heads * d; the 1/16 power keeps alpha close
   to 1, so that the memory fades slowly). flash-linear-attention's GLA layer does the same:
   ``gk = logsigmoid(gk_proj(x)) / gate_logit_normalizer``, 16.
@@ -75,9 +75,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import chunking, compute_dtype
-from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
-from synthbench.params import check_int
+from synthbench.core.linear_attention import chunking, compute_dtype
+from synthbench.core.mechanism import MECHANISMS, MatrixStateMechanism
+from synthbench.core.params import check_int
 
 GATE_TEMPERATURE = 16.0  # the paper's tau: alpha = sigmoid(gate)^(1/16)
 SUBCHUNK = 16  # positions per sub-chunk of the secondary chunking (paper sec. 4.3)

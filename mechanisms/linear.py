@@ -2,7 +2,7 @@
 
 import torch.nn.functional as F
 
-from synthbench.mechanism import MECHANISMS, FeatureMapMechanism
+from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism
 
 
 @MECHANISMS.register(

@@ -79,9 +79,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from synthbench.linear_attention import chunking, compute_dtype
-from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
-from synthbench.params import check_int
+from synthbench.core.linear_attention import chunking, compute_dtype
+from synthbench.core.mechanism import MECHANISMS, MatrixStateMechanism
+from synthbench.core.params import check_int
 
 A_INIT_RANGE = (1.0, 16.0)  # A0 ~ uniform[1, 16], A_log = log(A0) (Mamba-2's A_init_range)
 DT_MIN, DT_MAX, DT_INIT_FLOOR = 1e-3, 1e-1, 1e-4  # softplus(dt_bias) log-uniform in [1e-3, 1e-1]

@@ -7,7 +7,7 @@ the chance level a model reaches without mixing.
 
 import torch
 
-from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.core.mechanism import MECHANISMS, Mechanism
 
 
 @MECHANISMS.register(

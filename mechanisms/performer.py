@@ -27,9 +27,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import compute_dtype
-from synthbench.mechanism import MECHANISMS, FeatureMapMechanism, random_generator
-from synthbench.params import check_int
+from synthbench.core.linear_attention import compute_dtype
+from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism, random_generator
+from synthbench.core.params import check_int
 
 REFERENCE = "Choromanski et al. 2021, Rethinking Attention with Performers"
 # Key logits w.k' - |k'|^2/2 = |w|^2/2 - |k' - w|^2/2 are clamped at this value: e^40 leaves

@@ -57,9 +57,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import chunking, compute_dtype
-from synthbench.mechanism import MECHANISMS, MatrixStateMechanism
-from synthbench.params import check_int
+from synthbench.core.linear_attention import chunking, compute_dtype
+from synthbench.core.mechanism import MECHANISMS, MatrixStateMechanism
+from synthbench.core.params import check_int
 
 
 def retention_log_decays(n_heads: int) -> torch.Tensor:

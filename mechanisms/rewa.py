@@ -56,9 +56,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from synthbench.linear_attention import compute_dtype
-from synthbench.mechanism import MECHANISMS, Mechanism, random_generator
-from synthbench.params import check_int, check_positive
+from synthbench.core.linear_attention import compute_dtype
+from synthbench.core.mechanism import MECHANISMS, Mechanism, random_generator
+from synthbench.core.params import check_int, check_positive
 
 REFERENCE = "Phadke 2025, The Universal REWA Attention Framework"
 PARTS = ("euclidean", "spherical", "hyperbolic")

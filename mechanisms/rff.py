@@ -20,7 +20,7 @@ belongs to the single-cosine form sqrt(2/D) cos(w.x + b) with a random phase b).
 
 The estimate can be negative, so the scores and denominators can be too (``signed = True``):
 the core keeps the denominator's sign and pushes it to magnitude at least eps instead of
-adding eps (see synthbench/linear_attention.py). Where the estimated denominator comes close
+adding eps (see synthbench/core/linear_attention.py). Where the estimated denominator comes close
 to 0 the output can grow to |numerator| / eps; a larger eps bounds it.
 """
 
@@ -30,7 +30,7 @@ import math
 
 import torch
 
-from synthbench.mechanism import MECHANISMS
+from synthbench.core.mechanism import MECHANISMS
 
 from .performer import RandomProjectionMechanism
 

@@ -33,9 +33,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import compute_dtype
-from synthbench.mechanism import MECHANISMS, FeatureMapMechanism, random_generator
-from synthbench.params import check_int, check_positive
+from synthbench.core.linear_attention import compute_dtype
+from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism, random_generator
+from synthbench.core.params import check_int, check_positive
 
 MAX_QUAD_NODES = 64  # beyond this Gauss-Laguerre weights underflow and add nothing
 REFERENCE = "Luna, Bouhsine & Choromanski 2026, SLAY"

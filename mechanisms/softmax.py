@@ -11,7 +11,7 @@ linear mechanisms.
 import torch
 import torch.nn.functional as F
 
-from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.core.mechanism import MECHANISMS, Mechanism
 
 
 @MECHANISMS.register(

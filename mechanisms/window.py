@@ -38,9 +38,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import chunking, compute_dtype
-from synthbench.mechanism import MECHANISMS, Mechanism
-from synthbench.params import check_int
+from synthbench.core.linear_attention import chunking, compute_dtype
+from synthbench.core.mechanism import MECHANISMS, Mechanism
+from synthbench.core.params import check_int
 
 
 def _in_band(offset: torch.Tensor, window: int, causal: bool) -> torch.Tensor:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from synthbench.linear_attention import compute_dtype, normalise
-from synthbench.mechanism import MECHANISMS, Mechanism
-from synthbench.params import check_positive
+from synthbench.core.linear_attention import compute_dtype, normalise
+from synthbench.core.mechanism import MECHANISMS, Mechanism
+from synthbench.core.params import check_positive
 
 
 def yat_kernel(q: torch.Tensor, k: torch.Tensor, eps: float) -> torch.Tensor:

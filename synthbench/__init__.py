@@ -7,30 +7,36 @@ __version__ = "0.1.0"
 # The public names, each imported from its module on first use (PEP 562): importing the
 # command line must not load torch before it can turn a Ctrl-C into one line.
 _PUBLIC = {
-    "MECHANISMS": "synthbench.mechanism",
-    "FeatureMapMechanism": "synthbench.mechanism",
-    "Mechanism": "synthbench.mechanism",
-    "Registry": "synthbench.registry",
-    "TASKS": "synthbench.task",
-    "Batch": "synthbench.task",
-    "Task": "synthbench.task",
-    "teacher_forced": "synthbench.task",
+    "DATASET_SCHEMA": "synthbench.run.schema",
+    "MECHANISMS": "synthbench.core.mechanism",
+    "FeatureMapMechanism": "synthbench.core.mechanism",
+    "Mechanism": "synthbench.core.mechanism",
+    "Registry": "synthbench.core.registry",
+    "ResultStore": "synthbench.run.store",
+    "TASKS": "synthbench.core.task",
+    "Batch": "synthbench.core.task",
+    "Task": "synthbench.core.task",
+    "teacher_forced": "synthbench.core.task",
 }
 __all__ = [
+    "DATASET_SCHEMA",
     "MECHANISMS",
     "TASKS",
     "Batch",
     "FeatureMapMechanism",
     "Mechanism",
     "Registry",
+    "ResultStore",
     "Task",
     "teacher_forced",
 ]
 
 if TYPE_CHECKING:  # what type checkers and editors see
-    from synthbench.mechanism import MECHANISMS, FeatureMapMechanism, Mechanism
-    from synthbench.registry import Registry
-    from synthbench.task import TASKS, Batch, Task, teacher_forced
+    from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism, Mechanism
+    from synthbench.core.registry import Registry
+    from synthbench.core.task import TASKS, Batch, Task, teacher_forced
+    from synthbench.run.schema import DATASET_SCHEMA
+    from synthbench.run.store import ResultStore
 
 
 def __getattr__(name: str):

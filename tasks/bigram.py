@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, require_at_least, targets_at, teacher_forced
+from synthbench.core.task import TASKS, Batch, Task, require_at_least, targets_at, teacher_forced
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import (
+from synthbench.core.task import (
     TASKS,
     Batch,
     ShortcutRule,

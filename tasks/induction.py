@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import (
+from synthbench.core.task import (
     IGNORE,
     TASKS,
     Batch,

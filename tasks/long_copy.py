@@ -9,7 +9,7 @@ stream alone (current token and position) cannot.
 
 from dataclasses import dataclass
 
-from synthbench.task import TASKS, require_at_least
+from synthbench.core.task import TASKS, require_at_least
 
 from .copy import Copy, CopyParams
 

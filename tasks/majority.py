@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, require_at_least, targets_at
+from synthbench.core.task import (
+    TASKS,
+    Batch,
+    SepTask,
+    batch_from_parts,
+    require_at_least,
+    targets_at,
+)
 
 
 @dataclass(frozen=True)

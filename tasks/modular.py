@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.core.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
 
 
 @dataclass(frozen=True)

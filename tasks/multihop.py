@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import IGNORE, TASKS, Batch, Task, batch_from_parts
+from synthbench.core.task import IGNORE, TASKS, Batch, Task, batch_from_parts
 
 
 @dataclass(frozen=True)

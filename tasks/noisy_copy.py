@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.core.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
 
 from .selective_copy import nth_marked
 

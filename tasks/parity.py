@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, require_at_least
+from synthbench.core.task import TASKS, Batch, Task, require_at_least
 from synthbench.tasks.modular import running_sum_batch, solve_running_sum
 
 

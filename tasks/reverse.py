@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, batch_from_parts, require_at_least, targets_at
+from synthbench.core.task import TASKS, Batch, batch_from_parts, require_at_least, targets_at
 
 from .copy import Copy, CopyParams
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, Task, batch_from_parts, targets_at
+from synthbench.core.task import TASKS, Batch, Task, batch_from_parts, targets_at
 
 
 @dataclass(frozen=True)

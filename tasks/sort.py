@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import TASKS, Batch, SepTask, batch_from_parts, targets_at
+from synthbench.core.task import TASKS, Batch, SepTask, batch_from_parts, targets_at
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.task import IGNORE, TASKS, Batch, Task, require_at_least, teacher_forced
+from synthbench.core.task import IGNORE, TASKS, Batch, Task, require_at_least, teacher_forced
 
 RUN_PERSISTENCE = 0.75  # probability that an op repeats the one before
 

@@ -14,9 +14,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from synthbench import audit
 from synthbench.cli import app
-from synthbench.task import TASKS, ShortcutRule, Task, teacher_forced
+from synthbench.core.task import TASKS, ShortcutRule, Task, teacher_forced
+from synthbench.integrity import audit
 
 SMALL = {"train_answers": 20_000, "test_answers": 4_000}
 
@@ -169,7 +169,7 @@ def test_the_docs_show_the_audit_of_every_builtin_task():
         for preset in e.obj.presets()
     ]
     docs = (Path(__file__).parents[1] / "docs" / "TASKS.md").read_text()
-    assert audit.markdown_table(audits) in docs, "regenerate: python -m synthbench.audit"
+    assert audit.markdown_table(audits) in docs, "regenerate: python -m synthbench.integrity.audit"
 
 
 # -- the command -----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 import synthbench.bench.common
-import synthbench.provenance
+import synthbench.run.provenance
 from synthbench.bench import scaling
 from synthbench.bench.common import META, BenchFile, bench_dir, bench_files, legacy_bench_dir
 from synthbench.bench.fidelity import METRICS as FIDELITY_METRICS
@@ -26,11 +26,11 @@ from synthbench.bench.scaling import METRICS as SCALING_METRICS
 from synthbench.bench.scaling import TiledFeatures
 from synthbench.bench.throughput import METRICS as TRAIN_METRICS
 from synthbench.cli import app
-from synthbench.mechanism import MECHANISMS
-from synthbench.protocols import PROTOCOLS
-from synthbench.runner import run_sweep
-from synthbench.spec import RunSpec
-from synthbench.store import BENCH_DIR, ResultStore
+from synthbench.core.mechanism import MECHANISMS
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.runner import run_sweep
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import BENCH_DIR, ResultStore
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -41,7 +41,7 @@ LENGTHS = ["--min-len", "256", "--max-len", "512"]
 SLOW_PLUGIN = """
 import time
 
-from synthbench.mechanism import MECHANISMS, Mechanism
+from synthbench.core.mechanism import MECHANISMS, Mechanism
 
 
 @MECHANISMS.register("sleepy", complexity="linear", family="test", reference="none")
@@ -63,7 +63,7 @@ class Stuck(Mechanism):  # never finishes within the limit
 def no_git():
     """The rows' commit without running git (another session works in this checkout)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(synthbench.provenance, "git_commit", lambda: "test")
+        patch.setattr(synthbench.run.provenance, "git_commit", lambda: "test")
         yield
 
 
@@ -176,7 +176,7 @@ def test_peak_bytes_on_cpu_measures_the_resident_set():
     """In a fresh process, as `bench scaling` measures: this one's allocator has a history."""
     code = (
         "import torch\n"
-        "from synthbench.allocator import map_large_blocks\n"
+        "from synthbench.run.allocator import map_large_blocks\n"
         "from synthbench.bench.memory import peak_bytes\n"
         "map_large_blocks()\n"
         "print(peak_bytes(lambda: torch.ones(16 * 2**20), torch.device('cpu')) / 2**20)\n"

@@ -1,8 +1,8 @@
-"""synthbench/check.py and ``synthbench check``: every built-in passes every check; leaky
-mechanisms of many kinds, written here as a plugin would write them, are caught (by the
-check before training, or by the check of the trained model); ``run`` refuses them and
-stores them as ``leaky``, which no report ranks. The gradient probes are compared with the
-full Jacobian, computed independently."""
+"""synthbench/integrity/ (causality, contract, guard) and ``synthbench check``: every
+built-in passes every check; leaky mechanisms of many kinds, written here as a plugin would
+write them, are caught (by the check before training, or by the check of the trained model);
+``run`` refuses them and stores them as ``leaky``, which no report ranks. The gradient
+probes are compared with the full Jacobian, computed independently."""
 
 from __future__ import annotations
 
@@ -18,29 +18,28 @@ import torch.nn.functional as F
 from torch import nn
 from typer.testing import CliRunner
 
-from synthbench import check
-from synthbench.check import (
+from synthbench.cli import app
+from synthbench.core.mechanism import MECHANISMS, Mechanism, mechanism_params
+from synthbench.core.model import Model
+from synthbench.core.registry import load_plugin_file
+from synthbench.core.task import TASKS
+from synthbench.integrity import causality as check
+from synthbench.integrity.causality import (
     FULL_COVERAGE_UP_TO,
     CheckResult,
     Subject,
     check_leaks,
-    check_mechanism,
     check_model_causality,
     cuts,
-    leak_guard,
-    suite_lengths,
 )
-from synthbench.cli import app
-from synthbench.mechanism import MECHANISMS, Mechanism, mechanism_params
-from synthbench.model import Model
-from synthbench.protocols import PROTOCOLS
-from synthbench.registry import load_plugin_file
-from synthbench.runner import plan, run_status
-from synthbench.spec import RunSpec
-from synthbench.store import ResultStore
-from synthbench.sweep import sweep_state
-from synthbench.task import TASKS
-from synthbench.train import failed_row
+from synthbench.integrity.contract import check_mechanism, suite_lengths
+from synthbench.integrity.guard import leak_guard
+from synthbench.run.lr_selection import run_status, sweep_state
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.runner import plan
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import ResultStore
+from synthbench.run.train import failed_row
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -194,7 +193,7 @@ def plugin_source(*classes: type) -> str:
         "import torch",
         "import torch.nn.functional as F",
         "from torch import nn",
-        "from synthbench.mechanism import MECHANISMS, Mechanism",
+        "from synthbench.core.mechanism import MECHANISMS, Mechanism",
         "",
         inspect.getsource(attend),
     ]
@@ -545,7 +544,7 @@ def test_run_stores_a_leak_opened_in_training_as_leaky_and_does_not_retrain_it(l
 
 
 def test_report_counts_leaky_runs_apart():
-    from synthbench.report import aggregate
+    from synthbench.report.aggregate import aggregate
 
     spec = RunSpec.resolve("kv_recall", "softmax", SMOKE, 0)
     row = {**failed_row(spec, 1e-3, torch.device("cpu"), "leaky: ..."), "status": "leaky"}

@@ -19,10 +19,11 @@ import torch
 from typer.testing import CliRunner
 
 from synthbench.cli import app
-from synthbench.protocols import PROTOCOLS
-from synthbench.spec import RunSpec
-from synthbench.store import COLUMNS, ResultStore
-from synthbench.task import TASKS
+from synthbench.core.task import TASKS
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.schema import COLUMNS
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import ResultStore
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -136,8 +137,8 @@ def test_run_category_runs_only_that_category(tmp_path):
     assert result.exit_code == 0, result.output
     assert "1 run (1 task x 1 mechanism x 1 seed" in result.stdout
     files = parquet_files(root)
-    assert [p.relative_to(root).parts[:2] for p in files] == [
-        ("task=kv_recall", "mechanism=softmax")
+    assert [p.relative_to(root).parts[:3] for p in files] == [
+        ("protocol=smoke", "task=kv_recall", "mechanism=softmax")
     ]
 
 
@@ -266,7 +267,7 @@ def test_erroring_run_exits_1_and_is_stored(tmp_path):
     """A mechanism that raises: stored as status 'error' with its message; exit status 1."""
     plugin = tmp_path / "kaboom_plugin.py"
     plugin.write_text(
-        "from synthbench.mechanism import MECHANISMS, Mechanism\n\n\n"
+        "from synthbench.core.mechanism import MECHANISMS, Mechanism\n\n\n"
         "@MECHANISMS.register('kaboom', complexity='linear', family='test', reference='none')\n"
         "class Kaboom(Mechanism):\n"
         "    def forward(self, q, k, v, causal=True):\n"

@@ -25,14 +25,15 @@ import pytest
 import torch
 from clitools import SMOKE, SUBPROCESS_ENV, assert_error, command_line, invoke, tree
 
-from synthbench import limits
 from synthbench.cli import catalog, common
-from synthbench.mechanism import MECHANISMS
-from synthbench.protocols import PROTOCOLS
-from synthbench.spec import RunSpec
-from synthbench.store import COLUMNS, ResultStore
-from synthbench.task import TASKS
-from synthbench.train import failed_row
+from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.task import TASKS
+from synthbench.run import limits
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.schema import COLUMNS
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import ResultStore
+from synthbench.run.train import failed_row
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -99,7 +100,7 @@ def test_unbounded_values(args, message, tmp_path):
 
 
 def test_memory_estimate_by_hand():
-    """The formula of synthbench/limits.py on copy n=1000 (L 2000, vocab 33) under smoke
+    """The formula of synthbench/run/limits.py on copy n=1000 (L 2000, vocab 33) under smoke
     (B 16, E 256, D 32, H 2, N 1, val 32, test 64); yat holds its L x L matrices."""
     L, V, D, H, N, B, E = 2000, 33, 32, 2, 1, 16, 256
     parameters = 16 * (2 * V * D + V + L * D + 4 * N * D * D)
@@ -116,7 +117,7 @@ def test_memory_estimate_by_hand():
 def test_the_built_in_suite_fits_in_4_gib():
     """Every task at its protocol's settings, the three kinds of mechanism: never refused on
     a small machine (the estimate must not be too cautious)."""
-    from synthbench import runner
+    from synthbench.run import runner
 
     for protocol in ("quick", "standard"):
         specs = runner.plan(TASKS.names(), ["softmax", "linear", "yat"], PROTOCOLS.get(protocol), 1)
@@ -171,7 +172,7 @@ def rewrite(path: Path, dest: Path, **columns) -> None:
 
 
 def test_malformed_json_cell_skips_the_file_naming_it(results, tmp_path):
-    (path,) = (results / "task=copy" / "mechanism=linear").glob("*.parquet")
+    (path,) = (results / "protocol=smoke" / "task=copy" / "mechanism=linear").glob("*.parquet")
     rewrite(path, path, task_params='{"n": 32,')
     before = tree(results)
     out = tmp_path / "reports"
@@ -186,9 +187,9 @@ def test_malformed_json_cell_skips_the_file_naming_it(results, tmp_path):
 
 
 def test_markdown_escapes_names_from_the_results_tree(results, tmp_path):
-    (path,) = (results / "task=copy" / "mechanism=linear").glob("*.parquet")
+    (path,) = (results / "protocol=smoke" / "task=copy" / "mechanism=linear").glob("*.parquet")
     run_id = "0123456789abcdef"
-    odd = results / "task=copy" / "mechanism=lin|ear<i>" / f"{run_id}.parquet"
+    odd = results / "protocol=smoke" / "task=copy" / "mechanism=lin|ear<i>" / f"{run_id}.parquet"
     rewrite(path, odd, run_id=run_id, task_params='{"n": 32, "vocab": "3|2"}')
     out = tmp_path / "reports"
     result = invoke("report", "--results", results, "--out", out, "--format", "md,html,tex")
@@ -207,8 +208,9 @@ def test_markdown_escapes_names_from_the_results_tree(results, tmp_path):
 
 
 def test_duplicate_run_ids_load_once_naming_both(results):
-    (original,) = (results / "task=copy" / "mechanism=softmax").glob("*.parquet")
-    copy = results / "task=copy" / "mechanism=aaa" / original.name  # sorts before: read first
+    (original,) = (results / "protocol=smoke" / "task=copy" / "mechanism=softmax").glob("*.parquet")
+    # sorts before: read first
+    copy = results / "protocol=smoke" / "task=copy" / "mechanism=aaa" / original.name
     copy.parent.mkdir()
     shutil.copy(original, copy)
     result = invoke("results", "--results", results, "--json")

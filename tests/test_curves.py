@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from test_report import frame, row
 
-from synthbench.curves import curve_grids, held_curve, mean_curves, run_curves, steps_to
-from synthbench.protocols import curve_points
-from synthbench.report import MISSING, Stat, to_markdown
+from synthbench.report.curves import curve_grids, held_curve, mean_curves, run_curves, steps_to
+from synthbench.report.formats import to_markdown
+from synthbench.report.tables import MISSING, Stat
+from synthbench.run.protocols import curve_points
 
 POINTS = [10, 20, 30, 40, 50, 60, 70, 80, 90, 100]  # a 100-step training's curve points
 

@@ -10,11 +10,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import synthbench.provenance
+import synthbench.run.provenance
 from synthbench.bench import decode
 from synthbench.bench.common import META, bench_files
 from synthbench.cli import app
-from synthbench.mechanism import MECHANISMS, has_recurrent_form, recurrent_forward
+from synthbench.core.mechanism import MECHANISMS, has_recurrent_form, recurrent_forward
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -29,7 +29,7 @@ TOY, BROKEN = "toy-decay", "toy-broken"
 TOY_PLUGIN = f"""
 import torch
 
-from synthbench.mechanism import MECHANISMS, Mechanism, recurrent_forward
+from synthbench.core.mechanism import MECHANISMS, Mechanism, recurrent_forward
 
 
 @MECHANISMS.register("{TOY}", complexity="linear", family="test", reference="none")
@@ -66,7 +66,7 @@ class Broken(ToyDecay):
 def no_git():
     """The rows' commit without running git (another session works in this checkout)."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(synthbench.provenance, "git_commit", lambda: "test")
+        patch.setattr(synthbench.run.provenance, "git_commit", lambda: "test")
         yield
 
 

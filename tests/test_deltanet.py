@@ -13,9 +13,9 @@ import pytest
 import torch
 from mechtools import CLOSE, LargestTensor, assert_same_function, lengths_around
 
-from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
+from synthbench.core.mechanism import MECHANISMS, mechanism_params, recurrent_forward
+from synthbench.core.model import MultiHeadAttention
 from synthbench.mechanisms.deltanet import chunked_delta_rule, delta_rule_reference
-from synthbench.model import MultiHeadAttention
 
 B, H, D = 2, 3, 8
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from synthbench import devices
-from synthbench.devices import default_jobs, resolve_device, worker_devices
+from synthbench.run import devices
+from synthbench.run.devices import default_jobs, resolve_device, worker_devices
 
 CUDA = torch.device("cuda")
 

@@ -11,9 +11,9 @@ import torch
 import torch.nn.functional as F
 from test_mechanisms import assert_matches_reference
 
-from synthbench.mechanism import MECHANISMS
+from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.model import Model
 from synthbench.mechanisms.performer import KEY_LOGIT_BOUND, orthogonal_gaussian
-from synthbench.model import Model
 
 B, H, D = 1, 2, 8
 TIGHT = {"atol": 1e-10, "rtol": 1e-10}

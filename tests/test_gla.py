@@ -14,9 +14,9 @@ import pytest
 import torch
 from mechtools import CLOSE, LargestTensor, assert_same_function, lengths_around
 
-from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
+from synthbench.core.mechanism import MECHANISMS, mechanism_params, recurrent_forward
+from synthbench.core.model import MultiHeadAttention
 from synthbench.mechanisms.gla import chunked_gla, gla_reference
-from synthbench.model import MultiHeadAttention
 
 B, H, D = 2, 3, 8
 

@@ -1,6 +1,6 @@
-"""Grids of runs (synthbench/grid.py): lists of task knobs, mechanism parameters, protocol
+"""Grids of runs (synthbench/run/grid.py): lists of task knobs, mechanism parameters, protocol
 fields and difficulty presets, on the command line and in a sweep file; and the frontier
-report built from them (synthbench/frontier.py)."""
+report built from them (synthbench/report/frontier.py)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 from clitools import SMOKE, assert_error, invoke
 
-from synthbench import frontier, grid, runner
-from synthbench.protocols import PROTOCOLS
-from synthbench.report import to_markdown
-from synthbench.spec import RunSpec
-from synthbench.task import TASKS
+from synthbench.core.task import TASKS
+from synthbench.report import frontier
+from synthbench.report.formats import to_markdown
+from synthbench.run import grid, runner
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.spec import RunSpec
 
 QUICK = PROTOCOLS.get("quick")
 
@@ -269,7 +270,7 @@ def test_state_points_use_the_declared_state_size():
     rows = grid_rows({("linear", 4, 32): [0.5], ("linear", 4, 64): [0.7],
                       ("softmax", 4, 64): [1.0]})  # fmt: skip
     states = frontier.state_points(frontier.grid_runs(rows)).set_index(["mechanism", "d_model"])
-    from synthbench.mechanism import MECHANISMS
+    from synthbench.core.mechanism import MECHANISMS
 
     length = TASKS.get("kv_recall")(pairs=4, queries=4).seq_len
     for (mechanism, d_model), row in states.iterrows():

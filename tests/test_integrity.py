@@ -21,15 +21,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import synthbench.executors
-import synthbench.provenance
-from synthbench import provenance, runner
-from synthbench.claims import CLAIMS_DIR, Claims
+import synthbench.run.executors
+import synthbench.run.provenance
 from synthbench.cli import app
-from synthbench.protocols import PROTOCOLS
-from synthbench.spec import RunSpec
-from synthbench.store import SCHEMA_VERSION, NewerSchemaError, ResultStore, StoreNotice
-from synthbench.train import blank_row, failed_row
+from synthbench.run import provenance, runner
+from synthbench.run.claims import CLAIMS_DIR, Claims
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.schema import SCHEMA_VERSION
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import NewerSchemaError, ResultStore, StoreNotice
+from synthbench.run.train import blank_row, failed_row
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -45,7 +46,7 @@ COPY = ["--task", "copy", "--task-param", "n=4", "--mech", "linear", "--protocol
 @pytest.fixture(autouse=True)
 def no_git(monkeypatch):
     """The rows' commit without running git (other sessions work in this checkout)."""
-    monkeypatch.setattr(synthbench.provenance, "git_commit", lambda: "test")
+    monkeypatch.setattr(synthbench.run.provenance, "git_commit", lambda: "test")
 
 
 def spec_of(seed: int = 0, protocol=SMOKE) -> RunSpec:
@@ -66,7 +67,8 @@ def row(spec: RunSpec, lr: float, status: str = "ok", acc: float = 0.5) -> dict:
 def stored(store: ResultStore, spec: RunSpec) -> dict[float, tuple[str, float | None]]:
     """lr -> (status, token_acc) of what is stored for ``spec``."""
     return {r["lr"]: (r["status"], r["token_acc"])
-            for r in store.read_run(spec.task, spec.mechanism, spec.run_id)}  # fmt: skip
+            for r in store.read_run(spec.protocol.name, spec.task, spec.mechanism,
+                                    spec.run_id)}  # fmt: skip
 
 
 def invoke(*args):
@@ -127,7 +129,7 @@ def test_a_failed_force_rerun_keeps_the_stored_result_and_exits_1(tmp_path, monk
     (path,) = ResultStore(root).files()
     before = path.read_bytes()
     monkeypatch.setattr(
-        synthbench.executors,
+        synthbench.run.executors,
         "train_eval",
         lambda spec, lr, device, budget: failed_row(spec, lr, device, "RuntimeError: boom"),
     )
@@ -265,7 +267,7 @@ def test_run_moves_unreadable_files_aside_and_refuses_newer_ones(tmp_path, force
     root = tmp_path / "results"
     assert invoke("run", *COPY, "--seeds", 2, "--jobs", 1, "--results", root).exit_code == 0
     store = ResultStore(root)
-    corrupt, newer = (store.path_for("copy", "linear", spec_of(s).run_id) for s in (0, 1))
+    corrupt, newer = (store.path_for("smoke", "copy", "linear", spec_of(s).run_id) for s in (0, 1))
     _garbage(corrupt)
     _newer(newer, SCHEMA_NEXT)
     garbage, newer_bytes = corrupt.read_bytes(), newer.read_bytes()
@@ -379,7 +381,7 @@ def test_without_hard_links_a_claim_is_created_in_place(tmp_path, monkeypatch):
 # executor's entry point is wrapped, so the run ids are those of `--mech linear`).
 GATE = """
 import os, pathlib, time
-import synthbench.executors as executors
+import synthbench.run.executors as executors
 
 GATE = pathlib.Path({gate!r})
 _train = executors.train_eval

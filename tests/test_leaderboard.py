@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from synthbench.leaderboard import build, t_critical, to_markdown
+from synthbench.report.leaderboard import build, t_critical, to_markdown
 
 # two-sided 95% critical values of Student's t, from a printed table: df -> t
 T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228, 30: 2.042}
@@ -96,7 +96,23 @@ def test_interval_uses_the_seeds_with_a_run_on_every_task():
     per_seed = [0.4, 0.6]  # (0.2 + 0.6) / 2, (0.4 + 0.8) / 2
     half = T_TABLE[1] * np.std(per_seed, ddof=1) / math.sqrt(2)
     assert row["ci_seeds"] == 2
-    assert row["ci_high"] - row["score"] == pytest.approx(half, rel=1e-4)
+    assert row["score"] - row["ci_low"] == pytest.approx(half, rel=1e-4)
+    assert row["ci_high"] == 1.0  # score + half is 1.82: cut to the score's range
+
+
+def test_the_interval_stays_within_the_scores_range():
+    """A score is at most 1, and at least what no right answer scores: -c / (1 - c) for a
+    score normalised by chance c (here 0.5 on both tasks: -1)."""
+    frame = runs(
+        {("Basic", "copy", "a"): [1.0, 1.0, 0.4], ("Memory", "kv_recall", "a"): [1.0, 0.9, 1.0],
+         ("Basic", "copy", "b"): [-0.9, -1.0, 0.2], ("Memory", "kv_recall", "b"): [-1.0] * 3}
+    ).assign(chance=0.5)  # fmt: skip
+    table = build(frame, "quick", 2, "target").table.set_index("mechanism")
+    assert table.loc["a", "ci_high"] == 1.0 and table.loc["a", "ci_low"] < 1.0
+    assert table.loc["b", "ci_low"] == -1.0 and table.loc["b", "ci_high"] > -1.0
+    # raw accuracy (no chance): at least 0
+    raw = build(frame.assign(score=frame["score"].abs()), "quick", 2, "long_token_acc")
+    assert (raw.table["ci_low"] >= 0).all() and (raw.table["ci_high"] <= 1).all()
 
 
 def test_neighbours_that_overlap_are_marked_and_clear_gaps_are_not():

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from synthbench.leaderboard import build
-from synthbench.leaderboard_page import to_html
+from synthbench.report.leaderboard import build
+from synthbench.report.page import to_html
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")

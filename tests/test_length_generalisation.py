@@ -9,13 +9,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from synthbench.protocols import PROTOCOLS
-from synthbench.report import aggregate
-from synthbench.runner import run_sweep
-from synthbench.spec import RunSpec
-from synthbench.store import ADDED_IN, SCHEMA, ResultStore
-from synthbench.task import TASKS
-from synthbench.train import build_model
+from synthbench.core.task import TASKS
+from synthbench.report.aggregate import aggregate
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.runner import run_sweep
+from synthbench.run.schema import ADDED_IN, PARTITIONS, SCHEMA
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import ResultStore
+from synthbench.run.train import build_model
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -125,7 +126,7 @@ def test_files_of_schema_version_1_are_read_with_the_new_columns_null(long_rows,
     report = store.load()
     assert report.skipped == []
     loaded = report.rows
-    assert list(loaded.columns[2:]) == SCHEMA.names
+    assert list(loaded.columns[len(PARTITIONS) :]) == SCHEMA.names
     assert loaded[sorted(added)].isna().all().all()
     assert loaded.loc[0, "token_acc"] == pytest.approx(rows[0]["token_acc"])
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from synthbench.linear_attention import (
+from synthbench.core.linear_attention import (
     chunking,
     linear_attention,
     linear_attention_reference,

@@ -15,9 +15,9 @@ import torch
 import torch.nn.functional as F
 from mechtools import CLOSE, LargestTensor, assert_same_function, lengths_around
 
-from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
+from synthbench.core.mechanism import MECHANISMS, mechanism_params, recurrent_forward
+from synthbench.core.model import MultiHeadAttention
 from synthbench.mechanisms.mamba2 import chunked_ssd, segsum, ssd_reference
-from synthbench.model import MultiHeadAttention
 
 B, H, D = 2, 3, 8
 

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from synthbench.linear_attention import linear_attention_reference
-from synthbench.mechanism import (
+from synthbench.core.linear_attention import linear_attention_reference
+from synthbench.core.mechanism import (
     MECHANISMS,
     FeatureMapMechanism,
     Mechanism,
@@ -458,7 +458,7 @@ def test_seed_fixes_the_random_draws(name):
 def test_docs_table_matches_the_code():
     from pathlib import Path
 
-    from synthbench.mechanism import markdown_table
+    from synthbench.core.mechanism import markdown_table
 
     doc = Path(__file__).resolve().parent.parent / "docs" / "MECHANISMS.md"
     assert markdown_table() in doc.read_text(), "regenerate docs/MECHANISMS.md's table"

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from synthbench.mechanism import MECHANISMS
-from synthbench.model import ARCHS, POSITIONS, SHORT_CONV, Model, sinusoidal_positions
+from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.model import ARCHS, POSITIONS, SHORT_CONV, Model, sinusoidal_positions
 
 VOCAB, MAX_LEN, D, HEADS, LAYERS = 11, 80, 16, 2, 2
 L = 70  # crosses the 64-position chunk of the linear-attention core

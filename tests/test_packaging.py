@@ -8,7 +8,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from synthbench import reference
+from synthbench.report import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -44,7 +44,7 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
     (wheel,) = (tmp_path / "dist").glob("synthbench-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"synthbench/tasks/copy.py", "synthbench/mechanisms/softmax.py"} <= names
-    # the reference baselines `report` shows beside a user's rows (synthbench/reference.py)
+    # the reference baselines `report` shows beside a user's rows (synthbench/report/reference.py)
     assert "synthbench/data/reference/quick.parquet" in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "synthbench = synthbench.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
@@ -84,7 +84,7 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
 
     # the shipped reference is found through importlib.resources, in the installed package
     code = (
-        "from synthbench import reference;"
+        "from synthbench.report import reference;"
         "loaded = reference.load(); print(loaded.where); print(loaded.problem);"
         "print(sorted(set(loaded.rows['mechanism'])))"
     )

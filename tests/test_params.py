@@ -2,9 +2,9 @@
 
 import pytest
 
-from synthbench.params import REQUIRED, parse_assignments, resolve_params
-from synthbench.protocols import PROTOCOLS
-from synthbench.spec import RunSpec
+from synthbench.core.params import REQUIRED, parse_assignments, resolve_params
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.spec import RunSpec
 
 
 def test_parse_assignments_reads_python_literals_and_falls_back_to_strings():

@@ -35,9 +35,9 @@ import torch
 from typer.testing import CliRunner
 
 from synthbench.cli import app
-from synthbench.registry import entry_point_hash
-from synthbench.report import label_variants
-from synthbench.store import ResultStore
+from synthbench.core.registry import entry_point_hash
+from synthbench.report.aggregate import label_variants
+from synthbench.run.store import ResultStore
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "synthbench-example-plugin"
@@ -88,7 +88,7 @@ def assert_one_run_stored(results: Path, mechanism: str) -> pd.DataFrame:
     """Exactly one file under results/ (no temporaries left), in the mechanism's partition."""
     files = [p.relative_to(results) for p in results.rglob("*") if p.is_file()]
     assert len(files) == 1, files
-    assert files[0].parent == Path("task=copy", f"mechanism={mechanism}")
+    assert files[0].parent == Path("protocol=smoke", "task=copy", f"mechanism={mechanism}")
     assert files[0].suffix == ".parquet"
     loaded = ResultStore(results).load(warn=False)  # the store's reader (report, results)
     assert loaded.skipped == []

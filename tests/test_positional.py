@@ -1,4 +1,4 @@
-"""Rotary positions (synthbench/positional.py): the rotations, their relative-position
+"""Rotary positions (synthbench/core/positional.py): the rotations, their relative-position
 property under each kind of mechanism, and the --pos axis of runs (config, run_id, CLI)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import torch
 from typer.testing import CliRunner
 
 from synthbench.cli import app
-from synthbench.mechanism import MECHANISMS
-from synthbench.model import Model, position_params
-from synthbench.positional import ROTATIONS, CayleyRoPE, LearnedRoPE, RoPE, cayley
-from synthbench.protocols import PROTOCOLS
-from synthbench.spec import RunSpec
-from synthbench.store import ResultStore
+from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.model import Model, position_params
+from synthbench.core.positional import ROTATIONS, CayleyRoPE, LearnedRoPE, RoPE, cayley
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import ResultStore
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

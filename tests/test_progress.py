@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from synthbench.cli.progress import Eta, clock_text
-from synthbench.protocols import PROTOCOLS
-from synthbench.runner import Unit
-from synthbench.spec import RunSpec
+from synthbench.cli.common import out
+from synthbench.cli.progress import Eta, RunningColumn, clock_text
+from synthbench.cli.run import RunView
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.runner import Unit
+from synthbench.run.spec import RunSpec
 
 SMOKE = PROTOCOLS.get("smoke")
 
@@ -88,3 +90,39 @@ def test_never_less_than_the_longest_running_training():
 @pytest.mark.parametrize("seconds, text", [(0, "0:00:00"), (59.6, "0:01:00"), (3725, "1:02:05")])
 def test_clock_text(seconds, text):
     assert clock_text(seconds) == text
+
+
+def test_the_bar_names_what_trains_from_the_first_second():
+    """Before any training finishes (no ETA yet) the bar says what is running."""
+    clock = Clock()
+    eta = Eta(2, clock)
+    todo = units("linear", 3)
+    eta.add(todo)
+    column = RunningColumn(eta)
+    assert column.render(None).plain == ""
+    eta.started(todo[0])
+    assert column.render(None).plain == "now copy linear seed 0 lr 0.001"
+    clock.now = 1
+    eta.started(todo[1])
+    assert column.render(None).plain == "now copy linear seed 0 lr 0.001 (+1 more)"
+    eta.finished(todo[0], 5)
+    assert column.render(None).plain == "now copy linear seed 1 lr 0.001"
+
+
+@pytest.mark.parametrize(
+    "picked, header",
+    [
+        (
+            [("copy", 0), ("copy", 1), ("sort", 0), ("sort", 1)],
+            "4 runs (2 tasks x 1 mechanism x 2 seeds,",
+        ),
+        ([("copy", 0), ("sort", 1)], "2 runs (over 2 tasks, 1 mechanism, 2 seeds,"),
+    ],
+)
+def test_the_header_counts_add_up(picked, header, tmp_path):
+    """A full product says so (tasks x mechanisms x seeds); a sample of runs (reproduce draws
+    one) says what it spans, never a product that is not its count."""
+    specs = [RunSpec.resolve(task, "linear", SMOKE, seed) for task, seed in picked]
+    with out.capture() as captured:
+        RunView(specs, tmp_path, "device cpu", False).planned(len(specs), 0, [], 0)
+    assert captured.get().startswith(header), captured.get()

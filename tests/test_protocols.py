@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from synthbench.protocols import PROTOCOLS, Protocol, markdown_table
-from synthbench.spec import RunSpec
+from synthbench.run.protocols import PROTOCOLS, Protocol, markdown_table
+from synthbench.run.spec import RunSpec
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOLS.md"
 

@@ -10,11 +10,12 @@ import pandas as pd
 import pytest
 from test_report import frame, row
 
-from synthbench.compare import comparison_grid, published
-from synthbench.protocols import curve_points
-from synthbench.publish import write_reports
-from synthbench.report import MISSING, Stat, build_tables, latex_document
-from synthbench.task import TASKS
+from synthbench.core.task import TASKS
+from synthbench.report.compare import comparison_grid, published
+from synthbench.report.formats import latex_document
+from synthbench.report.publish import write_reports
+from synthbench.report.tables import MISSING, Stat, build_tables
+from synthbench.run.protocols import curve_points
 
 PNG, PDF = b"\x89PNG\r\n\x1a\n", b"%PDF"
 

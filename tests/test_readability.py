@@ -16,10 +16,11 @@ from matplotlib.container import ErrorbarContainer  # noqa: E402
 from matplotlib.text import Text  # noqa: E402
 from test_report import frame, row  # noqa: E402  (tests/test_report.py, beside this file)
 
-from synthbench import figures  # noqa: E402
-from synthbench.curves import curve_grids  # noqa: E402
-from synthbench.report import BEST_IN_BOLD, Grid, Stat, build_tables, to_latex, to_markdown  # noqa: E402
-from synthbench.text import noun, plural  # noqa: E402
+from synthbench.core.text import noun, plural  # noqa: E402
+from synthbench.report import figures  # noqa: E402
+from synthbench.report.curves import curve_grids  # noqa: E402
+from synthbench.report.formats import to_latex, to_markdown
+from synthbench.report.tables import BEST_IN_BOLD, Grid, Stat, build_tables
 
 TITLE = "chance-normalised target, protocol quick v4, mean over 3 seeds"
 LABEL = "(accuracy - chance) / (1 - chance)"

@@ -1,5 +1,5 @@
-"""The README's recipes for reading the results tree as one table (pandas, pyarrow, DuckDB,
-Polars), run as written there, on a tree made by the commands themselves: rows of every
+"""docs/RESULTS.md's recipes for reading the results tree as one table (pandas, pyarrow,
+DuckDB, Polars), run as written there, on a tree made by the commands themselves: rows of every
 schema version, what `synthbench run` leaves hidden in it (a claim, an unreadable file moved
 aside), and the rows of a `synthbench bench` command beside it."""
 
@@ -14,21 +14,22 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-import synthbench.provenance
-from synthbench.claims import CLAIMS_DIR
+import synthbench.run.provenance
 from synthbench.cli import app
-from synthbench.protocols import PROTOCOLS
-from synthbench.spec import RunSpec
-from synthbench.store import ADDED_IN, DATASET_SCHEMA, SCHEMA_VERSION, ResultStore
+from synthbench.run.claims import CLAIMS_DIR
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.schema import ADDED_IN, DATASET_SCHEMA, SCHEMA_VERSION
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import ResultStore
 
 pytest.importorskip("duckdb", reason='the test extra: pip install -e ".[test]"')
 pytest.importorskip("polars", reason='the test extra: pip install -e ".[test]"')
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+RESULTS_DOC = Path(__file__).resolve().parents[1] / "docs" / "RESULTS.md"
 ENV = {"COLUMNS": "250"}
-SEEDS = 5  # one run of each schema version, 1..5
+SEEDS = SCHEMA_VERSION  # one run of each schema version
 RUN = ["run", "--task", "copy", "--task-param", "n=4", "--mech", "linear", "--protocol", "smoke",
        "--seeds", str(SEEDS), "--jobs", "1", "--results", "results"]  # fmt: skip
 # what each recipe's variable holds, as a pandas frame
@@ -40,9 +41,9 @@ AS_PANDAS = {
 }
 
 
-def readme_recipe() -> str:
-    """The first Python block of the README's "Where results go"."""
-    section = README.read_text().split("## Where results go", 1)[1]
+def reading_recipe() -> str:
+    """The first Python block of docs/RESULTS.md's "Reading the tree as one table"."""
+    section = RESULTS_DOC.read_text().split("## Reading the tree as one table", 1)[1]
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
@@ -55,17 +56,18 @@ def invoke(*args) -> None:
 
 @pytest.fixture(scope="module")
 def trees(tmp_path_factory) -> tuple[Path, dict[str, int]]:
-    """In a fresh folder, as a user would: five runs, four of them rewritten as files of
-    schema versions 1..4, the fifth written over an unreadable file (moved aside), a claim
-    of a live command; then `synthbench bench train` with its defaults. The folder and the
-    schema version of each run."""
+    """In a fresh folder, as a user would: a run of each schema version, those before 6
+    rewritten as their version wrote them (the protocol inside the file, no protocol= folder)
+    and moved under their protocol by `synthbench migrate`, the newest written over an
+    unreadable file (moved aside), a claim of a live command; then `synthbench bench train`
+    with its defaults. The folder and the schema version of each run."""
     root = tmp_path_factory.mktemp("readers")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
-        patch.setattr(synthbench.provenance, "git_commit", lambda: "test")
+        patch.setattr(synthbench.run.provenance, "git_commit", lambda: "test")
         store = ResultStore("results")
         last = RunSpec.resolve("copy", "linear", PROTOCOLS.get("smoke"), SEEDS - 1, {"n": 4})
-        unreadable = store.path_for("copy", "linear", last.run_id)
+        unreadable = store.path_for("smoke", "copy", "linear", last.run_id)
         unreadable.parent.mkdir(parents=True)
         unreadable.write_text("not parquet\n")
         invoke(*RUN)
@@ -79,9 +81,17 @@ def trees(tmp_path_factory) -> tuple[Path, dict[str, int]]:
         table = pq.read_table(path).drop_columns(later)
         at = table.schema.get_field_index("schema_version")  # as that version wrote it
         table = table.set_column(at, "schema_version", pa.array([version] * len(table), pa.int32()))
+        table = table.append_column("protocol", pa.array(["smoke"] * len(table), pa.string()))
         metadata = {b"synthbench_schema_version": str(version).encode()}
-        pq.write_table(table.replace_schema_metadata(metadata), path)
+        legacy = root / "results" / path.relative_to(root / "results" / "protocol=smoke")
+        legacy.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table.replace_schema_metadata(metadata), legacy)
+        path.unlink()
         runs[path.stem] = version
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)
+        invoke("migrate", "--results", "results")
+    assert ResultStore(root / "results").legacy_files() == []
     claim = root / "results" / CLAIMS_DIR / last.run_id
     claim.parent.mkdir()
     claim.write_text('{"pid": 1, "host": "elsewhere", "started": "now", "token": "x"}')
@@ -114,9 +124,11 @@ def test_the_readme_recipes_read_every_schema_version(trees, monkeypatch):
         later = [c for v, cols in ADDED_IN.items() if v > version for c in cols]
         assert want.loc[run_id, later].isna().all(), (run_id, version)
         assert want.loc[run_id, "schema_version"] == version
-    assert want["lr_edge"].notna().sum() == 1 and want["threads"].notna().sum() == 3
+    # the runs of the versions that have a column hold it
+    for column, version in (("lr_edge", 5), ("threads", 3), ("cpu_isa", 6)):
+        assert want[column].notna().sum() == SCHEMA_VERSION - version + 1, column
     namespace: dict = {}
-    exec(compile(readme_recipe(), str(README), "exec"), namespace)
+    exec(compile(reading_recipe(), str(RESULTS_DOC), "exec"), namespace)
     for name, to_pandas in AS_PANDAS.items():
         got = to_pandas(namespace[name])
         assert sorted(got.columns) == sorted(DATASET_SCHEMA.names), name
@@ -131,6 +143,16 @@ def test_the_readme_recipes_read_every_schema_version(trees, monkeypatch):
                     got.loc[run_id, column],
                     want.loc[run_id, column],
                 )
+
+
+def test_the_documented_query_groups_by_protocol(trees, monkeypatch):
+    """docs/RESULTS.md's SQL, as written: one row per (protocol, task, mechanism)."""
+    import duckdb
+
+    monkeypatch.chdir(trees[0])
+    query = re.search(r"```sql\n(.*?)```", RESULTS_DOC.read_text(), re.S).group(1)
+    got = duckdb.sql(query).df()
+    assert got[["protocol", "task", "mechanism"]].values.tolist() == [["smoke", "copy", "linear"]]
 
 
 def test_the_bench_rows_beside_the_tree_read_on_their_own(trees, monkeypatch):

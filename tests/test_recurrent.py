@@ -1,4 +1,4 @@
-"""The interface for gated and recurrent mechanisms (synthbench/mechanism.py): extra per-token
+"""The interface for gated and recurrent mechanisms (synthbench/core/mechanism.py): extra per-token
 inputs projected by the layer, and a recurrent form (``initial_state``, ``step``) that must
 equal the causal ``forward``, for every registered mechanism that has one."""
 
@@ -10,15 +10,16 @@ import pytest
 import torch
 from torch import nn
 
-from synthbench.check import Subject, check_leaks, check_recurrent
-from synthbench.mechanism import (
+from synthbench.core.mechanism import (
     MECHANISMS,
     Mechanism,
     extra_inputs,
     has_recurrent_form,
     recurrent_forward,
 )
-from synthbench.model import MultiHeadAttention
+from synthbench.core.model import MultiHeadAttention
+from synthbench.integrity.causality import Subject, check_leaks
+from synthbench.integrity.contract import check_recurrent
 
 HEAD_DIM, HEADS = 8, 2
 

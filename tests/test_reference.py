@@ -1,4 +1,4 @@
-"""The reference baselines shipped with synthbench (synthbench/reference.py): loading and
+"""The reference baselines shipped with synthbench (synthbench/report/reference.py): loading and
 validation, the reference beside a user's rows in `report` (marked, the user's run winning),
 `--no-reference`, and `reproduce` end to end on a tiny reference made here
 (``SYNTHBENCH_REFERENCE``), never on the shipped file's contents; plus checks of the shipped
@@ -15,11 +15,12 @@ import pandas as pd
 import pytest
 from clitools import assert_error, invoke
 
-from synthbench import reference
-from synthbench.protocols import PROTOCOLS
-from synthbench.spec import SUITE_VERSION, RunSpec
-from synthbench.store import COLUMNS, ResultStore
-from synthbench.task import TASKS
+from synthbench.core.task import TASKS
+from synthbench.report import reference
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.schema import COLUMNS
+from synthbench.run.spec import SUITE_VERSION, RunSpec
+from synthbench.run.store import ResultStore
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -50,7 +51,7 @@ def user_tree(smoke_tree, tmp_path, mechanisms=("softmax",)) -> Path:
     """A results tree holding only the smoke tree's runs of ``mechanisms``."""
     root = tmp_path / "results"
     shutil.copytree(smoke_tree, root)
-    for folder in (root / "task=copy").iterdir():
+    for folder in (root / "protocol=smoke" / "task=copy").iterdir():
         if folder.name.split("=", 1)[1] not in mechanisms:
             shutil.rmtree(folder)
     return root
@@ -217,20 +218,31 @@ def test_reproduce_trains_again_and_finds_it_identical(tiny_reference, tmp_path)
     assert len(ResultStore(results).files()) == 1  # the run, stored where --results says
 
 
-def test_reproduce_with_another_torch_build_is_within_the_tolerance(
-    reference_tree, tmp_path, monkeypatch
+@pytest.mark.parametrize(
+    "made, why",
+    [
+        ({"torch_version": "1.0.0-elsewhere"}, "torch 1.0.0-elsewhere made it, 2.13.0"),
+        ({"cpu_isa": "NEON"}, "made on a CPU with NEON, here "),
+        ({"cpu_isa": None}, "the reference does not record its CPU's instruction set"),
+    ],
+)
+def test_reproduce_in_another_setting_is_within_the_tolerance(
+    reference_tree, tmp_path, monkeypatch, made, why
 ):
-    """A reference made with another torch build (its rows say so): trained again here, the
-    result must lie within the tolerance, not be identical."""
-    path = tmp_path / "other-torch.parquet"
-    reference.write(reference_tree.assign(torch_version="1.0.0-elsewhere"), path)
+    """A reference made with another torch build or on a CPU with another vector
+    instruction set (its rows say so), or one that does not say which: trained again here,
+    the result need not be identical, only within the tolerance, and the command says why.
+    The reference's token accuracy is moved by 0.001 so that it is not identical."""
+    path = tmp_path / "other-setting.parquet"
+    moved = reference_tree.assign(token_acc=reference_tree["token_acc"] + 0.001, **made)
+    reference.write(moved, path)
     monkeypatch.setenv(reference.ENV, str(path))
     result = invoke("reproduce", "--mech", "linear", "--results", tmp_path / "r", "--jobs", 1)
     assert result.exit_code == 0, result.output
-    assert "the reference: torch 1.0.0-elsewhere, 1 thread, cpu" in result.stdout
-    assert "results within the tolerance expected" in result.stdout
+    assert "results within a tolerance expected, not bit for bit: " + why in result.stdout
     (line,) = [s for s in result.stdout.splitlines() if s.startswith("copy ")]
-    assert line.endswith(" within 0.0156")  # one seed, no spread: 1 / smoke's 64 test examples
+    # one seed, no spread: 1 / smoke's 64 test examples
+    assert " within 0.0156: not bit-identical: " + why in line
 
 
 def test_reproduce_samples_repeatably(tiny_reference, results):
@@ -303,10 +315,12 @@ def test_reproduce_errors(tiny_reference, tmp_path, args, message):
 # -- the rule: identical, or within the tolerance ----------------------------------------------
 
 
-def run_rows(value, *, torch_version="2.13.0", threads=1, device="cpu", lr=1e-3, **more):
+def run_rows(
+    value, *, torch_version="2.13.0", threads=1, device="cpu", cpu_isa="AVX2", lr=1e-3, **more
+):
     """A run's rows: its selected lr at ``value`` and another lr below it."""
     common = {"torch_version": torch_version, "threads": threads, "device": device,
-              "target_metric": "token_acc", "status": "ok"}  # fmt: skip
+              "cpu_isa": cpu_isa, "target_metric": "token_acc", "status": "ok"}  # fmt: skip
     return [
         {**common, "lr": lr, "selected": True, "token_acc": value, "final_loss": 0.5, **more},
         {**common, "lr": lr * 3, "selected": False, "token_acc": 0.1, "final_loss": 2.0},
@@ -339,19 +353,40 @@ def test_same_setting_must_be_identical_bit_for_bit():
 
 
 @pytest.mark.parametrize(
-    "setting",
-    [{"torch_version": "2.14.0"}, {"threads": 2}, {"device": "cuda:0"}],
+    "setting, why",
+    [
+        ({"torch_version": "2.14.0"}, "torch 2.13.0 made it, 2.14.0 here"),
+        ({"threads": 2}, "1 thread made it, 2 here"),
+        ({"device": "cuda:0"}, "made on cpu, here on cuda:0"),
+        ({"cpu_isa": "AVX512"}, "made on a CPU with AVX2, here AVX512"),
+    ],
 )
-def test_another_setting_must_be_within_the_tolerance(setting):
+def test_another_setting_must_be_within_the_tolerance(setting, why):
     seeds = [0.5, 0.6, 0.7]  # tolerance 0.3
     within = reference.compare(run_rows(0.6), run_rows(0.85, **setting), seeds, 64)
     assert within.verdict == reference.WITHIN and within.ok and not within.identical_expected
     assert within.tolerance == pytest.approx(0.3)
+    assert within.reason == f"not bit-identical: {why}"
     off = reference.compare(run_rows(0.6), run_rows(0.95, **setting), seeds, 64)
-    assert off.verdict == reference.NOT_REPRODUCED and off.reason == "off by 0.3500 > 0.3000"
+    assert off.verdict == reference.NOT_REPRODUCED
+    assert off.reason == f"off by 0.3500 > 0.3000 ({why})"
     failed = run_rows(None, **setting)
     failed[0]["status"] = "diverged"
     assert not reference.compare(run_rows(0.6), failed, seeds, 64).ok
+    # bit for bit the same is a reproduction whatever the setting
+    assert reference.compare(run_rows(0.6), run_rows(0.6, **setting), seeds, 64).verdict == (
+        reference.IDENTICAL
+    )
+
+
+def test_a_reference_without_its_cpu_is_compared_within_the_tolerance():
+    """Rows made before the CPU's instruction set was recorded (schema < 6): on a CPU,
+    bit-identity cannot be asked for."""
+    old = reference.compare(run_rows(0.6, cpu_isa=None), run_rows(0.61), [0.5, 0.6, 0.7], 64)
+    assert old.verdict == reference.WITHIN
+    assert (
+        old.reason == "not bit-identical: the reference does not record its CPU's instruction set"
+    )
 
 
 # -- the shipped file and its builder ---------------------------------------------------------

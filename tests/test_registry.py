@@ -17,15 +17,15 @@ from dataclasses import dataclass
 import pytest
 
 from synthbench import MECHANISMS, TASKS
-from synthbench.protocols import PROTOCOLS
-from synthbench.registry import (
+from synthbench.core.registry import (
     PluginError,
     Registry,
     RegistryError,
     UnknownNameError,
     load_plugin_file,
 )
-from synthbench.spec import RunSpec
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.spec import RunSpec
 
 GROUP = "synthbench.test_widgets"
 HOLDER = "_synthbench_test_holder"  # module through which plugin code reaches the test registry

@@ -39,13 +39,14 @@ from clitools import (
     tree,
 )
 
-from synthbench import atomic, limits, registry
 from synthbench.cli import catalog
-from synthbench.mechanism import MECHANISMS
-from synthbench.protocols import PROTOCOLS
-from synthbench.spec import RunSpec
-from synthbench.store import ResultStore
-from synthbench.task import TASKS
+from synthbench.core import atomic, registry
+from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.task import TASKS
+from synthbench.run import limits
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import ResultStore
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -84,7 +85,7 @@ def fault(id: str, *args, code: int, message: str, setup=None, grows=(), marks=(
 
 def run_path(f: Folder, task: str, mech: str) -> Path:
     run_id = RunSpec.resolve(task, mech, PROTOCOLS.get("smoke"), 0).run_id
-    return ResultStore(f.results).path_for(task, mech, run_id)
+    return ResultStore(f.results).path_for("smoke", task, mech, run_id)
 
 
 def stored_file(f: Folder, mech: str = "softmax") -> Path:
@@ -119,7 +120,7 @@ def full_disk_at_second_results_file(f: Folder) -> None:
 
 
 def full_disk_at(name: str, first: tuple[str, ...] = ()):
-    """Files named ``name`` that synthbench.atomic writes fill the disk after 10 bytes; the
+    """Files named ``name`` that synthbench.core.atomic writes fill the disk after 10 bytes; the
     command ``first`` runs before (it writes what must survive)."""
 
     def setup(f: Folder) -> None:
@@ -372,21 +373,23 @@ FAULTS = [
           message="mechanism r-builds-badly cannot be built: RuntimeError: no"),
     fault("plugin-looks-ahead", *RUN, "--plugin", "{tmp}/lookahead.py", "--mech", "r-lookahead",
           code=1, setup=plugin("lookahead.py"),
-          grows=("results/task=copy/mechanism=r-lookahead/*.parquet",),
+          grows=("results/protocol=smoke/task=copy/mechanism=r-lookahead/*.parquet",),
           message="refused: mechanism r-lookahead is not causal (causality: outputs at positions"),
     fault("plugin-mixes-the-batch", *RUN, "--plugin", "{tmp}/batch-leak.py", "--mech",
           "r-batch-leak", code=1, setup=plugin("batch-leak.py"),
-          grows=("results/task=copy/mechanism=r-batch-leak/*.parquet",),
+          grows=("results/protocol=smoke/task=copy/mechanism=r-batch-leak/*.parquet",),
           message="batch item 0's outputs depend on v of batch item 1"),
     fault("plugin-wrong-shape", *RUN, "--plugin", "{tmp}/shape.py", "--mech", "r-shape",
-          code=1, setup=plugin("shape.py"), grows=("results/task=copy/mechanism=r-shape/*",),
+          code=1, setup=plugin("shape.py"),
+          grows=("results/protocol=smoke/task=copy/mechanism=r-shape/*",),
           message="(layout: output of shape (2, 2, 63, 16) for inputs of shape (2, 2, 64, 16)"),
     fault("plugin-leak-learned-in-training", *RUN, "--plugin", "{tmp}/learned-leak.py",
           "--mech", "r-learned-leak", code=1, setup=plugin("learned-leak.py"),
-          grows=("results/task=copy/mechanism=r-learned-leak/*.parquet",),
+          grows=("results/protocol=smoke/task=copy/mechanism=r-learned-leak/*.parquet",),
           message="1 run not causal after training: stored with status leaky, never ranked"),
     fault("plugin-outputs-nan", *RUN, "--plugin", "{tmp}/nan.py", "--mech", "r-nan", code=0,
-          setup=plugin("nan.py"), grows=("results/task=copy/mechanism=r-nan/*.parquet",),
+          setup=plugin("nan.py"),
+          grows=("results/protocol=smoke/task=copy/mechanism=r-nan/*.parquet",),
           message="diverged: non-finite loss at step 0"),
     # where results and reports go: checked before any work
     fault("results-is-a-file", *RUN[:-1], "{afile}", code=2,
@@ -398,14 +401,16 @@ FAULTS = [
     fault("results-new-under-a-read-only-folder", *RUN[:-1], "{tmp}/ro/new/results", code=2,
           setup=read_only("{tmp}/ro"), message="{tmp}/ro is not writable by this user"),
     fault("partition-folder-read-only", *RUN, "--mech", "softmax", code=2,
-          setup=read_only("{results}/task=copy/mechanism=softmax"),
-          message="{results}/task=copy/mechanism=softmax is not writable by this user"),
+          setup=read_only("{results}/protocol=smoke/task=copy/mechanism=softmax"),
+          message="{results}/protocol=smoke/task=copy/mechanism=softmax is not writable by this "
+          "user"),
     fault("folder-named-like-a-run-file", *RUN[:2], "sort", *RUN[3:], code=2,
           setup=at_run_path("sort", "softmax", folder=True),
           message="is a folder, where a run's results file goes: move it away"),
     fault("file-named-like-a-partition-folder", *RUN[:2], "sort", *RUN[3:], code=2,
-          setup=put("{results}/task=sort", b"in the way\n"),
-          message="{results}/task=sort is a file, where a folder of the results tree goes"),
+          setup=put("{results}/protocol=smoke/task=sort", b"in the way\n"),
+          message="{results}/protocol=smoke/task=sort is a file, where a folder of the results "
+          "tree goes"),
     fault("run-results-empty", *RUN[:-1], "", code=2, setup=chdir,
           message="--results is empty: give a path"),
     fault("results-results-empty", "results", "--results", "", code=2, setup=chdir,
@@ -445,29 +450,32 @@ FAULTS = [
     # what the results tree holds: read around (named), moved aside or refused, never lost
     fault("truncated-file", "results", "--results", "{results}", code=0,
           setup=replace_file("softmax", lambda data: data[:500]),
-          message="skipping {results}/task=copy/mechanism=softmax/"),
+          message="skipping {results}/protocol=smoke/task=copy/mechanism=softmax/"),
     fault("random-bytes", "report", "--results", "{results}", "--out", "{tmp}/o", "--format",
           "md", code=0, setup=replace_file("linear", lambda data: bytes(range(256)) * 8),
           grows=("o/*.md", "o/smoke/*.md", "o/smoke/target/*.md"),
-          message="skipping {results}/task=copy/mechanism=linear/"),
+          message="skipping {results}/protocol=smoke/task=copy/mechanism=linear/"),
     fault("stray-text-file", "results", "--results", "{results}", "--json", code=0,
           setup=put("{results}/notes.txt", b"my notes\n"),
           message="skipping {results}/notes.txt: not a Parquet file"),
     fault("unreadable-file-at-a-runs-path", *RUN[:2], "sort", *RUN[3:], code=0,
           setup=at_run_path("sort", "softmax", b"not parquet"),
-          grows=("results/task=sort/mechanism=softmax/.*.unreadable-*",),  # its result: in place
+          # its result: in place
+          grows=("results/protocol=smoke/task=sort/mechanism=softmax/.*.unreadable-*",),
           message="could not be read (unreadable Parquet (ArrowInvalid: Parquet magic bytes not "
           "found in footer. Either the file is corrupted or this is not a parquet file.)); "
-          "moved it to {results}/task=sort/mechanism=softmax/.64e55ab77fb65a45.parquet."
-          "unreadable-"),
+          "moved it to {results}/protocol=smoke/task=sort/mechanism=softmax/"
+          ".64e55ab77fb65a45.parquet.unreadable-"),
     fault("newer-schema-at-a-runs-path", *RUN[:2], "sort", *RUN[3:], code=1,
           setup=newer_schema_at_run_path,
           message="1 run refused: their files are of a newer schema version"),
     # the operating system fails while working: one line, what was stored stays whole
     fault("full-disk-mid-suite", *RUN[:2], "sort", *RUN[3:], "--mech", "softmax,linear",
-          code=1, setup=full_disk_at_second_results_file, grows=("results/task=sort/*/*",),
-          message="cannot store results: No space left on device; what was stored before is "
-          "intact"),
+          code=1, setup=full_disk_at_second_results_file,
+          grows=("results/protocol=smoke/task=sort/*/*",),
+          # the file it was writing named
+          message="/mechanism=linear/594d60e27a71085e.parquet: No space left on device; what was "
+          "stored before is intact"),
     fault("full-disk-writing-a-report", "report", "--results", "{results}", "--out",
           "{tmp}/reports", "--format", "md", code=1,
           setup=full_disk_at("summary.md", ("report", "--results", "{results}", "--out",
@@ -594,7 +602,11 @@ def test_a_signal_during_a_write_leaves_complete_files_and_the_command_resumes(
     assert store.load(warn=False).skipped == []
     assert len(store.files()) == len(before) + 1
     # a killed command leaves its temporary file and its claim, hidden from every reader
-    left = ("task=sort/*/*.parquet", "task=sort/*/.tmp-*", ".claims/*")
+    left = (
+        "protocol=smoke/task=sort/*/*.parquet",
+        "protocol=smoke/task=sort/*/.tmp-*",
+        ".claims/*",
+    )
     assert_nothing_lost(before, tree(results), left, each=False)
 
     again = invoke(*args)  # the same command: does what is missing, cleans up after the kill
@@ -602,6 +614,12 @@ def test_a_signal_during_a_write_leaves_complete_files_and_the_command_resumes(
     assert "2 runs (1 task x 2 mechanisms x 1 seed" in again.stdout
     assert "1 already stored, 1 to run" in again.stdout
     after = tree(results)
-    assert_nothing_lost(before, after, ("task=sort/mechanism=softmax/*.parquet",
-                                        "task=sort/mechanism=linear/*.parquet"))  # fmt: skip
+    assert_nothing_lost(
+        before,
+        after,
+        (
+            "protocol=smoke/task=sort/mechanism=softmax/*.parquet",
+            "protocol=smoke/task=sort/mechanism=linear/*.parquet",
+        ),
+    )
     assert store.load(warn=False).skipped == [] and len(store.files()) == len(before) + 2

@@ -11,26 +11,20 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from synthbench.report import (
+from synthbench.core.task import TASKS
+from synthbench.report.aggregate import (
     DEFAULT_METRIC,
     METRICS,
-    MISSING,
-    Stat,
     aggregate,
-    build_tables,
-    category_scores,
     label_variants,
     latest_versions,
-    latex_escape,
     length_points,
-    lr_grid,
     metric_values,
     normalise,
     selected_runs,
-    to_latex,
-    to_markdown,
 )
-from synthbench.task import TASKS
+from synthbench.report.formats import latex_escape, to_latex, to_markdown
+from synthbench.report.tables import MISSING, Stat, build_tables, category_scores, lr_grid
 
 NAN = float("nan")
 
@@ -554,7 +548,7 @@ def test_long_metrics_stay_raw_and_say_so():
 
 
 def test_a_null_chance_comes_from_the_audit_and_an_unknown_one_is_nan():
-    from synthbench.audit import chance
+    from synthbench.integrity.audit import chance
 
     expected = chance(TASKS.get("copy")(n=8))
     rows = frame(

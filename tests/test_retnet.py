@@ -13,7 +13,7 @@ import pytest
 import torch
 from mechtools import CLOSE, LargestTensor, assert_same_function, lengths_around
 
-from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
+from synthbench.core.mechanism import MECHANISMS, mechanism_params, recurrent_forward
 from synthbench.mechanisms.retnet import retention_reference
 
 B, H, D = 2, 3, 8

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from test_mechanisms import assert_matches_reference
 
-from synthbench.mechanism import MECHANISMS, mechanism_params
+from synthbench.core.mechanism import MECHANISMS, mechanism_params
 from synthbench.mechanisms.rewa import (
     GEOMETRIES,
     PARTS,

@@ -17,18 +17,18 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from synthbench import provenance, runner
 from synthbench.cli import app
-from synthbench.executors import MAX_ATTEMPTS, LocalPool, RayPool
-from synthbench.mechanism import MECHANISMS
-from synthbench.protocols import PROTOCOLS
-from synthbench.registry import load_plugin_file
-from synthbench.runner import Events, Unit
-from synthbench.spec import RunSpec
-from synthbench.store import ResultStore
-from synthbench.sweep import lr_key
-from synthbench.task import TASKS
-from synthbench.train import blank_row
+from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.registry import load_plugin_file
+from synthbench.core.task import TASKS
+from synthbench.run import provenance, runner
+from synthbench.run.executors import MAX_ATTEMPTS, LocalPool, RayPool
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.runner import Events, Unit
+from synthbench.run.schema import lr_key
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import ResultStore
+from synthbench.run.train import blank_row
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -47,7 +47,7 @@ PLUGIN = """
 import torch.nn.functional as F
 
 from synthbench import MECHANISMS, FeatureMapMechanism
-from synthbench.protocols import PROTOCOLS, Protocol
+from synthbench.run.protocols import PROTOCOLS, Protocol
 
 
 @MECHANISMS.register("relu-runner-test", complexity="linear", family="feature-map",
@@ -158,7 +158,7 @@ def test_threads_are_in_the_run_id_and_the_rows():
 def test_training_uses_the_specs_thread_count_and_restores_the_callers(monkeypatch):
     seen = []
     monkeypatch.setattr(
-        "synthbench.train._train_and_evaluate",
+        "synthbench.run.train._train_and_evaluate",
         lambda spec, lr, device, row, budget: seen.append(torch.get_num_threads()),
     )
     spec = RunSpec.resolve("copy", "linear", SMOKE, 0, threads=3)

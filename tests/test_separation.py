@@ -8,18 +8,10 @@ import pandas as pd
 import pytest
 from test_report import frame, row
 
-from synthbench.protocols import curve_points
-from synthbench.report import MISSING, to_markdown
-from synthbench.separation import (
-    CLOSE,
-    EDGE,
-    FLIP,
-    NO_SE,
-    NOISE,
-    SEEDS,
-    grids,
-    separation,
-)
+from synthbench.report.formats import to_markdown
+from synthbench.report.separation import CLOSE, EDGE, FLIP, NO_SE, NOISE, SEEDS, grids, separation
+from synthbench.report.tables import MISSING
+from synthbench.run.protocols import curve_points
 
 POINTS = curve_points(100)
 

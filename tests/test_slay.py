@@ -13,7 +13,7 @@ import pytest
 import torch
 from test_mechanisms import assert_matches_reference
 
-from synthbench.mechanism import MECHANISMS, FeatureMapMechanism, mechanism_params
+from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism, mechanism_params
 
 B, H, L, D = 2, 2, 21, 6
 CLOSE = {"atol": 1e-10, "rtol": 1e-9}

@@ -12,23 +12,24 @@ import warnings
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from synthbench.protocols import PROTOCOLS
-from synthbench.runner import run_sweep
-from synthbench.spec import RunSpec
-from synthbench.store import (
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.runner import run_sweep
+from synthbench.run.schema import (
     ADDED_IN,
     COLUMNS,
+    DATASET_SCHEMA,
     PARTITIONS,
     SCHEMA,
     SCHEMA_VERSION,
-    CorruptResultWarning,
-    ResultStore,
     SchemaError,
 )
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import CorruptResultWarning, ResultStore
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -46,6 +47,31 @@ def runs(single_thread) -> dict[str, list[dict]]:
     rows = {key: run_sweep(s, torch.device("cpu")) for key, s in specs.items()}
     assert all(r["status"] == "ok" for rs in rows.values() for r in rs)
     return rows
+
+
+def as_version(table: pa.Table, version: int) -> pa.Table:
+    """A file's table as schema ``version`` wrote it: without the columns added later."""
+    later = [c for v, cols in ADDED_IN.items() if v > version for c in cols]
+    table = table.drop_columns([c for c in later if c in table.column_names])
+    return table.replace_schema_metadata({b"synthbench_schema_version": str(version)})
+
+
+def folder_values(path) -> list[str]:
+    """The partition values a run file's folders name (name=value), outermost first."""
+    return [part.split("=", 1)[1] for part in path.parent.parts if "=" in part]
+
+
+def legacy_copy(store: ResultStore, path) -> object:
+    """Move a run's file to where a tree before schema 6 kept it, as that version wrote it
+    (its protocol inside the file); the new place."""
+    table = pq.read_table(path)
+    protocol, task, mechanism = folder_values(path)
+    table = table.append_column("protocol", pa.array([protocol] * len(table), pa.string()))
+    legacy = store.legacy_path_for(task, mechanism, path.stem)
+    legacy.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(as_version(table, 5), legacy)
+    path.unlink()
+    return legacy
 
 
 def rows_of(runs, key, **changes) -> list[dict]:
@@ -75,8 +101,9 @@ def test_round_trip(tmp_path, runs):
     rows = runs["a"]
     path = store.write(rows)
     r = rows[0]
-    assert path == tmp_path / "task=kv_recall" / "mechanism=linear" / f"{r['run_id']}.parquet"
-    assert all_files(tmp_path) == [f"task=kv_recall/mechanism=linear/{r['run_id']}.parquet"]
+    place = f"protocol=smoke/task=kv_recall/mechanism=linear/{r['run_id']}.parquet"
+    assert path == tmp_path / place
+    assert all_files(tmp_path) == [place]
     # Hive convention: the partition columns live in the path, not in the file
     file_schema = pq.read_schema(path)
     assert file_schema.names == SCHEMA.names
@@ -99,7 +126,7 @@ def test_partial_columns(tmp_path, runs):
     store = ResultStore(tmp_path)
     store.write(runs["a"])
     rows = store.load(columns=["status", "token_acc"]).rows
-    assert list(rows.columns) == ["task", "mechanism", "status", "token_acc"]
+    assert list(rows.columns) == ["protocol", "task", "mechanism", "status", "token_acc"]
     assert rows["token_acc"].tolist() == [r["token_acc"] for r in runs["a"]]
 
 
@@ -109,7 +136,7 @@ def test_load_with_a_partition_column_among_columns(tmp_path, runs):
     store.write(runs["a"])
     report = store.load(columns=["task", "token_acc"], warn=False)
     assert [str(p) for p, _ in report.skipped] == [], report.skipped[0][1][:120]
-    assert list(report.rows.columns) == ["task", "mechanism", "token_acc"]
+    assert list(report.rows.columns) == ["protocol", "task", "mechanism", "token_acc"]
     assert report.rows["task"].tolist() == ["kv_recall"] * len(runs["a"])
 
 
@@ -127,10 +154,9 @@ def test_pandas_reads_the_tree_as_one_table(tmp_path, runs):
     table = pd.read_parquet(tmp_path)
     assert len(table) == 6
     assert set(COLUMNS) <= set(table.columns)
-    got = sorted(
-        zip(table["run_id"], table["task"].astype(str), table["mechanism"].astype(str), strict=True)
-    )
-    want = sorted((r["run_id"], r["task"], r["mechanism"]) for k in "abc" for r in runs[k])
+    keys = ("protocol", "task", "mechanism")
+    got = sorted(zip(table["run_id"], *(table[k].astype(str) for k in keys), strict=True))
+    want = sorted((r["run_id"], *(r[k] for k in keys)) for k in "abc" for r in runs[k])
     assert got == want
     # pyarrow's dataset reader agrees
     assert pq.ParquetDataset(tmp_path).read().num_rows == 6
@@ -185,14 +211,14 @@ def _truncated(store, runs):
 
 
 def _not_parquet(store, runs):
-    path = store.path_for("copy", "softmax", "0123456789abcdef")
+    path = store.path_for("smoke", "copy", "softmax", "0123456789abcdef")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("this is not parquet\n")
     return path
 
 
 def _stray_file(store, runs):
-    path = store.root / "task=kv_recall" / "notes.txt"
+    path = store.root / "protocol=smoke" / "task=kv_recall" / "notes.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("hello\n")
     return path
@@ -206,7 +232,7 @@ def _without_metadata(store, runs):
 
 
 def _other_run_id(store, runs):
-    good = store.path_for("kv_recall", "linear", runs["a"][0]["run_id"])
+    good = store.path_for("smoke", "kv_recall", "linear", runs["a"][0]["run_id"])
     path = good.with_name("fedcba9876543210.parquet")
     shutil.copyfile(good, path)
     return path
@@ -237,8 +263,27 @@ def _empty(store, runs):
 def _outside_partitions(store, runs):
     path = store.root / f"{runs['b'][0]['run_id']}.parquet"
     shutil.copyfile(store.write(runs["b"]), path)
-    store.path_for("kv_recall", "linear", runs["b"][0]["run_id"]).unlink()
+    store.path_for("smoke", "kv_recall", "linear", runs["b"][0]["run_id"]).unlink()
     return path
+
+
+def _other_protocol(store, runs):
+    """A file of schema < 6 (its protocol inside) moved under another protocol's folder."""
+    path = store.write(runs["b"])
+    table = pq.read_table(path)
+    table = table.append_column("protocol", pa.array(["quick"] * len(table), pa.string()))
+    pq.write_table(as_version(table, 5), path)
+    return path
+
+
+def _legacy_without_protocol(store, runs):
+    """A file in the layout before schema 6 that does not say its protocol."""
+    path = store.write(runs["b"])
+    legacy = store.legacy_path_for("kv_recall", "linear", path.stem)
+    legacy.parent.mkdir(parents=True)
+    pq.write_table(as_version(pq.read_table(path), 5), legacy)
+    path.unlink()
+    return legacy
 
 
 CORRUPTIONS = {
@@ -250,7 +295,9 @@ CORRUPTIONS = {
     "other-schema-version": (_other_schema_version, "schema version 999"),
     "missing-column": (_missing_column, "token_acc"),
     "no-rows": (_empty, "do not belong"),
-    "outside-partitions": (_outside_partitions, "task=<task>"),
+    "outside-partitions": (_outside_partitions, "protocol=<protocol>/task=<task>"),
+    "other-protocol": (_other_protocol, "not its folder's (protocol=smoke)"),
+    "legacy-without-protocol": (_legacy_without_protocol, "missing columns protocol"),
 }
 
 
@@ -310,7 +357,7 @@ def test_remove_stale_temporaries_without_root(tmp_path):
 
 
 def test_schema_and_columns_agree():
-    assert COLUMNS[:2] == list(PARTITIONS)
+    assert COLUMNS[: len(PARTITIONS)] == list(PARTITIONS)
     assert len(set(COLUMNS)) == len(COLUMNS)
     assert isinstance(SCHEMA, pa.Schema)
 
@@ -335,11 +382,64 @@ def test_files_of_older_schema_versions_are_read_with_later_columns_null(tmp_pat
     store = ResultStore(tmp_path)
     path = store.write(runs["a"])
     later = sorted(c for v, cols in ADDED_IN.items() if v > version for c in cols)
-    table = pq.read_table(path).drop_columns(later)
-    pq.write_table(
-        table.replace_schema_metadata({b"synthbench_schema_version": str(version)}), path
-    )
+    pq.write_table(as_version(pq.read_table(path), version), path)
     report = store.load()
     assert report.skipped == [] and len(report.rows) == len(runs["a"])
     assert report.rows[later].isna().all().all()
     assert report.rows["token_acc"].tolist() == [r["token_acc"] for r in runs["a"]]
+
+
+# -- the layout before schema 6: no protocol level ------------------------------------------
+
+
+def test_a_tree_of_the_older_layout_is_read_with_its_protocol(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    legacy = legacy_copy(store, store.write(runs["a"]))
+    newer = store.write(runs["c"])
+    assert store.legacy_files() == [legacy]
+    report = store.load()
+    assert report.skipped == []
+    assert sorted(report.rows["protocol"]) == ["smoke"] * 4
+    assert set(report.rows["run_id"]) == {runs["a"][0]["run_id"], runs["c"][0]["run_id"]}
+    a = runs["a"][0]
+    assert (
+        store.read_run("smoke", "kv_recall", "linear", a["run_id"])[0]["token_acc"]
+        == (a["token_acc"])
+    )
+    assert newer.exists()
+
+
+def test_a_run_written_again_moves_out_of_the_older_layout(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    legacy = legacy_copy(store, store.write(runs["a"]))
+    path = store.write(rows_of(runs, "a", wall_seconds=7.0))
+    assert not legacy.exists() and path.parts[-4] == "protocol=smoke"
+    rows = store.load().rows
+    assert len(rows) == 2 and (rows["wall_seconds"] == 7.0).all()
+    assert all_files(tmp_path) == [str(path.relative_to(tmp_path))]
+
+
+def test_migrate_moves_every_older_file_under_its_protocol(tmp_path, runs):
+    store = ResultStore(tmp_path)
+    before = {}
+    for key in "abc":
+        before[runs[key][0]["run_id"]] = legacy_copy(store, store.write(runs[key]))
+    foreign = store.legacy_path_for("copy", "linear", "0123456789abcdef")
+    foreign.parent.mkdir(parents=True)
+    foreign.write_text("not parquet\n")
+    loaded = store.load(warn=False).rows.sort_values(["run_id", "lr"]).reset_index(drop=True)
+
+    done = store.migrate()
+    assert sorted(old for old, _ in done.moved) == sorted(before.values())
+    assert [path for path, _ in done.left] == [foreign]  # unreadable: left where it is
+    assert store.legacy_files() == [foreign]
+    for old, new in done.moved:
+        assert not old.exists() and new == store.path_for("smoke", *folder_values(old), old.stem)
+    again = store.load(warn=False).rows.sort_values(["run_id", "lr"]).reset_index(drop=True)
+    pd.testing.assert_frame_equal(again, loaded)
+    # one layout now (the unreadable file aside), which DuckDB's and Polars' globs need
+    foreign.unlink()
+    assert store.migrate().moved == []
+    assert not (tmp_path / "task=kv_recall").exists()  # emptied folders are removed
+    table = ds.dataset(tmp_path, schema=DATASET_SCHEMA, partitioning="hive").to_table()
+    assert sorted(table["protocol"].to_pylist()) == ["smoke"] * 6

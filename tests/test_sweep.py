@@ -8,8 +8,9 @@ import random
 
 import pytest
 
-from synthbench.protocols import PROTOCOLS
-from synthbench.sweep import Budget, lr_key, mark_selected, sweep_state
+from synthbench.run.lr_selection import Budget, mark_selected, sweep_state
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.schema import lr_key
 
 GRID = dataclasses.replace(PROTOCOLS.get("smoke"), lrs=(1e-3, 3e-3, 1e-2))
 GROWING = dataclasses.replace(GRID, lr_extend=2)

@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from synthbench.task import TASKS, Task, check_harder
+from synthbench.core.task import TASKS, Task, check_harder
 
 BUILTINS = [e.name for e in TASKS.entries() if e.source == "builtin"]
 Copy = TASKS.get("copy")

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from synthbench.task import CATEGORIES, IGNORE, TASKS, Batch, Task, markdown_table
+from synthbench.core.task import CATEGORIES, IGNORE, TASKS, Batch, Task, markdown_table
 
 N = 64
 seeds = st.integers(0, 2**31 - 1)  # generator seeds for the property tests

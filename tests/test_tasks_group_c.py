@@ -12,7 +12,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from test_tasks import answered, check_batch, generator, rows, seeds
 
-from synthbench.task import IGNORE, TASKS
+from synthbench.core.task import IGNORE, TASKS
 
 NAMES = ("multihop", "retrieval", "selective_copy", "stack", "noisy_copy", "compression")
 

@@ -9,14 +9,14 @@ import math
 import pytest
 import torch
 
-from synthbench import audit
-from synthbench.mechanism import MECHANISMS, Mechanism
-from synthbench.protocols import PROTOCOLS, curve_points
-from synthbench.runner import run_sweep as run
-from synthbench.spec import MAX_SEED, TEST_SEED, VAL_SEED, RunSpec
-from synthbench.sweep import Budget
-from synthbench.task import IGNORE, TASKS
-from synthbench.train import (
+from synthbench.core.mechanism import MECHANISMS, Mechanism
+from synthbench.core.task import IGNORE, TASKS
+from synthbench.integrity import audit
+from synthbench.run.lr_selection import Budget
+from synthbench.run.protocols import PROTOCOLS, curve_points
+from synthbench.run.runner import run_sweep as run
+from synthbench.run.spec import MAX_SEED, TEST_SEED, VAL_SEED, RunSpec
+from synthbench.run.train import (
     answer_metrics,
     build_model,
     evaluate,
@@ -348,7 +348,7 @@ def test_lr_sweep_selects_on_the_protocols_metric(monkeypatch):
     def fake_train_eval(spec, lr, device, budget=None):
         return {"status": "ok", "lr": lr, **fake[lr]}
 
-    monkeypatch.setattr("synthbench.executors.train_eval", fake_train_eval)
+    monkeypatch.setattr("synthbench.run.executors.train_eval", fake_train_eval)
     for metric, best in (("token_acc", 1e-3), ("exact_match", 3e-3)):
         p = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3), select_metric=metric)
         rows = run(spec(protocol=p), CPU)
@@ -376,7 +376,7 @@ def test_the_sweep_hands_its_step_budget_to_the_training(monkeypatch):
         acc = 1.0 if solved_at.get(lr) else 0.5
         return {"status": "ok", "lr": lr, "steps_done": steps, "val_token_acc": acc}
 
-    monkeypatch.setattr("synthbench.executors.train_eval", fake_train_eval)
+    monkeypatch.setattr("synthbench.run.executors.train_eval", fake_train_eval)
     p = dataclasses.replace(SMOKE, steps=100, lrs=(1e-3, 3e-3), lr_extend=1, stop_at=0.99)
     rows = run(spec(protocol=p), CPU)
     assert budgets == {1e-3: None, 3e-3: None, 9e-3: 50}
@@ -429,7 +429,7 @@ def test_train_batches_are_fresh_and_eval_sets_fixed(monkeypatch):
         assert all(n == p.batch_size for _, n, _ in train)
         inputs = [x for _, _, x in train]
         assert all(not torch.equal(a, b) for a, b in itertools.combinations(inputs, 2))
-        # and the audit's own data streams, for the task's chance (synthbench/audit.py)
+        # and the audit's own data streams, for the task's chance (synthbench/integrity/audit.py)
         audit_seeds = {audit.TRAIN_SEED, audit.TEST_SEED}
         assert {c[0] for c in seed_calls} - audit_seeds == {seed, VAL_SEED, TEST_SEED}
 
@@ -540,9 +540,9 @@ def test_a_parameter_marked_no_weight_decay_gets_none():
     """Mamba-2 marks A_log and dt_bias (as its own code does); every other parameter, and
     every parameter of a model without marks, keeps the protocol's weight decay in one group
     in the model's order (the optimiser of the runs stored before the marks existed)."""
-    from synthbench.mechanism import MECHANISMS
-    from synthbench.model import MultiHeadAttention
-    from synthbench.train import parameter_groups
+    from synthbench.core.mechanism import MECHANISMS
+    from synthbench.core.model import MultiHeadAttention
+    from synthbench.run.train import parameter_groups
 
     layer = MultiHeadAttention(16, 2, MECHANISMS.get("mamba2")(8, 2))
     groups = parameter_groups(layer, 0.01)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from mechtools import CLOSE, LargestTensor, assert_same_function, lengths_around
 
-from synthbench.mechanism import MECHANISMS, mechanism_params, recurrent_forward
+from synthbench.core.mechanism import MECHANISMS, mechanism_params, recurrent_forward
 from synthbench.mechanisms.window import sliding_window_reference
 
 B, H, D = 2, 3, 8

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_mechanisms import assert_matches_reference
 
-from synthbench.mechanism import MECHANISMS, mechanism_params
+from synthbench.core.mechanism import MECHANISMS, mechanism_params
 
 B, H, L, D = 2, 3, 37, 8
 CLOSE = {"atol": 1e-10, "rtol": 1e-9}

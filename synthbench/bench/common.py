@@ -29,8 +29,8 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
-from synthbench import provenance
-from synthbench.store import BENCH_DIR, write_atomically
+from synthbench.run import provenance
+from synthbench.run.store import BENCH_DIR, write_table
 
 KINDS = ("scaling", "fidelity", "quadrature", "train", "decode")
 # the paper's Fig. 2 line-up (001 sec. 3.2), plus spherical Yat, the kernel SLAY linearises
@@ -48,6 +48,7 @@ META = [
     ("status", pa.string()),  # one of STATUSES
     ("error", pa.string()),
     ("device", pa.string()),
+    ("cpu_isa", pa.string()),  # torch's CPU capability (synthbench/run/provenance.py)
     ("torch_version", pa.string()),
     ("synthbench_version", pa.string()),
     ("git_commit", pa.string()),
@@ -72,7 +73,8 @@ def check_bench_results(bench_results: Path) -> None:
     one): the results' readers would trip on the bench rows."""
     folder = Path(bench_results).absolute()
     for place in (folder, *folder.parents):
-        if place.is_dir() and any(p.is_dir() for p in place.glob("task=*")):
+        runs = (*place.glob("protocol=*"), *place.glob("task=*"))  # either layout's top level
+        if place.is_dir() and any(p.is_dir() for p in runs):
             raise ValueError(
                 f"--bench-results {bench_results} is inside the results tree {place} (bench rows "
                 "there make its readers fail); choose a folder beside it, e.g. bench-results"
@@ -123,7 +125,7 @@ class BenchFile:
             raise KeyError(f"columns not in the {self.kind} schema: {', '.join(sorted(unknown))}")
         table = pa.Table.from_pylist(self.rows, schema=self.schema)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(table, self.path)
+        write_table(table, self.path)
 
 
 def bench_files(bench_results: Path, kind: str, legacy: Path | None = None) -> list[Path]:

@@ -1,5 +1,5 @@
 """``synthbench bench decode``: per-token decoding latency and state memory of every mechanism
-with a recurrent form (``initial_state``/``step``, synthbench/mechanism.py), softmax's KV
+with a recurrent form (``initial_state``/``step``, synthbench/core/mechanism.py), softmax's KV
 cache among them.
 
 For every (mechanism, context length L) point: the mechanism at its default parameters (seed
@@ -34,14 +34,9 @@ import torch
 from torch import nn
 
 from synthbench.bench.common import params_json, sync, timed_ms
-from synthbench.mechanism import (
-    MECHANISMS,
-    extra_inputs,
-    has_recurrent_form,
-    mechanism_params,
-)
-from synthbench.model import prepared_mechanism
-from synthbench.text import plural
+from synthbench.core.mechanism import MECHANISMS, extra_inputs, has_recurrent_form, mechanism_params
+from synthbench.core.model import prepared_mechanism
+from synthbench.core.text import plural
 
 KIND = "decode"
 DEFAULT_LENGTHS = (256, 1024, 4096)

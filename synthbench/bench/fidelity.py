@@ -26,11 +26,11 @@ from torch import nn
 
 from synthbench.bench.common import feature_dim, median_ms, params_json
 from synthbench.bench.memory import is_out_of_memory
-from synthbench.mechanism import MECHANISMS, FeatureMapMechanism, mechanism_params
+from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism, mechanism_params
+from synthbench.core.model import MultiHeadAttention
+from synthbench.core.text import plural
 from synthbench.mechanisms.slay import gauss_laguerre
-from synthbench.model import MultiHeadAttention
-from synthbench.report import MISSING, Grid
-from synthbench.text import plural
+from synthbench.report.tables import MISSING, Grid
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ CPU: torch keeps no allocator statistics, so the work runs in a fresh process an
 far the process's resident set size peaks above its level just before the work. On Linux the
 kernel's peak (VmHWM in /proc/self/status) is reset by writing "5" to /proc/self/clear_refs;
 elsewhere ``resource.getrusage(...).ru_maxrss`` stands in, which also counts earlier peaks
-(then the figure is a lower bound). ``synthbench.allocator.map_large_blocks`` makes glibc
+(then the figure is a lower bound). ``synthbench.run.allocator.map_large_blocks`` makes glibc
 map every allocation of 64 KiB or more with mmap and unmap it when freed, so that the RSS
 follows the live tensors instead of memory that malloc keeps for reuse.
 

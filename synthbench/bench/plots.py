@@ -12,8 +12,8 @@ from matplotlib.lines import Line2D
 from matplotlib.transforms import blended_transform_factory
 
 from synthbench.bench.fidelity import fidelity_grid
-from synthbench.figures import _save  # (importing figures selects the Agg backend)
-from synthbench.report import to_latex, to_markdown
+from synthbench.report.figures import _save  # (importing figures selects the Agg backend)
+from synthbench.report.formats import to_latex, to_markdown
 
 SCALING_PANELS = (
     ("fwd_ms", "forward latency (ms)"),

@@ -1,7 +1,7 @@
 """``synthbench bench scaling``: latency, peak memory and throughput of one attention layer
 against sequence length (SLAY 001 sec. 3.2 "Benchmark setup", Fig. 2, App. L.6).
 
-The layer is ``synthbench.model.MultiHeadAttention`` (q, k, v projections of the embedding,
+The layer is ``synthbench.core.model.MultiHeadAttention`` (q, k, v projections of the embedding,
 the mechanism, the output projection), causal, float32, on random N(0, 1) embeddings. For
 lengths doubling from ``min_len`` to ``max_len`` every (mechanism, length) point runs in
 fresh processes (forked from a server that imported torch once, so that a point costs no new
@@ -38,7 +38,6 @@ import pyarrow as pa
 import torch
 from torch import nn
 
-from synthbench.allocator import map_large_blocks
 from synthbench.bench.common import feature_dim, params_json, timed_ms
 from synthbench.bench.memory import (
     cpu_method,
@@ -47,10 +46,11 @@ from synthbench.bench.memory import (
     limit_data,
     peak_bytes,
 )
-from synthbench.linear_attention import linear_attention
-from synthbench.mechanism import MECHANISMS, FeatureMapMechanism, mechanism_params
-from synthbench.model import MultiHeadAttention
-from synthbench.registry import load_plugin_file
+from synthbench.core.linear_attention import linear_attention
+from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism, mechanism_params
+from synthbench.core.model import MultiHeadAttention
+from synthbench.core.registry import load_plugin_file
+from synthbench.run.allocator import map_large_blocks
 
 WARM_LEN = 128  # the short first call of every process
 GRACE_S = 60.0  # process start, CUDA initialisation, building the layer: beyond the time limit

@@ -1,6 +1,6 @@
 """``synthbench bench train``: what training costs, measured on the real training loop.
 
-Each (task, mechanism) runs ``synthbench.train.train_eval`` (model building, task generation,
+Each (task, mechanism) runs ``synthbench.run.train.train_eval`` (model building, task generation,
 AdamW steps, evaluation: the code ``synthbench run`` runs) once, at the protocol's settings
 with ``steps`` steps, seed 0 and its first lr, while a global optimizer-step hook of torch
 (``register_optimizer_step_post_hook``) notes the time of every step. So, without touching the
@@ -30,11 +30,11 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from synthbench.bench.common import params_json
-from synthbench.protocols import Protocol
-from synthbench.spec import RunSpec
-from synthbench.task import TASKS
-from synthbench.text import plural
-from synthbench.train import train_eval
+from synthbench.core.task import TASKS
+from synthbench.core.text import plural
+from synthbench.run.protocols import Protocol
+from synthbench.run.spec import RunSpec
+from synthbench.run.train import train_eval
 
 METRICS = [
     ("task", pa.string()),

@@ -1,10 +1,11 @@
 """The ``synthbench`` command line: one module per command group, sharing ``common``.
 
-run, sweep          cli/run.py       (the runner: synthbench/runner.py; grids:
-                                      synthbench/grid.py)
+run, sweep          cli/run.py       (the runner: synthbench/run/runner.py; grids:
+                                      synthbench/run/grid.py)
 list, show-task,    cli/catalog.py
 audit
-results, report     cli/results.py
+results, report,    cli/results.py
+migrate
 bench ...           cli/bench.py     (the measurements: synthbench/bench)
 --version,          here
 --*-completion
@@ -41,6 +42,16 @@ from synthbench.cli.common import (  # noqa: E402
     guard,
     os_error,
 )
+
+
+def _flag_type(option: typer.core.TyperOption, ctx) -> str | None:
+    """No type column for a flag in help: ``--force``, not ``--force <bool>``."""
+    return None if option.is_flag else _option_type(option, ctx)
+
+
+# typer has no hook for the class of the options it builds: its method is replaced here, once
+_option_type = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = _flag_type
 
 
 class _OneLineErrors(typer.core.TyperGroup):
@@ -92,7 +103,9 @@ def _version(value: bool) -> None:
 def _options(
     version: Annotated[
         bool,
-        typer.Option("--version", callback=_version, is_eager=True, help="Print the version."),
+        typer.Option(
+            "--version", "-V", callback=_version, is_eager=True, help="Print the version."
+        ),
     ] = False,
 ) -> None:
     pass
@@ -100,13 +113,14 @@ def _options(
 
 app.command("run")(guard(run.run_command))
 app.command("sweep")(guard(run.sweep_command))
-app.command("check")(guard(check.check_command))  # cli/check.py: synthbench/check.py
+app.command("check")(guard(check.check_command))  # cli/check.py: synthbench/integrity/contract.py
 app.command("list")(guard(catalog.list_command))
 app.command("show-task")(guard(catalog.show_task_command))
 app.command("audit")(guard(catalog.audit_command))
 app.command("results")(guard(results.results_command))
 app.command("report")(guard(results.report_command))
-app.command("reproduce")(guard(reproduce.reproduce_command))  # synthbench/reference.py
+app.command("migrate")(guard(results.migrate_command))
+app.command("reproduce")(guard(reproduce.reproduce_command))  # synthbench/report/reference.py
 app.add_typer(bench.bench_app, name="bench")  # cost and fidelity benchmarks
 
 

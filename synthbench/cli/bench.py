@@ -22,7 +22,6 @@ import pandas as pd
 import torch
 import typer
 
-from synthbench.allocator import reuse_freed_memory
 from synthbench.bench import decode, fidelity, scaling, throughput
 from synthbench.bench.common import (
     DEFAULT_BENCH_RESULTS,
@@ -45,12 +44,13 @@ from synthbench.cli.common import (
     select_tasks,
     split,
 )
-from synthbench.devices import resolve_device
+from synthbench.core.task import TASKS
+from synthbench.core.text import plural
 from synthbench.mechanisms.slay import MAX_QUAD_NODES
-from synthbench.protocols import PROTOCOLS
-from synthbench.report import to_markdown
-from synthbench.task import TASKS
-from synthbench.text import plural
+from synthbench.report.formats import to_markdown
+from synthbench.run.allocator import reuse_freed_memory
+from synthbench.run.devices import resolve_device
+from synthbench.run.protocols import PROTOCOLS
 
 bench_app = typer.Typer(
     no_args_is_help=True,

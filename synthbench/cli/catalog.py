@@ -9,7 +9,6 @@ from typing import Annotated
 import torch
 import typer
 
-from synthbench.audit import MARGIN, MIN_SEEN, TRAIN_ANSWERS, audit, markdown_table
 from synthbench.cli.common import (
     PluginOption,
     UsageError,
@@ -18,11 +17,17 @@ from synthbench.cli.common import (
     print_rows,
     write_stdout,
 )
-from synthbench.limits import check_length
-from synthbench.mechanism import MECHANISMS, STATE_HEAD_DIM, STATE_LENGTH, state_size_at_defaults
-from synthbench.params import parse_assignments
-from synthbench.protocols import PROTOCOLS
-from synthbench.task import CATEGORIES, IGNORE, TASKS
+from synthbench.core.mechanism import (
+    MECHANISMS,
+    STATE_HEAD_DIM,
+    STATE_LENGTH,
+    state_size_at_defaults,
+)
+from synthbench.core.params import parse_assignments
+from synthbench.core.task import CATEGORIES, IGNORE, TASKS
+from synthbench.integrity.audit import MARGIN, MIN_SEEN, TRAIN_ANSWERS, audit, markdown_table
+from synthbench.run.limits import check_length
+from synthbench.run.protocols import PROTOCOLS
 
 # Per kind: the JSON keys of a record (``list --json``) and the column each one is shown
 # under in the table; the first is the name, never cut.

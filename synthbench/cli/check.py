@@ -1,4 +1,5 @@
-"""``synthbench check MECH``: every check of synthbench/check.py, one line per check."""
+"""``synthbench check MECH``: every check of synthbench/integrity/ (causality.py,
+contract.py), one line per check."""
 
 from __future__ import annotations
 
@@ -6,13 +7,6 @@ from typing import Annotated
 
 import typer
 
-from synthbench.check import (
-    Subject,
-    check_mechanism,
-    float64_device,
-    one_thread,
-    suite_lengths,
-)
 from synthbench.cli.common import (
     DeviceOption,
     PluginOption,
@@ -21,11 +15,13 @@ from synthbench.cli.common import (
     load_plugins,
     select_mechanisms,
 )
-from synthbench.devices import resolve_device
-from synthbench.limits import MAX_SEQ_LEN
-from synthbench.mechanism import MECHANISMS, build_once, mechanism_params
-from synthbench.params import parse_assignments
-from synthbench.protocols import PROTOCOLS
+from synthbench.core.mechanism import MECHANISMS, build_once, mechanism_params
+from synthbench.core.params import parse_assignments
+from synthbench.integrity.causality import Subject, float64_device, one_thread
+from synthbench.integrity.contract import check_mechanism, suite_lengths
+from synthbench.run.devices import resolve_device
+from synthbench.run.limits import MAX_SEQ_LEN
+from synthbench.run.protocols import PROTOCOLS
 
 
 def check_command(

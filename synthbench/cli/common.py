@@ -21,12 +21,13 @@ from rich.markup import escape
 from rich.table import Table
 from tabulate import tabulate
 
-from synthbench.executors import ExecutorError
-from synthbench.mechanism import MECHANISMS
-from synthbench.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
-from synthbench.report import malformed_json
-from synthbench.store import LoadReport, ResultStore
-from synthbench.task import CATEGORIES, TASKS
+from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
+from synthbench.core.task import CATEGORIES, TASKS
+from synthbench.core.text import plural
+from synthbench.report.aggregate import malformed_json
+from synthbench.run.executors import ExecutorError
+from synthbench.run.store import LoadReport, ResultStore
 
 STDOUT = "stdout"  # the file name of an error writing to stdout (a full disk under `> file`)
 
@@ -299,26 +300,34 @@ def load_results(results: Path, columns: list[str] | None = None) -> LoadReport:
     broken = malformed_json(rows)
     bad_runs = rows.assign(column=broken)[broken.notna()].drop_duplicates("run_id")
     for r in bad_runs.itertuples():  # a file edited by hand, say
-        path = store.path_for(r.task, r.mechanism, r.run_id)
+        path = store.file_of(r.protocol, r.task, r.mechanism, r.run_id)
         report.skipped.append((path, f"its {r.column} column is not a JSON object"))
     if len(bad_runs):
         report.rows = rows[~rows["run_id"].isin(bad_runs["run_id"])]
     for path, reason in report.skipped:
         warn(f"skipping {path}: {reason}")
+    legacy = store.legacy_files()
+    if legacy:
+        warn(
+            f"{plural(len(legacy), 'file')} in the layout before schema 6 (no protocol= level): "
+            f"read as they are; `synthbench migrate --results {results}` moves them, so that "
+            "DuckDB and Polars read the tree too"
+        )
     return report
 
 
 def check_run_paths(store: ResultStore, specs) -> None:
     """Refuse, before any training, a results tree where a run's file cannot go: anything
-    but a folder where its task= or mechanism= folder belongs, a folder (or anything but a
-    file) at the file's own path, or a folder of the tree this user may not write."""
+    but a folder where its protocol=, task= or mechanism= folder belongs, a folder (or
+    anything but a file) at the file's own path, or a folder of the tree this user may not
+    write."""
     folders = set()
     for spec in specs:
-        path = store.path_for(spec.task, spec.mechanism, spec.run_id)
+        path = store.path_for(spec.protocol.name, spec.task, spec.mechanism, spec.run_id)
         if os.path.lexists(path) and not path.is_file():
             what = "a folder" if path.is_dir() else "not a file"
             raise UsageError(f"{path} is {what}, where a run's results file goes: move it away")
-        folders |= {path.parent, path.parent.parent}
+        folders |= {path.parent, path.parent.parent, path.parent.parent.parent}
     for folder in sorted(folders):
         if os.path.lexists(folder) and not folder.is_dir():
             raise UsageError(f"{folder} is a file, where a folder of the results tree goes")

@@ -17,7 +17,7 @@ from typing import Any
 from rich.progress import ProgressColumn, Task
 from rich.text import Text
 
-from synthbench.runner import Unit
+from synthbench.run.runner import Unit
 
 
 class Eta:
@@ -84,6 +84,25 @@ def clock_text(seconds: float | None) -> str:
         return "-:--:--"
     seconds = int(round(seconds))
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class RunningColumn(ProgressColumn):
+    """What is training now, from the first second: ``now copy softmax seed 0 lr 0.001``,
+    the earliest started first, and how many more run beside it."""
+
+    def __init__(self, eta: Eta) -> None:
+        super().__init__()
+        self.eta = eta
+
+    def render(self, task: Task) -> Text:
+        running = [unit for unit, _ in sorted(self.eta.running.values(), key=lambda r: r[1])]
+        if not running:
+            return Text("")
+        first = running[0]
+        spec = first.spec
+        more = f" (+{len(running) - 1} more)" if len(running) > 1 else ""
+        text = f"now {spec.task} {spec.mechanism} seed {spec.seed} lr {first.lr:g}{more}"
+        return Text(text, style="progress.description", no_wrap=True, overflow="ellipsis")
 
 
 class EtaColumn(ProgressColumn):

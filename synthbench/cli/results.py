@@ -1,4 +1,5 @@
-"""``synthbench results`` and ``synthbench report``: reading the stored rows back."""
+"""``synthbench results``, ``report`` and ``migrate``: reading the stored rows back, and
+moving an older tree's files into the current layout."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ from typing import Annotated
 import pandas as pd
 import typer
 
-from synthbench import reference as shipped
-from synthbench.atomic import write_atomically
 from synthbench.cli.common import (
     PluginOption,
     ResultsOption,
@@ -30,19 +29,22 @@ from synthbench.cli.common import (
     warn,
     write_stdout,
 )
-from synthbench.mechanism import MECHANISMS
-from synthbench.protocols import PROTOCOLS
-from synthbench.publish import FORMATS, write_reports
-from synthbench.report import (
+from synthbench.core.atomic import write_atomically
+from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.task import TASKS
+from synthbench.core.text import plural
+from synthbench.report import reference as shipped
+from synthbench.report.aggregate import (
     DEFAULT_METRIC,
     JSON_COLUMNS,
     METRICS,
     latest_versions,
     metric_values,
 )
-from synthbench.store import LEAKY, RESULT_STATUSES
-from synthbench.task import TASKS
-from synthbench.text import plural
+from synthbench.report.publish import FORMATS, write_reports
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.schema import LEAKY, RESULT_STATUSES
+from synthbench.run.store import ResultStore
 
 STATUSES = (*sorted(RESULT_STATUSES), "error", LEAKY)  # what a training stores
 
@@ -55,7 +57,7 @@ def results_command(
         str | None, typer.Option(help="Comma-separated statuses: ok, diverged, error, leaky.")
     ] = None,
     all_lrs: Annotated[
-        bool, typer.Option(help="Every lr's row, not only the selected one.")
+        bool, typer.Option("--all-lrs", help="Every lr's row, not only the selected one.")
     ] = False,
     csv: Annotated[
         Path | None,
@@ -194,7 +196,7 @@ def report_command(
     for name, versions in left_out.items():
         old = ", ".join(f"v{v}" for v in versions)
         warn(f"protocol {name}: rows of older versions ({old}) left out; reporting the newest")
-    if reference:  # synthbench/reference.py: marked, so never taken for the user's own
+    if reference:  # synthbench/report/reference.py: marked, so never taken for the user's own
         rows, added, problem = shipped.for_report(rows, tasks, mechs)
         if problem is not None:
             warn(problem)
@@ -211,6 +213,21 @@ def report_command(
     summary = [p for p in written if p.name == "summary.md"]
     for path in summary:
         out.print(f"\n{path.parent}:\n{path.read_text()}", highlight=False, markup=False)
+
+
+def migrate_command(results: ResultsOption = Path("results")) -> None:
+    """Move the files of a tree written before schema 6 under protocol=<name>/ folders (a
+    rename each: the files themselves are unchanged)."""
+    if not results.is_dir():
+        raise UsageError(f"no results under {results}/: the folder does not exist")
+    check_writable_folder(results, "--results")
+    done = ResultStore(results).migrate()
+    for path, why in done.left:
+        warn(f"left {path} where it is: {why}")
+    protocols = sorted({new.parts[-4] for _, new in done.moved})
+    where = f" ({', '.join(protocols)})" if protocols else ""
+    left = f"; {len(done.left)} left where they are" if done.left else ""
+    out.print(f"moved {plural(len(done.moved), 'file')}{where}{left}", highlight=False)
 
 
 def _to_json(rows: pd.DataFrame) -> str:

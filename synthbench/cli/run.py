@@ -10,8 +10,6 @@ import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from synthbench import grid, runner
-from synthbench.check import leak_guard
 from synthbench.cli.common import (
     STDOUT,
     DeviceOption,
@@ -29,17 +27,21 @@ from synthbench.cli.common import (
     split,
     warn,
 )
-from synthbench.cli.progress import Eta, EtaColumn
-from synthbench.devices import default_jobs, resolve_device, worker_devices
-from synthbench.executors import EXECUTORS, InProcess, LocalPool, RayPool
-from synthbench.grid import load_sweep_file
-from synthbench.limits import MAX_SEEDS, check_runs
-from synthbench.params import parse_assignments
-from synthbench.protocols import PROTOCOLS
-from synthbench.runner import Unit, run_status
-from synthbench.spec import MAX_THREADS, RunSpec
-from synthbench.store import LEAKY, ResultStore
-from synthbench.text import plural
+from synthbench.cli.progress import Eta, EtaColumn, RunningColumn
+from synthbench.core.params import parse_assignments
+from synthbench.core.text import plural
+from synthbench.integrity.guard import leak_guard
+from synthbench.run import grid, runner
+from synthbench.run.devices import default_jobs, resolve_device, worker_devices
+from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
+from synthbench.run.grid import load_sweep_file
+from synthbench.run.limits import MAX_SEEDS, check_runs
+from synthbench.run.lr_selection import run_status
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.runner import Unit
+from synthbench.run.schema import LEAKY
+from synthbench.run.spec import MAX_THREADS, RunSpec
+from synthbench.run.store import ResultStore
 
 # the options of how runs execute, shared by `run` and `sweep`
 JobsOption = Annotated[
@@ -69,7 +71,7 @@ CpusPerRunOption = Annotated[
 GpusPerRunOption = Annotated[
     float, typer.Option(help="Ray: GPUs a training asks for (a fraction shares one).")
 ]
-ForceOption = Annotated[bool, typer.Option(help="Run again even if already stored.")]
+ForceOption = Annotated[bool, typer.Option("--force", help="Run again even if already stored.")]
 
 
 def run_command(
@@ -278,7 +280,7 @@ def run_grid(
     )
     check_run_paths(ResultStore(results), specs)  # before any training: where files go
     check_runs(specs, dev)  # sequence lengths, the memory a run needs
-    refusal = leak_guard(specs, ResultStore(results), dev)  # causality: synthbench/check.py
+    refusal = leak_guard(specs, ResultStore(results), dev)  # synthbench/integrity/guard.py
     if refusal:  # a mechanism that sees later positions never trains; its runs say leaky
         raise fail(refusal, 1)
 
@@ -294,9 +296,12 @@ def run_grid(
     where = f"device {dev}" if dev is not None else f"Ray at {ray_address or 'a local instance'}"
     view = RunView(specs, results, where, bool(pos is not None or pos_params))
     try:
-        outcome = runner.execute(
-            specs, ResultStore(results), make_executor, force=force, events=view
-        )
+        try:
+            outcome = runner.execute(
+                specs, ResultStore(results), make_executor, force=force, events=view
+            )
+        finally:
+            view.close()  # the bar ends its line: a message below starts on a line of its own
     except KeyboardInterrupt:
         raise fail(
             "interrupted; finished trainings are stored, run the same command to resume", 130
@@ -311,8 +316,6 @@ def run_grid(
             "run the same command to resume",
             1,
         ) from None
-    finally:
-        view.close()
     summary = ", ".join(f"{n} {s}" for s, n in sorted(outcome.statuses.items())) or "nothing new"
     if outcome.claimed:  # another command computes them; the same command later does the rest
         summary += f"; {outcome.claimed} skipped: claimed by another command"
@@ -360,10 +363,16 @@ class RunView(runner.Events):
             pos_note = f", pos {first.protocol.pos}" + (f" ({params})" if params else "")
         workers = f", {capacity} at once" if capacity > 1 else ""
         n_points = len({(s.task, s.mechanism, grid.point_label(s, self.varying)) for s in specs})
-        points = f" x {n_points // (tasks * mechs)} grid points" if self.varying else ""
+        per_cell = n_points // (tasks * mechs)
+        parts = [plural(tasks, "task"), plural(mechs, "mechanism")]
+        parts += [plural(per_cell, "grid point")] if self.varying else []
+        parts.append(plural(seeds, "seed"))
+        if tasks * mechs * per_cell * seeds == runs and n_points == tasks * mechs * per_cell:
+            shape = " x ".join(parts)  # every combination: the counts multiply to the runs
+        else:  # a sample (reproduce), or grids of other sizes: what the runs span
+            shape = "over " + ", ".join(parts)
         out.print(
-            f"{plural(runs, 'run')} ({plural(tasks, 'task')} x {plural(mechs, 'mechanism')}"
-            f"{points} x {plural(seeds, 'seed')}, protocol "
+            f"{plural(runs, 'run')} ({shape}, protocol "
             f"{first.protocol.name}{pos_note}, {self.where}, {plural(first.threads, 'thread')} per "
             f"training{workers}); {stored} already stored, {runs - stored} to run "
             f"({plural(len(units), 'training')}) -> {self.results}/",
@@ -379,6 +388,7 @@ class RunView(runner.Events):
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             EtaColumn(self.eta),
+            RunningColumn(self.eta),
             console=out,
         )
         self.progress.start()

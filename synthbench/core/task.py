@@ -1,0 +1,305 @@
+"""The task interface: a parameter dataclass, a vectorised generator and a causal oracle.
+
+Every task lays its sequences out for a causal model as ``prompt SEP answer``. A generator
+builds whole sequences ``S`` of length ``T`` plus a mask of the answer tokens; the model
+reads ``inputs = S[:, :-1]`` and at every position predicts the next token, so
+``targets[:, i] = S[:, i + 1]`` where ``S[:, i + 1]`` is an answer token and ``IGNORE``
+elsewhere (teacher forcing, loss on answer positions only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from synthbench.core.params import REQUIRED, resolve_params
+from synthbench.core.registry import Registry
+
+CATEGORIES = ("Basic", "Arithmetic", "Long-Range", "Memory", "Patterns", "Reasoning", "Robustness")
+IGNORE = -100  # the target outside answer positions (torch's cross-entropy ignore_index)
+
+TASKS: Registry[type[Task]] = Registry(
+    "task",
+    entry_point_group="synthbench.tasks",
+    builtins="synthbench.tasks",
+    required=("category", "description"),
+    choices={"category": CATEGORIES},
+)
+
+
+@dataclass
+class Batch:
+    inputs: torch.Tensor  # (n, L) int64 token ids
+    targets: torch.Tensor  # (n, L) int64: next-token labels at answer positions, IGNORE elsewhere
+
+    @property
+    def answer_mask(self) -> torch.Tensor:
+        return self.targets != IGNORE
+
+    def to(self, device: torch.device | str) -> Batch:
+        return Batch(self.inputs.to(device), self.targets.to(device))
+
+
+@dataclass(frozen=True)
+class ShortcutRule:
+    """A rule that answers without the computation a task tests (``Task.shortcut_rules``):
+    ``predict(inputs)`` gives a token at every position of the (n, L) inputs, each from its
+    causal prefix ``inputs[:, : i + 1]``; ``synthbench audit`` scores it at the answers."""
+
+    name: str
+    description: str
+    predict: Callable[[torch.Tensor], torch.Tensor]
+
+
+def teacher_forced(sequences: torch.Tensor, answer_mask: torch.Tensor) -> Batch:
+    """Turn full sequences (n, T) and their answer-token mask (n, T) into a Batch of length T-1."""
+    targets = sequences[:, 1:].masked_fill(~answer_mask[:, 1:], IGNORE)
+    return Batch(sequences[:, :-1].contiguous(), targets.contiguous())
+
+
+def batch_from_parts(
+    prompt: Sequence[torch.Tensor | int],
+    answer: Sequence[torch.Tensor | int],
+    device: torch.device | str,
+    answer_mask: torch.Tensor | None = None,
+) -> Batch:
+    """The teacher-forced Batch of the sequences ``prompt answer``, moved to ``device``.
+
+    Each part is an (n, k) tensor of tokens, or an int: a column of that token (SEP, say).
+    The parts are joined in order; the tokens of the answer parts are the answers, or only
+    those where ``answer_mask`` (broadcast over the answer parts) holds.
+    """
+    parts = [*prompt, *answer]
+    tensor = next(part for part in parts if isinstance(part, torch.Tensor))  # rows, device
+    columns = [
+        torch.full((len(tensor), 1), part, dtype=torch.long, device=tensor.device)
+        if isinstance(part, int)
+        else part
+        for part in parts
+    ]
+    sequences = torch.cat(columns, dim=1)
+    prompt_len = sum(column.shape[1] for column in columns[: len(prompt)])
+    mask = torch.zeros_like(sequences, dtype=torch.bool)
+    mask[:, prompt_len:] = True if answer_mask is None else answer_mask
+    return teacher_forced(sequences, mask).to(device)
+
+
+def answered_pairs(given: torch.Tensor, answers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``g_1 a_1 .. g_m a_m`` from (n, m) given tokens and their answers, and the (2m) mask
+    that marks the answers (for ``batch_from_parts``'s ``answer_mask``)."""
+    pairs = torch.stack([given, answers], dim=2).flatten(1)
+    return pairs, torch.arange(pairs.shape[1], device=pairs.device) % 2 == 1
+
+
+def pair_places(n: int, length: int, count: int, generator: torch.Generator) -> torch.Tensor:
+    """(n, count) sorted places p in [0, length - 2], at least 2 apart, uniformly at random:
+    where ``count`` token pairs (p, p + 1) go without overlapping. Distinct sorted s_j drawn
+    from [0, length - count), spread to s_j + j."""
+    dev = generator.device
+    slots = torch.rand(n, length - count, generator=generator, device=dev).argsort(dim=1)
+    return slots[:, :count].sort(dim=1).values + torch.arange(count, device=dev)
+
+
+def targets_at(
+    inputs: torch.Tensor, columns: int | slice | torch.Tensor, answers: torch.Tensor
+) -> torch.Tensor:
+    """An oracle's targets for ``inputs``: ``answers`` at ``columns`` (an index, a slice or a
+    tensor of indices, the same in every row), IGNORE elsewhere."""
+    targets = torch.full_like(inputs, IGNORE)
+    targets[:, columns] = answers
+    return targets
+
+
+def require_at_least(task: str, params: Any, **minimum: int) -> None:
+    """Raise a one-line ``ValueError`` naming ``task`` unless every knob of ``params`` is at
+    least its minimum: ``require_at_least("copy", self, n=1, vocab=2)`` raises "copy needs
+    n >= 1 and vocab >= 2, got n=0, vocab=32" for n = 0."""
+    if all(getattr(params, knob) >= low for knob, low in minimum.items()):
+        return
+    needs = [f"{knob} >= {low}" for knob, low in minimum.items()]
+    needs_text = f"{', '.join(needs[:-1])} and {needs[-1]}" if len(needs) > 1 else needs[0]
+    got = ", ".join(f"{knob}={getattr(params, knob)}" for knob in minimum)
+    raise ValueError(f"{task} needs {needs_text}, got {got}")
+
+
+class Task:
+    """Base class of a task generator.
+
+    Subclasses set ``Params`` (a frozen dataclass with defaults; ``__post_init__`` raises
+    ``ValueError`` on invalid values, ``require_at_least`` covers the plain lower bounds),
+    optionally ``difficulties`` (preset name -> parameter overrides) and ``special_tokens``,
+    and implement ``vocab_size``, ``seq_len``, ``generate`` and ``solve``. ``harder`` maps
+    each numeric knob (int or float, not bool) to the direction that makes the task harder,
+    ``"larger"`` or ``"smaller"``: the frontier report orders a sweep's values by it.
+    """
+
+    Params: ClassVar[type]
+    difficulties: ClassVar[dict[str, dict[str, Any]]] = {}
+    # knob -> "larger" or "smaller": the direction of a numeric parameter that makes the
+    # task harder (``harder_direction``; ``check_harder`` validates it)
+    harder: ClassVar[dict[str, str]] = {}
+    # The integer parameter that sets the sequence length; ``--eval-length-mult`` scales it
+    # to test length generalisation. None when the task has no length knob. Token ids whose
+    # count depends on it (number tokens) come last, so a longer task keeps every id of the
+    # shorter one with the same meaning.
+    length_param: ClassVar[str | None] = None
+
+    def __init__(self, **overrides: Any) -> None:
+        defaults = {
+            f.name: REQUIRED if f.default is dataclasses.MISSING else f.default
+            for f in dataclasses.fields(self.Params)
+        }
+        params = resolve_params(f"task {TASKS.name_of(type(self))}", defaults, overrides)
+        self.params = self.Params(**params)
+
+    @classmethod
+    def presets(cls) -> tuple[str, ...]:
+        """The difficulty presets: ``default`` and the task's own."""
+        return ("default", *cls.difficulties)
+
+    @classmethod
+    def harder_direction(cls, knob: str) -> str | None:
+        """The direction of ``knob`` that makes the task harder, ``"larger"`` or
+        ``"smaller"``; None where the task declares none. A name that is not one of the
+        task's parameters raises ``ValueError``."""
+        knobs = [f.name for f in dataclasses.fields(cls.Params)]
+        if knob not in knobs:
+            raise ValueError(
+                f"task {TASKS.name_of(cls)} has no parameter {knob!r} (knobs: {', '.join(knobs)})"
+            )
+        return cls.harder.get(knob)
+
+    @classmethod
+    def from_difficulty(cls, difficulty: str = "default", **overrides: Any) -> Task:
+        if difficulty not in cls.presets():
+            presets = ", ".join(cls.presets())
+            raise ValueError(f"unknown difficulty {difficulty!r} (presets: {presets})")
+        return cls(**{**cls.difficulties.get(difficulty, {}), **overrides})
+
+    def at_length(self, mult: float) -> Task:
+        """The same task with its length knob scaled by ``mult`` (rounded to an integer)."""
+        if self.length_param is None:
+            raise ValueError(f"task {type(self).__name__} has no length parameter")
+        length = getattr(self.params, self.length_param)
+        return type(self)(**{**self.param_dict(), self.length_param: round(length * mult)})
+
+    def param_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self.params)
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        """The special tokens, name -> id (``{"SEP": vocab}``, say); ``token_name`` shows
+        them by name and ``sep`` is the one named SEP."""
+        return {}
+
+    @property
+    def sep(self) -> int:
+        """The id of the separator, the special token named SEP."""
+        if "SEP" not in self.special_tokens:
+            raise AttributeError(f"task {type(self).__name__} has no SEP token")
+        return self.special_tokens["SEP"]
+
+    @property
+    def vocab_size(self) -> int:
+        """Exact number of token ids the task uses (data tokens and special tokens)."""
+        raise NotImplementedError
+
+    @property
+    def seq_len(self) -> int:
+        """Length L of ``Batch.inputs``."""
+        raise NotImplementedError
+
+    def generate(self, n: int, generator: torch.Generator, device: str = "cpu") -> Batch:
+        """``n`` examples drawn with ``generator`` only (never the global RNG), no Python
+        loop over examples."""
+        raise NotImplementedError
+
+    def solve(self, inputs: torch.Tensor) -> torch.Tensor:
+        """Oracle: the targets of ``inputs``, each computed from its causal prefix
+        ``inputs[:, : i + 1]`` alone; IGNORE outside answer positions."""
+        raise NotImplementedError
+
+    @property
+    def target_metric(self) -> str:
+        """The metric a report compares on: ``token_acc`` (teacher forced), or, for a layout
+        that is a chain of steps (a walk, a running state), ``free_token_acc``: the answers
+        generated free-running, so a chain is only solved where the model can produce it."""
+        return "token_acc"
+
+    def shortcut_rules(self) -> Sequence[ShortcutRule]:
+        """The task's own shortcut rules, which ``synthbench audit`` scores beside its
+        generic count-table baselines (synthbench/integrity/audit.py): rules a model could follow to
+        answer without the computation the task tests. None by default."""
+        return ()
+
+    def token_name(self, token: int) -> str:
+        """How a token is shown to a person: a special token by its name, any other by its
+        id (a task with more named tokens, number tokens say, extends this)."""
+        for name, special in self.special_tokens.items():
+            if token == special:
+                return name
+        return str(token)
+
+
+def check_harder(cls: type[Task]) -> None:
+    """Raise a one-line ``ValueError`` naming the task unless every key of ``cls.harder``
+    is a non-bool field of ``cls.Params`` and every value ``"larger"`` or ``"smaller"``."""
+    name = TASKS.name_of(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls.Params)}
+    for knob, direction in cls.harder.items():
+        if knob not in fields:
+            raise ValueError(
+                f"task {name} declares a harder direction for {knob!r}, which is not one of "
+                f"its parameters ({', '.join(fields)})"
+            )
+        if fields[knob].type in (bool, "bool"):
+            raise ValueError(f"task {name}: {knob} is a bool, it has no harder direction")
+        if direction not in ("larger", "smaller"):
+            raise ValueError(
+                f"task {name}: the harder direction of {knob} must be 'larger' or 'smaller', "
+                f"not {direction!r}"
+            )
+
+
+class SepTask(Task):
+    """A task whose data tokens are 0..vocab-1 (``Params.vocab``) followed by one special
+    token, SEP = vocab. A task with more ids (number tokens, say) extends ``vocab_size``."""
+
+    @property
+    def special_tokens(self) -> dict[str, int]:
+        return {"SEP": self.params.vocab}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.params.vocab + 1
+
+
+def markdown_table() -> str:
+    """The built-in tasks at their defaults, by category (docs/TASKS.md embeds this; a test
+    checks it)."""
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    entries = sorted(TASKS.entries(), key=lambda e: (order[e.metadata["category"]], e.name))
+    lines = [
+        "| category | task | what the answer is | defaults | input length | vocab | "
+        "length knob | presets |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        if e.source != "builtin":
+            continue
+        task = e.obj()
+        defaults = ", ".join(f"{k} {v}" for k, v in task.param_dict().items())
+        presets = "; ".join(
+            f"{name}: " + ", ".join(f"{k} {v}" for k, v in overrides.items())
+            for name, overrides in e.obj.difficulties.items()
+        )
+        lines.append(
+            f"| {e.metadata['category']} | {e.name} | {e.metadata['description']} | "
+            f"{defaults} | {task.seq_len} | {task.vocab_size} | {e.obj.length_param or '-'} | "
+            f"{presets} |"
+        )
+    return "\n".join(lines) + "\n"

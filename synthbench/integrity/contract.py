@@ -1,0 +1,208 @@
+"""The rest of a mechanism's contract (``synthbench check``): what a fair comparison needs
+beyond causality (synthbench/integrity/causality.py), which ``check_mechanism`` runs first.
+
+- **dtypes**: float32 and bfloat16 inputs (the parameters as built) give an output of the
+  input's dtype, finite: the model's output projection takes it as it is, and every built-in
+  computes in at least float32 inside and hands back the input's dtype (``compute_dtype``).
+- **large-inputs**: outputs and gradients (q, k, v and parameters) finite in float32 for inputs
+  scaled by ``LARGE_INPUT_SCALE`` (every built-in survives x1000).
+- **determinism**: torch.manual_seed before construction and before the call gives a
+  bit-identical output twice, in training and evaluation mode.
+- **state-size** (optional member): ``state_size(L)`` is an int >= 0 that never shrinks as L
+  grows, and does not grow at all for a mechanism registered with ``complexity="linear"``.
+  A mechanism without it passes, and reports show its state as unknown.
+- **recurrent** (only for a mechanism with a recurrent form, ``step``:
+  synthbench/core/mechanism.py): token by token it gives the causal ``forward``'s outputs, in
+  float64, within ``RECURRENT_TOLERANCE`` of the output's scale, at ``RECURRENT_LENGTHS`` and
+  the shortest length given.
+
+Every check leaves torch's global random state as it found it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import torch
+
+from synthbench.core.mechanism import MECHANISMS, extra_inputs, recurrent_forward
+from synthbench.core.task import TASKS
+from synthbench.integrity.causality import (
+    MODES,
+    SEED,
+    CheckResult,
+    Subject,
+    call,
+    check_leaks,
+    dtype_name,
+    failure,
+    first_failure,
+    layout_problem,
+    own_random_state,
+    set_mode,
+)
+from synthbench.run.protocols import PROTOCOLS
+
+LARGE_INPUT_SCALE = 100.0
+RECURRENT_LENGTHS = (1, 5, 37)  # with the shortest suite length: several chunk remainders
+RECURRENT_TOLERANCE = 1e-9  # of the output's scale, in float64
+
+
+def suite_lengths() -> list[int]:
+    """Every sequence length a registered task has at one of its presets, or with the task
+    parameters a protocol pins: the lengths the suite trains and evaluates at."""
+    lengths = set()
+    for name in TASKS.names():
+        cls = TASKS.get(name)
+        lengths |= {cls.from_difficulty(preset).seq_len for preset in cls.presets()}
+        for protocol in PROTOCOLS.names():
+            pinned = PROTOCOLS.get(protocol).pinned_task_params(name)
+            if pinned:
+                lengths.add(cls(**pinned).seq_len)
+    return sorted(lengths)
+
+
+def check_dtypes(subject: Subject, length: int) -> CheckResult:
+    def probe(dtype: torch.dtype) -> str | None:
+        inputs = subject.inputs(length, dtype)
+        with torch.no_grad():
+            out = call(subject.build(length), inputs)
+        problem = layout_problem(out, inputs[0])
+        if problem is None and not torch.isfinite(out).all():
+            problem = "non-finite output"
+        return problem
+
+    cases = (
+        (f"{dtype_name(dtype)}, length {length}", functools.partial(probe, dtype))
+        for dtype in (torch.float32, torch.bfloat16)
+    )
+    return first_failure("dtypes", cases) or CheckResult(
+        "dtypes", True, f"float32 -> float32, bfloat16 -> bfloat16, finite (length {length})"
+    )
+
+
+def check_large_inputs(subject: Subject, length: int) -> CheckResult:
+    name = "large-inputs"
+    where = f"float32, inputs x{LARGE_INPUT_SCALE:g}, length {length}"
+    try:
+        mechanism = subject.build(length)
+        inputs = [
+            x.requires_grad_()
+            for x in subject.inputs(length, torch.float32, scale=LARGE_INPUT_SCALE)
+        ]
+        out = call(mechanism, inputs)
+        if not torch.isfinite(out).all():
+            return CheckResult(name, False, f"non-finite output ({where})")
+        wrt = [*inputs, *(p for p in mechanism.parameters() if p.requires_grad)]
+        if out.requires_grad:
+            probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(SEED))
+            grads = torch.autograd.grad(
+                out, wrt, probe.to(out), allow_unused=True, materialize_grads=True
+            )
+            if not all(torch.isfinite(g).all() for g in grads):
+                return CheckResult(name, False, f"non-finite gradient ({where})")
+    except Exception as exc:
+        return failure(name, exc, where)
+    return CheckResult(name, True, f"finite outputs and gradients ({where})")
+
+
+def check_determinism(subject: Subject, length: int) -> CheckResult:
+    name = "determinism"
+    for mode in MODES:
+        where = f"float32, {mode} mode, length {length}"
+        try:
+            outs = []
+            for _ in range(2):
+                mechanism = set_mode(subject.build(length), mode)
+                with torch.no_grad():
+                    outs.append(call(mechanism, subject.inputs(length, torch.float32)))
+            first, second = outs
+            if not _bit_identical(first, second):
+                return CheckResult(name, False, f"two calls from one seed differ ({where})")
+        except Exception as exc:
+            return failure(name, exc, where)
+    return CheckResult(name, True, f"bit-identical twice from one seed (train and eval, "
+                                   f"length {length})")  # fmt: skip
+
+
+def _bit_identical(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    bits = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.contiguous().view(bits), b.contiguous().view(bits))
+
+
+def check_state_size(subject: Subject, lengths: Sequence[int]) -> CheckResult:
+    """At the given lengths and twice the longest (so that one length still shows growth)."""
+    name = "state-size"
+    points = sorted({*lengths, 2 * max(lengths)})
+    complexity = MECHANISMS.entry(subject.name).metadata["complexity"]
+    try:
+        mechanism = subject.build(points[-1])
+        if not callable(getattr(mechanism, "state_size", None)):
+            return CheckResult(name, True, "not declared (optional: reports show the state "
+                                           "as unknown)")  # fmt: skip
+        sizes = [mechanism.state_size(length) for length in points]
+    except Exception as exc:
+        return failure(name, exc, "state_size")
+    for length, size in zip(points, sizes, strict=True):
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            return CheckResult(name, False, f"state_size({length}) = {size!r}, not an int >= 0")
+    if any(b < a for a, b in zip(sizes, sizes[1:], strict=False)):
+        return CheckResult(name, False, f"state_size shrinks as the length grows: {sizes}")
+    span = f"L {points[0]}..{points[-1]}"
+    if sizes[0] == sizes[-1]:
+        return CheckResult(name, True, f"{sizes[0]:,} numbers per head at every L ({span})")
+    if complexity == "linear":
+        return CheckResult(
+            name, False, f"registered complexity linear, but state_size grows from "
+            f"{sizes[0]:,} to {sizes[-1]:,} ({span})"
+        )  # fmt: skip
+    return CheckResult(name, True, f"{sizes[0]:,} to {sizes[-1]:,} numbers per head ({span}; "
+                                   f"complexity {complexity})")  # fmt: skip
+
+
+def check_mechanism(subject: Subject, lengths: Sequence[int]) -> list[CheckResult]:
+    """Every check (``synthbench check``); the single-length ones at the longest length."""
+    lengths = sorted(set(lengths))
+    longest = lengths[-1]
+    results = check_leaks(subject, lengths)
+    with own_random_state(subject.device):
+        return [
+            *results,
+            check_dtypes(subject, longest),
+            check_large_inputs(subject, longest),
+            check_determinism(subject, longest),
+            check_state_size(subject, lengths),
+            *([check_recurrent(subject, lengths)] if subject.has_recurrent_form() else []),
+        ]
+
+
+def check_recurrent(subject: Subject, lengths: Sequence[int]) -> CheckResult:
+    """A mechanism with a recurrent form (``step``): token by token it gives the causal
+    ``forward``'s outputs, in float64, in evaluation mode."""
+    name = "recurrent"
+    checked = sorted({*RECURRENT_LENGTHS, min(lengths)})
+
+    def probe(length: int) -> str | None:
+        mechanism = subject.build(length).to(torch.float64).eval()
+        inputs = subject.inputs(length, torch.float64)
+        with torch.no_grad():
+            parallel = call(mechanism, inputs)
+            torch.manual_seed(SEED)
+            q, k, v, *rest = inputs
+            stepped = recurrent_forward(
+                mechanism, q, k, v, **dict(zip(extra_inputs(mechanism), rest, strict=True))
+            )
+        scale = max(float(parallel.abs().max()), 1.0)
+        error = float((stepped - parallel).abs().max())
+        if not error <= RECURRENT_TOLERANCE * scale:  # a NaN fails too
+            return f"step by step differs from forward by {error:.2g} (output scale {scale:.2g})"
+        return None
+
+    cases = ((f"float64, length {n}", functools.partial(probe, n)) for n in checked)
+    return first_failure(name, cases) or CheckResult(
+        name, True, f"step-by-step outputs equal forward's (float64; lengths "
+        f"{', '.join(map(str, checked))})"
+    )  # fmt: skip

@@ -1,0 +1,402 @@
+"""The stored rows a report is built from: variants labelled, metrics chosen, runs selected,
+seeds aggregated.
+
+A run counts by the row it selected (its best lr on the validation set, synthbench/run/
+lr_selection.py): ``selected_runs`` gives one value per run, ``aggregate`` the mean and
+spread over seeds per (protocol, task, mechanism). Rows that differ in a parameter are
+labelled as variants (``label_variants``), never averaged together.
+
+Raw accuracy is what the full and per-category tables show; the category averages (and the
+leaderboard and heatmap built from the same runs) show the chance-normalised score
+(accuracy - chance) / (1 - chance), so that a task whose best constant answer already scores
+0.5 does not weigh more than one where it scores 0.01.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import numpy as np
+import pandas as pd
+
+from synthbench.core.task import TASKS
+from synthbench.run.grid import protocol_changes
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.schema import LEAKY
+
+# target: per row, the metric its task is scored by (token_acc, or free_token_acc for a chain
+# of steps); long_*: the test set at --eval-length-mult times the trained length
+METRICS = (
+    "target",
+    "token_acc",
+    "exact_match",
+    "free_token_acc",
+    "long_token_acc",
+    "long_exact_match",
+)
+DEFAULT_METRIC = "target"
+# The stored chance each metric is normalised by. The audit measures chance at the trained
+# length only, so the long_* metrics have none and stay raw.
+CHANCE_COLUMN = {
+    "target": "chance_token_acc",
+    "token_acc": "chance_token_acc",
+    "free_token_acc": "chance_token_acc",
+    "exact_match": "chance_exact_match",
+}
+
+
+# -- rows -> one value per run --------------------------------------------------------------
+
+
+def _label_variants(rows: pd.DataFrame, column: str, sources: list[str], params) -> pd.DataFrame:
+    """Rename the rows of each ``column`` value that holds several parameter sets to
+    ``name (k=v, ...)``, with the keys in which its variants differ. ``params(values)`` maps a
+    row's ``sources`` values to its parameter dict and the keys to show even when there is a
+    single variant; it runs once per distinct combination, not per row."""
+    sources = [c for c in sources if c in rows]
+    keys = rows[[column, *sources]].astype(str)
+    combos = keys.drop_duplicates()
+    parsed = {tuple(c): params(dict(zip(sources, c[1:], strict=True))) for c in combos.values}
+    labels = {}
+    for name, part in combos.groupby(column):
+        found = {tuple(c): parsed[tuple(c)] for c in part.values}
+        distinct = {json.dumps(p, sort_keys=True, default=str): p for p, _ in found.values()}
+        names = sorted(set().union(*distinct.values()))
+        # a key differs when the variants that have it disagree on it (a rotation's
+        # rotate_fraction, say, is absent from a learned-position variant: not a difference)
+        differing = {k for k in names if len({repr(p[k]) for p in distinct.values() if k in p}) > 1}
+        for combo, (variant, shown) in found.items():
+            label = ", ".join(
+                f"{k}={variant[k]}" for k in names if k in variant and k in differing | shown
+            )
+            labels[combo] = f"{name} ({label})" if label else name
+    rows[column] = [labels[tuple(c)] for c in keys.values]
+    return rows
+
+
+def _task_variant(values: dict) -> tuple[dict, set]:
+    params = json.loads(_text_or(values.get("task_params"), "{}"))
+    return params | _plugin_code(json.loads(_text_or(values.get("config"), "{}")), "task"), set()
+
+
+def _plugin_code(config: dict, kind: str) -> dict:
+    """{"code": hash} of a plugin task or mechanism (spec.RunSpec.plugin_code): runs of its
+    code before and after an edit are separate variants, never seeds of one."""
+    code = config.get("plugin_code", {}).get(kind)
+    return {} if code is None else {"code": code}
+
+
+def _text_or(value: str | None, default: str) -> str:
+    """``value``, or ``default`` for a null one (None, NaN, or that as text)."""
+    return default if not isinstance(value, str) or value in ("None", "nan", "") else value
+
+
+JSON_COLUMNS = ("task_params", "mechanism_params", "config")  # JSON objects, or null
+
+
+def malformed_json(rows: pd.DataFrame) -> pd.Series:
+    """Per row, the first of its ``JSON_COLUMNS`` that is not a JSON object (None where
+    every one is): the reports parse them, so such a row (a file edited by hand) is left out
+    by the caller, which knows the file."""
+    found = pd.Series(None, index=rows.index, dtype=object)
+    for column in (c for c in JSON_COLUMNS if c in rows):
+        bad = set()
+        for value in rows[column].dropna().unique():
+            try:
+                if not isinstance(json.loads(_text_or(value, "{}")), dict):
+                    bad.add(value)
+            except (TypeError, ValueError):
+                bad.add(value)
+        found[found.isna() & rows[column].isin(bad)] = column
+    return found
+
+
+def _preset_pos(protocol: str) -> str | None:
+    return PROTOCOLS.get(protocol).pos if protocol in PROTOCOLS else None
+
+
+def _mechanism_variant(values: dict) -> tuple[dict, set]:
+    """Mechanism parameters plus the positional encoding, which is always shown when it is
+    not the protocol's own (``run --pos``)."""
+    params = json.loads(_text_or(values.get("mechanism_params"), "{}"))
+    config = json.loads(_text_or(values.get("config"), "{}"))
+    params |= _plugin_code(config, "mechanism")
+    # the protocol fields a grid set (run --protocol-param d_model=32,64), in every row of
+    # that protocol (label_variants): always shown
+    changed = json.loads(_text_or(values.get(GRID_FIELDS), "{}"))
+    params |= changed
+    pos = config.get("protocol", {}).get("pos")
+    if pos is None:
+        return params, set(changed)
+    params["pos"] = pos
+    params |= config.get("pos_params", {})  # a rotation's own (rotate_fraction, base, ...)
+    return params, set(changed) | ({"pos"} if pos != _preset_pos(values["protocol"]) else set())
+
+
+def prepare_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows as every report reads them: what older schemas lack filled from the registry
+    (under the tasks' registered names, so before labelling), then variants labelled."""
+    return label_variants(fill_from_registry(rows)) if len(rows) else rows
+
+
+GRID_FIELDS = "_grid_fields"  # a column of label_variants' own
+
+
+def _grid_fields(rows: pd.DataFrame) -> pd.Series:
+    """Per row, as JSON, its values of the protocol fields that a grid changed in any row of
+    the same protocol and version: d_model=64 beside the d_model=32 of a width sweep."""
+    configs = [json.loads(_text_or(c, "{}")).get("protocol", {}) for c in rows["config"]]
+    names = list(rows["protocol"])
+    changed: dict[tuple, set] = {}
+    for name, config in zip(names, configs, strict=True):
+        key = (name, config.get("version"))
+        changed.setdefault(key, set()).update(protocol_changes(name, config))
+    return pd.Series(
+        [
+            json.dumps({f: c[f] for f in sorted(changed[(n, c.get("version"))]) if f in c})
+            for n, c in zip(names, configs, strict=True)
+        ],
+        index=rows.index,
+    )
+
+
+def label_variants(rows: pd.DataFrame) -> pd.DataFrame:
+    """A task or mechanism run with several parameter sets (or positional encodings, or
+    widths of a grid) becomes separate table rows, e.g. ``multihop (hops=1)``,
+    ``softmax (pos=rope)`` or ``softmax (d_model=32)``."""
+    if rows.empty:
+        return rows
+    rows = rows.copy()
+    if "task_params" in rows:
+        rows = _label_variants(rows, "task", ["task_params", "config"], _task_variant)
+    if "mechanism_params" in rows or "config" in rows:
+        if "config" in rows and "protocol" in rows:
+            rows[GRID_FIELDS] = _grid_fields(rows)
+        sources = ["mechanism_params", "config", "protocol", GRID_FIELDS]
+        rows = _label_variants(rows, "mechanism", sources, _mechanism_variant)
+        rows = rows.drop(columns=GRID_FIELDS, errors="ignore")
+    return rows
+
+
+# -- what older rows lack, from the registered task ------------------------------------------
+
+
+@functools.cache
+def _registered_task(name: str, params: str):
+    """The registered task ``name`` with the JSON ``params``, or None (not registered here,
+    or parameters its current version rejects)."""
+    if name not in TASKS:
+        return None
+    try:
+        return TASKS.get(name)(**json.loads(params))
+    except (TypeError, ValueError):
+        return None
+
+
+@functools.cache
+def _registered_chance(name: str, params: str):
+    """audit.chance of a registered task (a fraction of a second each: cached per task and
+    parameters), or None."""
+    from synthbench.integrity.audit import chance  # torch: only where a row lacks its chance
+
+    task = _registered_task(name, params)
+    return None if task is None else chance(task)
+
+
+_CHANCES = {"chance_token_acc": "token_acc", "chance_exact_match": "exact_match"}
+
+
+def _task_keys(rows: pd.DataFrame) -> pd.Series:
+    """(task, canonical JSON of its parameters) per row."""
+    params = rows["task_params"] if "task_params" in rows else pd.Series(None, index=rows.index)
+    canonical = [json.dumps(json.loads(_text_or(p, "{}")), sort_keys=True) for p in params]
+    return pd.Series(list(zip(rows["task"], canonical, strict=True)), index=rows.index)
+
+
+def fill_from_registry(rows: pd.DataFrame, chance: bool = True) -> pd.DataFrame:
+    """``target_metric`` and (with ``chance``) ``chance_token_acc`` and
+    ``chance_exact_match`` as stored or, where a row of an older schema has them null, from
+    its registered task: its ``target_metric`` and ``audit.chance``. A task not registered
+    here gets token_acc and no chance (NaN)."""
+    rows = rows.copy()
+    columns = ["target_metric", *(_CHANCES if chance else ())]
+    for column in columns:
+        if column not in rows:
+            rows[column] = None
+    for column in columns[1:]:
+        rows[column] = pd.to_numeric(rows[column]).astype(float)
+    lacking = rows[columns].isna()
+    if not lacking.any().any():
+        return rows
+    keys = _task_keys(rows)
+    need = lacking["target_metric"]
+    tasks = [_registered_task(*key) for key in keys[need]]
+    rows["target_metric"] = rows["target_metric"].astype(object)
+    rows.loc[need, "target_metric"] = [t.target_metric if t else "token_acc" for t in tasks]
+    for column in columns[1:]:
+        need = lacking[column]
+        chances = [_registered_chance(*key) for key in keys[need]]
+        rows.loc[need, column] = [getattr(c, _CHANCES[column]) if c else np.nan for c in chances]
+    return rows
+
+
+def metric_column(rows: pd.DataFrame, metric: str) -> pd.Series:
+    """Per row, the column its ``metric`` is read from: the row's ``target_metric`` for
+    target (rows filled by ``fill_from_registry``), else the metric itself."""
+    if metric == "target":
+        return rows["target_metric"].astype(str)
+    return pd.Series(metric, index=rows.index)
+
+
+def metric_values(rows: pd.DataFrame, metric: str) -> pd.Series:
+    """Per row, the value of ``metric``: for target, that of the row's task's target metric."""
+    rows = fill_from_registry(rows, chance=False)
+    return _per_row(rows, metric_column(rows, metric))
+
+
+def _per_row(rows: pd.DataFrame, columns: pd.Series) -> pd.Series:
+    """Per row, the value of the column ``columns`` names for it (NaN where absent)."""
+    values = pd.Series(np.nan, index=rows.index)
+    for name in columns.unique():
+        if name in rows:
+            here = columns == name
+            values[here] = rows.loc[here, name].astype(float)
+    return values
+
+
+def normalise(value, chance):
+    """(value - chance) / (1 - chance): 0 at chance, 1 perfect; NaN without a chance (or
+    with a chance of 1, where nothing can be learnt)."""
+    value, chance = np.asarray(value, float), np.asarray(chance, float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(chance < 1, (value - chance) / (1 - chance), np.nan)
+
+
+def check_metric(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r} ({', '.join(METRICS)})")
+    if metric.startswith("long_"):  # only the runs evaluated at a longer length count
+        rows = rows[rows["eval_length_mult"].notna()]
+        mults = sorted(rows["eval_length_mult"].unique())
+        if len(mults) > 1:
+            raise ValueError(
+                f"rows hold several eval length multipliers ({', '.join(f'{m:g}' for m in mults)})"
+                "; a table shows one"
+            )
+    return rows
+
+
+KEYS = ["protocol", "category", "task", "mechanism"]
+
+
+def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
+    """One row per successful (cell, seed) at its selected lr: ``value`` (the ``metric``),
+    ``metric`` (the column it came from: for target, the task's target metric), ``chance``,
+    ``score`` (``value`` chance-normalised; ``value`` itself for the long_* metrics, which
+    have no chance), ``se`` (the test-set standard error of ``value``; NaN where not stored)
+    and ``lr_edge`` (the selected lr is alone at an edge of its grid). Runs that differ only
+    in their eval length multiplier trained the same model, so a seed counts once (the mean
+    of its runs). ``rows`` must be labelled (``prepare_rows``) if they hold variants."""
+    rows = fill_from_registry(check_metric(rows, metric))
+    ok = rows[(rows["status"] == "ok") & rows["selected"].astype(bool)]
+    keys = [*KEYS, "protocol_version", "seed"]
+    source = metric_column(ok, metric)
+    chance = ok[CHANCE_COLUMN[metric]] if metric in CHANCE_COLUMN else np.nan
+    edge = ok["lr_edge"].eq(True) if "lr_edge" in ok else False  # null in older rows
+    runs = ok[keys].assign(
+        value=_per_row(ok, source),
+        metric=source,
+        chance=chance,
+        se=_per_row(ok, source + "_se"),
+        lr=ok["lr"] if "lr" in ok else np.nan,  # absent from hand-made frames
+        lr_edge=edge,
+    )
+    runs = (
+        runs.groupby(keys, sort=False)
+        .agg(
+            value=("value", "mean"),
+            metric=("metric", "first"),
+            chance=("chance", "mean"),
+            se=("se", "mean"),
+            lr=("lr", "first"),  # the runs of a seed trained one model
+            lr_edge=("lr_edge", "any"),
+        )
+        .reset_index()
+    )
+    normalised = metric in CHANCE_COLUMN
+    runs["score"] = normalise(runs["value"], runs["chance"]) if normalised else runs["value"]
+    return runs
+
+
+def aggregate(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
+    """Per (protocol, category, task, mechanism): mean, std (ddof 1; 0 for one seed), number
+    of successful seeds, and the number of runs that diverged, raised or leaked (``leaky``:
+    not causal, synthbench/integrity/causality.py). A task or mechanism
+    run with several parameter sets gives one row per set (``label_variants``)."""
+    rows = check_metric(prepare_rows(rows), metric)
+    return aggregate_runs(rows, selected_runs(rows, metric))
+
+
+def aggregate_runs(rows: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
+    """``aggregate`` of rows already labelled and checked, given their ``selected_runs``."""
+    stats = runs.groupby(KEYS)["value"].agg(["mean", "std", "count"])
+    stats["std"] = stats["std"].fillna(0.0)
+    # a run failed if none of its rows succeeded; its status is that of its last row (a
+    # leaky row at any lr makes the whole run leaky: synthbench/run/lr_selection.py selects nothing)
+    per_run = rows.groupby([*KEYS, "run_id"])["status"].agg(
+        lambda s: LEAKY if (s == LEAKY).any() else "ok" if (s == "ok").any() else s.iloc[-1]
+    )
+    failed = (
+        per_run[per_run != "ok"]
+        .reset_index()
+        .groupby(KEYS)["status"]
+        .agg(
+            diverged=lambda s: int((s == "diverged").sum()),
+            error=lambda s: int((s == "error").sum()),
+            leaky=lambda s: int((s == LEAKY).sum()),
+        )
+        .astype(int)  # an empty aggregation would otherwise come back with object columns
+    )
+    table = stats.join(failed, how="outer")
+    counts = ["count", "diverged", "error", LEAKY]
+    table[counts] = table[counts].fillna(0).astype(int)
+    return table.reset_index()
+
+
+def latest_versions(rows: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, list[int]]]:
+    """Keep, for each protocol, the rows of its newest version; also return the older
+    versions left out, so that a table never mixes two versions of a protocol."""
+    newest = rows.groupby("protocol")["protocol_version"].transform("max")
+    older = rows[rows["protocol_version"] != newest]
+    left_out = {
+        str(name): sorted(int(v) for v in part["protocol_version"].unique())
+        for name, part in older.groupby("protocol")
+    }
+    return rows[rows["protocol_version"] == newest], left_out
+
+
+# -- tables ---------------------------------------------------------------------------------
+
+
+def length_metric(metric: str) -> str:
+    """The trained-length metric the length figure shows for ``metric``: only token accuracy
+    and exact match are measured at a longer length, so target and free_token_acc show
+    token_acc."""
+    return "exact_match" if metric.endswith("exact_match") else "token_acc"
+
+
+def length_points(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
+    """Accuracy against evaluation length, for the runs evaluated at a longer length: per
+    (protocol, task, mechanism, mult) the mean and std over seeds, mult 1 being the trained
+    length and the others ``long_<metric>`` (``length_metric``)."""
+    base = length_metric(metric)
+    rows = label_variants(rows[rows["eval_length_mult"].notna()]) if len(rows) else rows
+    ok = rows[(rows["status"] == "ok") & rows["selected"].astype(bool)]
+    keys = ["protocol", "task", "mechanism", "seed"]
+    trained = ok[keys].assign(mult=1.0, value=ok[base])
+    longer = ok[keys].assign(mult=ok["eval_length_mult"], value=ok[f"long_{base}"])
+    # runs at several multipliers train the same model: one trained-length value per seed
+    points = pd.concat([trained, longer]).groupby([*keys, "mult"])["value"].mean().reset_index()
+    stats = points.groupby(["protocol", "task", "mechanism", "mult"])["value"]
+    return stats.agg(mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else 0.0).reset_index()

@@ -1,0 +1,285 @@
+"""The leaderboard: mechanisms ranked by their mean category score, with a Student-t 95%
+interval over seeds and a mark where two neighbours are not told apart.
+
+A mechanism's score is the mean over categories of the mean over the category's tasks of
+its seed-mean score (chance-normalised where the metric has a chance: ``report.score_note``),
+so every category weighs the same whatever its number of tasks.
+
+Seed s is the same data stream and initialisation seed for every mechanism, so the score
+of one seed (the same mean over categories of that seed's task scores) is comparable across
+mechanisms. The interval is the t-interval of the per-seed scores; the ≈ mark is the paired
+t-interval of two neighbours' per-seed score differences. A bootstrap over 3 seeds, the
+usual count, has only 10 distinct resamples: too few to draw a 95% interval from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import date
+
+import numpy as np
+import pandas as pd
+
+from synthbench.core.task import CATEGORIES
+from synthbench.core.text import plural
+from synthbench.report.aggregate import CHANCE_COLUMN, normalise
+from synthbench.report.formats import markdown_table
+from synthbench.report.tables import score_note
+
+CONFIDENCE = 0.95
+
+
+def _t_within(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with ``df`` (a positive integer) degrees of freedom, in
+    closed form (Abramowitz and Stegun 26.7.3 and 26.7.4): no scipy needed."""
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: (2/pi) (theta + sin cos (1 + 2/3 cos^2 + 2.4/3.5 cos^4 + ...))
+        term = total = 1.0
+        for k in range(3, df - 1, 2):
+            term *= c2 * (k - 1) / k
+            total += term
+        series = math.sin(theta) * math.cos(theta) * total if df > 1 else 0.0
+        return 2 / math.pi * (theta + series)
+    term = total = 1.0  # even: sin (1 + 1/2 cos^2 + 1.3/2.4 cos^4 + ...)
+    for k in range(2, df - 1, 2):
+        term *= c2 * (k - 1) / k
+        total += term
+    return math.sin(theta) * total
+
+
+def t_critical(df: int, confidence: float = CONFIDENCE) -> float:
+    """The two-sided critical value of Student's t: P(|T| <= t) = ``confidence`` (12.706
+    for df 1, 4.303 for 2, 2.262 for 9 at 95%), by bisection on the closed form."""
+    low, high = 0.0, 1.0
+    while _t_within(high, df) < confidence:
+        high *= 2
+    for _ in range(100):
+        middle = (low + high) / 2
+        low, high = (middle, high) if _t_within(middle, df) < confidence else (low, middle)
+    return (low + high) / 2
+
+
+def t_half_width(values, confidence: float = CONFIDENCE) -> float:
+    """Half the width of the t-interval of the mean of ``values`` (NaN below 2 values)."""
+    values = np.asarray(values, float)
+    n = len(values)
+    if n < 2:
+        return np.nan
+    return t_critical(n - 1, confidence) * float(values.std(ddof=1)) / math.sqrt(n)
+
+
+@dataclass
+class Leaderboard:
+    protocol: str
+    protocol_version: int
+    metric: str
+    n_seeds: int  # the most seeds any (task, mechanism) has
+    categories: list[str]  # the categories present, in the suite's order
+    tasks: pd.DataFrame  # (category, task) index, mechanism columns: seed-mean score or NaN
+    # one row per mechanism, in rank order: rank (None for incomplete ones), mechanism,
+    # score, ci_low, ci_high (NaN below 2 seeds), ci_seeds (the seeds the interval is over),
+    # same_as_next (not significantly above the next one), n_tasks, complete, then one
+    # column per category with its mean
+    table: pd.DataFrame
+    # seed index, mechanism columns: the per-seed score (NaN where the seed lacks a task)
+    per_seed: pd.DataFrame
+    generated: str = field(default_factory=lambda: date.today().isoformat())
+
+
+def _category_scores(task_means: np.ndarray, task_categories: list[str], categories: list[str]):
+    """(..., tasks) task means -> (..., categories) category means and (...) overall score."""
+    per_category = np.stack(
+        [
+            task_means[..., [i for i, c in enumerate(task_categories) if c == category]].mean(-1)
+            for category in categories
+        ],
+        axis=-1,
+    )
+    return per_category, per_category.mean(-1)
+
+
+def _lowest_scores(runs: pd.DataFrame, columns: pd.MultiIndex, metric: str) -> np.ndarray:
+    """Per (category, task) of ``columns``, the score of a run with no answer right: 0, or
+    where ``metric`` is normalised by a chance c, -c / (1 - c) (-inf where c is unknown)."""
+    if metric not in CHANCE_COLUMN:
+        return np.zeros(len(columns))
+    if "chance" not in runs:
+        return np.full(len(columns), -np.inf)
+    chance = runs.groupby(["category", "task"])["chance"].mean().reindex(columns).to_numpy()
+    return np.nan_to_num(normalise(np.zeros(len(columns)), chance), nan=-np.inf)
+
+
+def same_as_next(upper: pd.Series, lower: pd.Series) -> bool:
+    """Whether ``upper`` is not significantly above ``lower`` (per-seed scores, indexed by
+    seed): the paired t-interval of their differences over the seeds both have reaches 0,
+    or they share fewer than 2 seeds (nothing can be told then)."""
+    differences = (upper - lower).dropna()
+    if len(differences) < 2:
+        return True
+    return bool(differences.mean() - t_half_width(differences) <= 0)
+
+
+def build(
+    runs: pd.DataFrame,
+    protocol: str,
+    protocol_version: int,
+    metric: str,
+    mechanisms: list[str] | None = None,
+    tasks: list[tuple[str, str]] | None = None,
+) -> Leaderboard:
+    """``runs``: one row per successful run of one protocol version, with columns category,
+    task, mechanism, seed and score (``report.selected_runs``). A run whose score is NaN (no
+    known chance) counts as missing: its mechanism is listed, not ranked. ``mechanisms`` and
+    ``tasks`` ((category, task) pairs) are those of the report, with the ones that have no
+    successful run (listed unranked; default: those of ``runs``)."""
+    order = {c: i for i, c in enumerate(CATEGORIES)}
+    tasks = sorted(
+        set(zip(runs["category"], runs["task"], strict=True)) | set(tasks or ()),
+        key=lambda ct: (order.get(ct[0], 99), ct[1]),
+    )
+    task_categories = [c for c, _ in tasks]
+    categories = sorted(set(task_categories), key=lambda c: order.get(c, 99))
+    mechanisms = sorted(set(runs["mechanism"]) | set(mechanisms or ()))
+    # per mechanism, seeds x tasks; a task it lacks is a column of NaN
+    scored = runs.dropna(subset=["score"])
+    columns = pd.MultiIndex.from_tuples(tasks, names=["category", "task"])
+    by_mechanism = {
+        m: part.pivot_table(index="seed", columns=["category", "task"], values="score")
+        for m, part in scored.groupby("mechanism")
+    }
+
+    # the score's range, that the interval is kept within: every task scores at most 1, and
+    # at least what no right answer scores (below 0 where normalised by a chance)
+    lowest = _lowest_scores(scored, columns, metric)
+    lowest = _category_scores(lowest, task_categories, categories)[1]
+    means, per_seed, rows = {}, {}, []
+    for m in mechanisms:
+        mine = by_mechanism.get(m, pd.DataFrame()).reindex(columns=columns)
+        means[m] = mine.mean(axis=0).to_numpy()
+        complete = bool(len(mine)) and not np.isnan(means[m]).any()
+        # the seeds with a score on every task
+        full = mine.dropna()
+        seed_scores = _category_scores(full.to_numpy(), task_categories, categories)[1]
+        per_seed[m] = pd.Series(seed_scores, index=full.index, dtype=float)
+        per_category, score = _category_scores(means[m], task_categories, categories)
+        # centred on the score; the spread is that of the per-seed scores
+        half = t_half_width(per_seed[m]) if complete else np.nan
+        rows.append(
+            {
+                "mechanism": m,
+                "score": float(score) if complete else np.nan,
+                "ci_low": float(max(score - half, lowest)) if complete else np.nan,
+                "ci_high": float(min(score + half, 1.0)) if complete else np.nan,
+                "ci_seeds": len(per_seed[m]),
+                "n_tasks": int((~np.isnan(means[m])).sum()),
+                "complete": complete,
+                **{c: float(s) for c, s in zip(categories, per_category, strict=True)},
+            }
+        )
+    fields = ["mechanism", "score", "ci_low", "ci_high", "ci_seeds", "n_tasks", "complete"]
+    table = pd.DataFrame(rows, columns=[*fields, *categories])  # the columns even when empty
+    table = table.sort_values(
+        ["complete", "score", "mechanism"], ascending=[False, False, True]
+    ).reset_index(drop=True)
+    ranks = [i + 1 if ok else None for i, ok in enumerate(table["complete"])]
+    table.insert(0, "rank", pd.array(ranks, dtype="Int64"))
+    table["same_as_next"] = False
+    ranked = table[table["complete"]]["mechanism"].tolist()
+    for i, (upper, lower) in enumerate(zip(ranked, ranked[1:], strict=False)):
+        table.loc[i, "same_as_next"] = same_as_next(per_seed[upper], per_seed[lower])
+    # 0 for a protocol with no successful run
+    n_seeds = int(runs.groupby(["category", "task", "mechanism"]).size().max()) if len(runs) else 0
+    return Leaderboard(
+        protocol,
+        protocol_version,
+        metric,
+        n_seeds,
+        categories,
+        pd.DataFrame(means, index=columns),
+        table,
+        pd.DataFrame(per_seed).sort_index(),
+    )
+
+
+def _interval(row) -> str:
+    if not row["complete"]:
+        return "--"
+    if pd.isna(row["ci_low"]):
+        return f"{row['score']:.3f}"
+    return f"{row['score']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
+
+
+def notes(board: Leaderboard) -> list[str]:
+    """The footnotes of the ranking, as sentences (the Markdown's; the page says the same)."""
+    notes = [
+        f"Protocol {board.protocol} v{board.protocol_version}, {board.metric} on the test set, "
+        f"up to {plural(board.n_seeds, 'seed')}; generated {board.generated}.",
+        "Score: mean over categories of the mean over their tasks of the seed-mean score; "
+        "the category columns are those means. " + score_note(board.metric),
+        f"Interval: {CONFIDENCE:.0%} Student-t over seeds: score ± t(n-1) · sd / √n, sd the "
+        "standard deviation of the per-seed scores (seed s: the same data and initialisation "
+        "for every mechanism), n the seeds with a run on every task; cut to the score's "
+        "range (at most 1).",
+        "≈: not significantly above the next mechanism: the paired "
+        f"{CONFIDENCE:.0%} t-interval of their per-seed score differences reaches 0 (or they "
+        "share fewer than 2 seeds).",
+    ]
+    if not board.table["complete"].all():
+        notes.append(
+            "Unranked: a mechanism without a score on every task (no successful run, or no "
+            "known chance to normalise by)."
+        )
+    if not board.n_seeds:
+        notes.append("No successful run: nothing is ranked.")
+    elif board.n_seeds < 2:
+        notes.append("One seed: no interval, and no two mechanisms can be told apart (≈).")
+    return notes
+
+
+STATE_LENGTH = 1024  # where the leaderboard quotes each mechanism's declared state
+
+
+def declared_state(label: str, protocol: str) -> int | None:
+    """The state per head a mechanism declares (``state_size``) at length STATE_LENGTH and
+    the protocol's head size, at its default parameters; None for a mechanism that is not
+    registered here or a variant run with other parameters (``name (k=v)``)."""
+    from synthbench.core.mechanism import MECHANISMS  # torch: only where a board is written
+    from synthbench.run.protocols import PROTOCOLS
+
+    name, _, variant = label.partition(" (")
+    if variant not in ("", "reference)") or name not in MECHANISMS or protocol not in PROTOCOLS:
+        return None
+    preset = PROTOCOLS.get(protocol)
+    try:
+        mechanism = MECHANISMS.get(name)(preset.d_model // preset.n_heads, preset.n_heads)
+        return int(mechanism.state_size(STATE_LENGTH))
+    except Exception:  # a plugin that cannot be built with its defaults: no figure
+        return None
+
+
+def to_markdown(board: Leaderboard) -> str:
+    """The ranking as a Markdown table with its footnotes, and each mechanism's declared
+    state beside its score."""
+    n_tasks = len(board.tasks)
+    body = []
+    for _, row in board.table.iterrows():
+        rank = "" if pd.isna(row["rank"]) else str(int(row["rank"]))
+        tie = " ≈" if row["same_as_next"] else ""
+        cells = ["--" if pd.isna(row[c]) else f"{row[c]:.3f}" for c in board.categories]
+        tasks = f"{row['n_tasks']}/{n_tasks}"
+        state = declared_state(row["mechanism"], board.protocol)
+        state_text = "--" if state is None else f"{state:,}"
+        body.append([rank, row["mechanism"] + tie, _interval(row), *cells, tasks, state_text])
+    headers = ["rank", "mechanism", f"score [{CONFIDENCE:.0%} CI]", *board.categories, "tasks",
+               "state/head"]  # fmt: skip
+    text = markdown_table(body, headers)
+    state_note = (
+        f"state/head: the numbers a head carries from one token to the next when generating "
+        f"(its declared state_size) at length {STATE_LENGTH} and this protocol's head size, "
+        "default parameters; a KV cache (softmax) grows with the length, a recurrent state "
+        "does not."
+    )
+    lines = [*notes(board), state_note]
+    return text + "\n\n" + "\n".join(f"- {n}" for n in lines) + "\n"

@@ -1,0 +1,484 @@
+"""The reference baselines shipped with synthbench, and how a report and ``reproduce`` use them.
+
+    synthbench/data/reference/quick.parquet   written by benchmarks/build_reference.py
+
+The file holds every lr row of the ``quick`` runs of softmax, linear, performer, cosformer,
+slay and none, seeds 0-2, on the built-in tasks at their default parameters, for the suite
+version and protocol version of this synthbench (the file's own metadata says what it holds
+and what it lacks). ``SYNTHBENCH_REFERENCE=PATH`` reads another file instead (tests do).
+
+- ``load`` reads and validates it: rows of another suite or protocol version are never
+  shown (``Reference.problem`` says why, in one line).
+- ``with_reference`` adds to a user's rows the reference runs of their protocols (at the
+  same versions) and tasks, the user's own run winning where both hold the same run id,
+  each reference run *marked*: its mechanism becomes ``softmax (reference)`` in every
+  table, figure and leaderboard (``mark``), so it is never taken for the user's own.
+- ``spec_of`` rebuilds a stored run's ``RunSpec`` (``StaleReference`` when today's run id
+  differs), ``compare`` tells whether a run made again reproduces the reference: identical
+  on the same torch build, thread count and device type, else within ``tolerance``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from synthbench.core.text import plural
+from synthbench.run.schema import COLUMNS, DATASET_SCHEMA, SCHEMA_VERSION
+
+ENV = "SYNTHBENCH_REFERENCE"  # another reference file (a path) instead of the shipped one
+SHIPPED = "reference/quick.parquet"  # under the synthbench.data package
+SUFFIX = " (reference)"  # what marks a reference run's mechanism in every output
+PROTOCOL = "quick"
+REFERENCE_MECHANISMS = ("softmax", "linear", "performer", "cosformer", "slay", "none")
+SEEDS = (0, 1, 2)
+METADATA_KEY = b"synthbench_reference"  # the file's summary: what it holds and lacks (JSON)
+# the tolerance of a run made on another torch build, thread count or device type:
+# max(SPREAD x the std over the reference's seeds of its (task, mechanism), 1 / test examples)
+SPREAD = 3
+# what `synthbench report` adds to its error when there is nothing of the user's to report
+FIRST_RUN_HINT = (
+    "(run something first, e.g. `synthbench run --task copy`; the shipped reference is shown "
+    "beside it)"
+)
+
+
+class StaleReference(ValueError):
+    """A reference run that today's synthbench resolves to another run id (or protocol
+    version): the reference was made by another version of the code; rebuild it."""
+
+
+@dataclass
+class Reference:
+    rows: pd.DataFrame  # every lr row (the store's COLUMNS); empty when unusable
+    where: str = ""  # the file read
+    problem: str | None = None  # why its rows are not shown (one line), or None
+    protocols: frozenset[str] = frozenset()  # the protocols the file holds, even unusable
+    info: dict[str, Any] = field(default_factory=dict)  # the file's summary (METADATA_KEY)
+
+    @property
+    def usable(self) -> bool:
+        return self.problem is None and not self.rows.empty
+
+
+def shipped_file():
+    """The shipped reference file (an importlib.resources Traversable)."""
+    return resources.files("synthbench.data").joinpath(SHIPPED)
+
+
+# what a reference file must hold to be checked at all
+REQUIRED = (
+    "run_id", "task", "mechanism", "protocol", "protocol_version", "suite_version",
+    "schema_version", "seed", "lr", "selected", "status",
+)  # fmt: skip
+
+
+def _empty() -> pd.DataFrame:
+    return DATASET_SCHEMA.empty_table().to_pandas()
+
+
+def load(path: str | Path | None = None) -> Reference:
+    """The reference rows of ``path``, else of ``$SYNTHBENCH_REFERENCE``, else the shipped
+    file. A file that is absent holds nothing (no problem: a source tree may lack it); one
+    that cannot be read, or is of another suite, protocol or newer schema version, has its
+    ``problem`` and no rows."""
+    if path is None and os.environ.get(ENV):
+        path = os.environ[ENV]
+    source = shipped_file() if path is None else Path(path)
+    where = str(source)
+    if not source.is_file():
+        problem = None if path is None else f"reference file {where} does not exist"
+        return Reference(_empty(), where, problem)
+    try:
+        with source.open("rb") as handle:
+            table = pq.read_table(handle)
+    except Exception as exc:  # anything pyarrow raises on a file that is not Parquet
+        return Reference(_empty(), where, f"cannot read the reference {where}: {exc}")
+    raw = (table.schema.metadata or {}).get(METADATA_KEY)
+    try:
+        info = json.loads(raw) if raw else {}
+    except ValueError:
+        info = {}
+    names = set(table.column_names)
+    protocols = frozenset()
+    if "protocol" in names:
+        protocols = frozenset(str(p) for p in table["protocol"].to_pylist())
+
+    def unusable(problem: str) -> Reference:
+        return Reference(_empty(), where, f"the reference {where} {problem}", protocols, info)
+
+    missing = set(REQUIRED) - names
+    if missing:
+        return unusable(f"lacks columns {', '.join(sorted(missing))}")
+    # columns a later schema added are null, as the store reads an older file
+    for name in DATASET_SCHEMA.names:
+        if name not in names:
+            nulls = pa.nulls(table.num_rows, DATASET_SCHEMA.field(name).type)
+            table = table.append_column(name, nulls)
+    try:
+        rows = table.select(DATASET_SCHEMA.names).cast(DATASET_SCHEMA).to_pandas()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        return unusable(f"has columns of the wrong type ({exc})")
+    problem = validate(rows)
+    if problem is not None:
+        return unusable(problem)
+    return Reference(rows[COLUMNS], where, None, protocols, info)
+
+
+def write(rows: pd.DataFrame, path: str | Path, info: dict[str, Any] | None = None) -> None:
+    """Write reference ``rows`` (the store's columns) to ``path``: one zstd-compressed
+    Parquet file of every stored column (``DATASET_SCHEMA``), with ``info`` (what it holds)
+    in its metadata; atomically, and the same rows give the same bytes."""
+    table = pa.Table.from_pandas(
+        rows[DATASET_SCHEMA.names], schema=DATASET_SCHEMA, preserve_index=False
+    )
+    metadata = dict(DATASET_SCHEMA.metadata or {})
+    metadata[METADATA_KEY] = json.dumps(info or {}, sort_keys=True).encode()
+    table = table.replace_schema_metadata(metadata)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".tmp-{os.getpid()}-{path.name}")
+    try:
+        pq.write_table(table, tmp, compression="zstd", compression_level=19)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def validate(rows: pd.DataFrame) -> str | None:
+    """Why these reference rows cannot be shown beside today's (the end of a sentence
+    beginning "the reference ..."), or None: they must be of this synthbench's suite
+    version, each protocol at its version here, and a schema this version reads."""
+    from synthbench.run.protocols import PROTOCOLS
+    from synthbench.run.spec import SUITE_VERSION
+
+    if rows.empty:
+        return None
+    suites = sorted({int(v) for v in rows["suite_version"]})
+    if suites != [SUITE_VERSION]:
+        found = ", ".join(f"v{v}" for v in suites)
+        return f"is for suite {found}; this synthbench runs suite v{SUITE_VERSION}"
+    for (name, version), _ in rows.groupby(["protocol", "protocol_version"]):
+        if name not in PROTOCOLS:
+            return f"holds protocol {name}, unknown to this synthbench"
+        here = PROTOCOLS.get(name).version
+        if int(version) != here:
+            return f"is for protocol {name} v{version}; this synthbench's is v{here}"
+    newest = int(rows["schema_version"].max())
+    if newest > SCHEMA_VERSION:
+        return f"is of schema version {newest}; this synthbench reads 1..{SCHEMA_VERSION}"
+    return None
+
+
+# -- beside the user's rows -----------------------------------------------------------------
+
+
+def mark(rows: pd.DataFrame) -> pd.DataFrame:
+    """Reference rows with their mechanism named ``<name> (reference)``: every table, the
+    leaderboard and the figures take the mechanism's name from this column, so the mark is
+    in each of them (and no registered name has a space: none can clash)."""
+    return rows.assign(mechanism=rows["mechanism"].astype(str) + SUFFIX)
+
+
+def with_reference(
+    user_rows: pd.DataFrame,
+    reference: pd.DataFrame,
+    tasks: Iterable[str] | None = None,
+    mechanisms: Iterable[str] | None = None,
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``user_rows`` with the reference rows that belong beside them, marked (``mark``), and
+    those reference rows (unmarked). A reference run is added when its protocol at its
+    version, and its task, are among the user's rows; when its task and mechanism pass the
+    report's filters (``tasks``, ``mechanisms``: canonical names, None for every one); when
+    its task and mechanism are registered here; and when the user has no run of the same
+    run id (their own row wins)."""
+    from synthbench.core.mechanism import MECHANISMS
+    from synthbench.core.task import TASKS
+
+    if reference.empty or user_rows.empty:
+        return user_rows, reference.iloc[:0]
+    versions = _versions(user_rows)
+    ref = reference[_versions(reference).isin(set(versions))]
+    keep_tasks = set(user_rows["task"])
+    if tasks is not None:
+        keep_tasks &= set(tasks)
+    ref = ref[ref["task"].isin(keep_tasks)]
+    if mechanisms is not None:
+        ref = ref[ref["mechanism"].isin(set(mechanisms))]
+    # a name this install does not know (a mechanism removed since) is left out, cleanly
+    known = ref["mechanism"].isin(MECHANISMS.names()) & ref["task"].isin(TASKS.names())
+    ref = ref[known]
+    ref = ref[~ref["run_id"].isin(set(user_rows["run_id"]))]
+    if ref.empty:
+        return user_rows, ref
+    combined = pd.concat([user_rows, mark(ref)[user_rows.columns]], ignore_index=True)
+    return combined, ref
+
+
+def _versions(rows: pd.DataFrame) -> pd.Series:
+    """Per row, ``protocol vN``."""
+    return rows["protocol"].astype(str) + " v" + rows["protocol_version"].astype(int).astype(str)
+
+
+def describe(added: pd.DataFrame, user_rows: pd.DataFrame) -> str:
+    """The report's one line about the reference runs it adds."""
+    mechs = [m for m in REFERENCE_MECHANISMS if m in set(added["mechanism"])]
+    mechs += sorted(set(added["mechanism"]) - set(mechs))
+    protocols = ", ".join(sorted(set(_versions(added))))
+
+    def made_with(column: str) -> str:
+        return ", ".join(sorted({str(v) for v in added[column].dropna()})) or "?"
+
+    return (
+        f"{plural(user_rows['run_id'].nunique(), 'run')} of yours beside "
+        f"{plural(added['run_id'].nunique(), 'reference run')} of {', '.join(mechs)} (protocol "
+        f"{protocols}, {plural(added['task'].nunique(), 'task')}; shipped with synthbench "
+        f"{made_with('synthbench_version')}, torch {made_with('torch_version')}), marked "
+        f"'{SUFFIX.strip()}'; --no-reference leaves them out"
+    )
+
+
+def for_report(
+    user_rows: pd.DataFrame,
+    tasks: Sequence[str] | None = None,
+    mechanisms: Sequence[str] | None = None,
+    path: str | Path | None = None,
+) -> tuple[pd.DataFrame, str | None, str | None]:
+    """What ``synthbench report`` shows: the rows (``with_reference``), the line saying
+    what was added, or why nothing was where the user's rows are all of protocols the
+    reference does not hold (None: neither), and a warning (None: none). The warning is
+    given only where the reference would have been shown: the user has rows of a protocol
+    it holds."""
+    reference = load(path)
+    if reference.problem is not None:
+        wanted = set(user_rows["protocol"]) & reference.protocols
+        if wanted or not reference.protocols:
+            return user_rows, None, f"{reference.problem}: reference runs not shown"
+        return user_rows, None, None
+    rows, added = with_reference(user_rows, reference.rows, tasks, mechanisms)
+    if len(added):
+        return rows, describe(added, user_rows), None
+    held = sorted(set(_versions(reference.rows)))
+    if held and not set(_versions(user_rows)) & set(held):  # say why there is none
+        yours = ", ".join(sorted(set(_versions(user_rows))))
+        names = sorted(set(reference.rows["protocol"]))
+        return (
+            rows,
+            f"no shipped reference runs beside protocol {yours}: the reference holds "
+            f"{', '.join(held)} (`synthbench run --protocol {names[0]}` makes runs it is "
+            "shown beside)",
+            None,
+        )
+    return rows, None, None
+
+
+# -- reproducing a reference run --------------------------------------------------------------
+
+
+def spec_of(row: dict[str, Any] | pd.Series, threads: int | None = None):
+    """The ``RunSpec`` of a stored run (one of its rows), resolved today from what the row
+    says; ``StaleReference`` when its protocol version or run id differs from the stored
+    one. ``threads``: resolve it at another thread count instead (another run id)."""
+    from synthbench.run.protocols import PROTOCOLS
+    from synthbench.run.spec import RunSpec
+
+    label = f"{row['task']} / {row['mechanism']} / seed {row['seed']}"
+    name, version = str(row["protocol"]), int(row["protocol_version"])
+    if name not in PROTOCOLS or PROTOCOLS.get(name).version != version:
+        here = f"v{PROTOCOLS.get(name).version}" if name in PROTOCOLS else "unknown"
+        raise StaleReference(
+            f"the reference is stale: {label} is of protocol {name} v{version}, this "
+            f"synthbench's is {here}; rebuild it (benchmarks/build_reference.py)"
+        )
+    protocol = PROTOCOLS.get(name)
+    config = json.loads(row["config"]) if isinstance(row.get("config"), str) else {}
+    pos = config.get("protocol", {}).get("pos")
+    mult = row.get("eval_length_mult")
+    mult = None if mult is None or (isinstance(mult, float) and math.isnan(mult)) else float(mult)
+    stored_threads = int(row["threads"]) if pd.notna(row.get("threads")) else 1
+    try:
+
+        def resolve(at_threads: int):
+            return RunSpec.resolve(
+                str(row["task"]), str(row["mechanism"]), protocol, int(row["seed"]),
+                json.loads(row["task_params"] or "{}"), json.loads(row["mechanism_params"] or "{}"),
+                mult, pos if pos not in (None, protocol.pos) else None,
+                config.get("pos_params"), at_threads,
+            )  # fmt: skip
+
+        spec = resolve(stored_threads)
+    except (ValueError, TypeError, KeyError) as exc:  # KeyError: a name unknown here
+        raise StaleReference(
+            f"the reference is stale: {label} cannot be resolved today ({exc}); rebuild it "
+            "(benchmarks/build_reference.py)"
+        ) from None
+    if spec.run_id != row["run_id"]:
+        raise StaleReference(
+            f"the reference is stale: {label} resolves to run id {spec.run_id} today, the "
+            f"reference stores {row['run_id']} (its config changed since it was made); rebuild "
+            "it (benchmarks/build_reference.py)"
+        )
+    if threads is not None and threads != spec.threads:
+        spec = resolve(threads)
+    return spec
+
+
+# the columns a run made again must give bit for bit where identical is expected
+IDENTICAL_COLUMNS = (
+    "status", "selected", "lr_edge", "steps_done", "token_acc", "exact_match", "val_token_acc",
+    "val_exact_match", "free_token_acc", "token_acc_se", "exact_match_se", "free_token_acc_se",
+    "curve_steps", "curve_val_token_acc", "long_token_acc", "long_exact_match", "final_loss",
+    "n_params",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Verdict:
+    verdict: str  # IDENTICAL, WITHIN or NOT_REPRODUCED
+    reference: float | None  # the selected target metric (None: no successful lr)
+    reproduced: float | None
+    identical_expected: bool  # same torch build, thread count, device type and CPU
+    tolerance: float | None = None  # where not identical_expected
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict != NOT_REPRODUCED
+
+
+IDENTICAL, WITHIN, NOT_REPRODUCED = "identical", "within", "NOT reproduced"
+
+
+def tolerance(seed_values: Sequence[float], test_examples: int) -> float:
+    """How far a run made on another torch build, thread count or device may land from the
+    reference: ``SPREAD`` (3) times the standard deviation (ddof 1) of the reference's
+    selected target metric over its seeds of the same (task, mechanism), at least one test
+    example's worth (1 / test_examples)."""
+    values = [float(v) for v in seed_values if v is not None and not math.isnan(float(v))]
+    std = float(pd.Series(values).std(ddof=1)) if len(values) > 1 else 0.0
+    return max(SPREAD * std, 1.0 / max(1, int(test_examples)))
+
+
+def selected_value(rows: Sequence[dict[str, Any]]) -> float | None:
+    """A run's result: the target metric of its selected, successful lr (None: none)."""
+    for row in rows:
+        if row.get("selected") and row.get("status") == "ok":
+            value = row.get(row.get("target_metric") or "token_acc")
+            return None if _missing(value) else float(value)
+    return None
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def setting_difference(reference: dict[str, Any], here: dict[str, Any]) -> str | None:
+    """Why a run made ``here`` need not give the ``reference`` row's numbers bit for bit
+    (another torch build, thread count, device type, or on a CPU another vector instruction
+    set, or one the reference does not record), or None where it must."""
+
+    def device_type(value) -> str:
+        return str(value).split(":", 1)[0]
+
+    def isa(row) -> str | None:
+        value = row.get("cpu_isa")
+        return None if _missing(value) or value == "unknown" else str(value)
+
+    if str(reference.get("torch_version")) != str(here.get("torch_version")):
+        return f"torch {reference.get('torch_version')} made it, {here.get('torch_version')} here"
+    made_threads, threads = int(reference.get("threads") or 1), int(here.get("threads") or 1)
+    if made_threads != threads:
+        return f"{plural(made_threads, 'thread')} made it, {threads} here"
+    if device_type(reference.get("device")) != device_type(here.get("device")):
+        return f"made on {reference.get('device')}, here on {here.get('device')}"
+    if device_type(here.get("device")) == "cpu":  # float32 sums follow the vector width
+        made, now = isa(reference), isa(here)
+        if made is None:
+            return "the reference does not record its CPU's instruction set"
+        if made != now:
+            return f"made on a CPU with {made}, here {now or 'unknown'}"
+    return None
+
+
+def _bits(value) -> Any:
+    """A value in a form that compares bit for bit: floats by their bytes (NaN and None
+    alike, for a missing value), lists element-wise."""
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return tuple(_bits(v) for v in value)
+    if _missing(value):
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, float, np.integer, np.floating)):  # an int read back as a float
+        return struct.pack("<d", float(value))
+    return value
+
+
+def _first_difference(reference: Sequence[dict], reproduced: Sequence[dict]) -> str | None:
+    """Where two runs' rows differ in a result column, or None when bit-identical."""
+    from synthbench.run.schema import lr_key
+
+    ref = {lr_key(r["lr"]): r for r in reference}
+    new = {lr_key(r["lr"]): r for r in reproduced}
+    if set(ref) != set(new):
+        only = lambda lrs: ", ".join(f"{lr:g}" for lr in sorted(lrs)) or "none"  # noqa: E731
+        return f"lrs trained differ (reference {only(ref)}; now {only(new)})"
+    for lr in sorted(ref):
+        for column in IDENTICAL_COLUMNS:
+            if _bits(ref[lr].get(column)) != _bits(new[lr].get(column)):
+                then, now = ref[lr].get(column), new[lr].get(column)
+                return f"{column} at lr {lr:g}: {then!r} in the reference, {now!r} now"
+    return None
+
+
+def compare(
+    reference: Sequence[dict[str, Any]],
+    reproduced: Sequence[dict[str, Any]],
+    seed_values: Sequence[float],
+    test_examples: int,
+) -> Verdict:
+    """Whether ``reproduced`` (the rows of a run made again) reproduces ``reference`` (its
+    stored rows). Bit-identical results (the same selected lr and every result column of
+    every lr, ``IDENTICAL_COLUMNS``) always do; where both were made in the same setting
+    (``setting_difference``: torch build, thread count, device type, CPU instruction set)
+    only they do. Elsewhere the selected target metric must lie within
+    ``tolerance(seed_values, test_examples)`` of the reference's, ``seed_values`` being the
+    reference's results of the same (task, mechanism) over its seeds, and the verdict says
+    why bit-identity could not be asked for."""
+    before, now = selected_value(reference), selected_value(reproduced)
+    difference = _first_difference(reference, reproduced) if reference and reproduced else ""
+    if difference is None:
+        return Verdict(IDENTICAL, before, now, True)
+    why = setting_difference(reference[0], reproduced[0]) if difference else "no rows"
+    if why is None:
+        return Verdict(NOT_REPRODUCED, before, now, True, reason=f"not identical: {difference}")
+    limit = tolerance(seed_values, test_examples)
+    if before is None or now is None:
+        if before is None and now is None:  # neither has a result: both failed alike
+            reason = f"no successful lr, as the reference ({why})"
+            return Verdict(WITHIN, before, now, False, limit, reason)
+        reason = (
+            "no successful lr now, the reference has one"
+            if now is None
+            else "a successful lr now, the reference has none"
+        )
+        return Verdict(NOT_REPRODUCED, before, now, False, limit, reason)
+    off = abs(now - before)
+    if off <= limit:
+        return Verdict(WITHIN, before, now, False, limit, f"not bit-identical: {why}")
+    reason = f"off by {off:.4f} > {limit:.4f} ({why})"
+    return Verdict(NOT_REPRODUCED, before, now, False, limit, reason)

@@ -1,0 +1,345 @@
+"""Executors: where the trainings of ``synthbench run`` execute.
+
+All three take the same units (a run at one lr, ``runner.Unit``) and give back the same
+rows; only the driver process writes them to the store.
+
+- ``InProcess``: one after another in this process (``--jobs 1``).
+- ``LocalPool``: worker processes on this machine (``--jobs N``), each with its own device
+  (round-robin over the GPUs: ``devices.worker_devices``). A worker loads the same plugin
+  files as the driver, ignores Ctrl-C (the driver stops it), and exits by itself when the
+  driver dies. A worker that dies mid-training is replaced and its training retried.
+- ``RayPool``: tasks on a Ray cluster (``--executor ray``): a local instance, or an existing
+  cluster through ``--ray-address``. Rows travel back to the driver, so the workers need no
+  shared filesystem; plugin files travel as their source. Ray retries a task whose worker
+  was lost. Needs the optional extra: ``pip install "synthbench[ray]"``.
+
+The runner keeps at most ``capacity`` units submitted at a time, so that every submitted
+unit is one that is training.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import multiprocessing
+import os
+import signal
+import tempfile
+import threading
+import time
+import warnings
+from collections import deque
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.registry import PluginWarning, load_plugin_file
+from synthbench.core.task import TASKS
+from synthbench.core.text import noun
+from synthbench.run.allocator import reuse_freed_memory
+from synthbench.run.train import failed_row, train_eval
+
+EXECUTORS = ("local", "ray")
+MAX_ATTEMPTS = 3  # a training whose worker dies this many times is stored as an error
+
+
+class ExecutorError(RuntimeError):
+    """An executor that cannot go on (a worker that cannot start, Ray missing)."""
+
+
+class InProcess:
+    """One training after another, in this process. ``own_process``: the process is there
+    to train (the command line), so its allocator is set for training
+    (``allocator.reuse_freed_memory``), which a caller that measures memory would not want."""
+
+    capacity = 1
+
+    def __init__(self, device: torch.device, own_process: bool = False) -> None:
+        self.device = device
+        if own_process:
+            reuse_freed_memory()
+        self._queue: deque = deque()
+
+    def submit(self, unit) -> None:
+        self._queue.append(unit)
+
+    def wait(self) -> tuple[Any, dict[str, Any]]:
+        unit = self._queue.popleft()
+        return unit, train_eval(unit.spec, unit.lr, self.device, unit.budget)
+
+    def close(self) -> None:
+        self._queue.clear()
+
+
+# -- local worker processes -------------------------------------------------------------------
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Exit this worker as soon as its driver is gone (killed, even with SIGKILL)."""
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def load_plugins(files: list[str]) -> None:
+    """Entry-point plugins and the given plugin files, as the driver loaded them."""
+    registries = [TASKS, MECHANISMS]
+    for registry in registries:
+        registry.load_plugins()
+    for path in files:
+        load_plugin_file(path, registries)
+
+
+def _worker_main(conn: Connection, device: str, plugin_files: list[str], parent: int) -> None:
+    """A local worker: train each unit it receives, send back its row; None ends it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    _exit_with_parent(parent)
+    warnings.simplefilter("ignore", PluginWarning)  # the driver reported them already
+    reuse_freed_memory()
+    try:
+        load_plugins(plugin_files)
+    except Exception as exc:
+        conn.send(("fatal", f"a worker could not load the plugins: {exc}"))
+        return
+    while True:
+        try:
+            unit = conn.recv()
+        except EOFError:  # the driver is gone
+            return
+        if unit is None:
+            return
+        conn.send(("row", train_eval(unit.spec, unit.lr, torch.device(device), unit.budget)))
+
+
+class _Worker:
+    def __init__(self, context, device: torch.device, plugin_files: list[str]) -> None:
+        self.device = device
+        self.conn, child = context.Pipe()
+        self.process = context.Process(
+            target=_worker_main,
+            args=(child, str(device), plugin_files, os.getpid()),
+            daemon=True,
+            name=f"synthbench-worker-{device}",
+        )
+        self.process.start()
+        child.close()  # the child's end lives in the child: EOF here when it dies
+        self.unit = None
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=10)
+        self.conn.close()
+
+
+class LocalPool:
+    """``jobs`` worker processes on this machine; ``devices`` gives each one's device."""
+
+    def __init__(self, devices: list[torch.device], plugin_files: list[Path], threads: int = 1):
+        if not devices:
+            raise ValueError("a local pool needs at least one worker")
+        self.capacity = len(devices)
+        self._files = [str(Path(p).resolve()) for p in plugin_files]
+        self._context = multiprocessing.get_context("spawn")  # fork would copy torch's threads
+        self._threads = threads
+        self._attempts: dict = {}
+        self._waiting: deque = deque()
+        self._workers = [self._spawn(d) for d in devices]
+
+    def _spawn(self, device: torch.device) -> _Worker:
+        # a worker's OpenMP pool is sized when torch loads in it, from the environment
+        previous = os.environ.get("OMP_NUM_THREADS")
+        os.environ["OMP_NUM_THREADS"] = str(self._threads)
+        try:
+            return _Worker(self._context, device, self._files)
+        finally:
+            if previous is None:
+                del os.environ["OMP_NUM_THREADS"]
+            else:
+                os.environ["OMP_NUM_THREADS"] = previous
+
+    def submit(self, unit) -> None:
+        self._waiting.append(unit)
+        self._dispatch()
+
+    def _dispatch(self) -> None:
+        for i, worker in enumerate(self._workers):
+            if not self._waiting:
+                return
+            if worker.unit is not None:
+                continue
+            try:
+                worker.conn.send(self._waiting[0])
+            except OSError:  # it died while idle: a new one takes the unit
+                worker.stop()
+                worker = self._workers[i] = self._spawn(worker.device)
+                worker.conn.send(self._waiting[0])
+            worker.unit = self._waiting.popleft()
+
+    def wait(self) -> tuple[Any, dict[str, Any]]:
+        while True:
+            busy = [w for w in self._workers if w.unit is not None]
+            if not busy:
+                raise ExecutorError("wait() with nothing submitted")
+            ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy])
+            for worker in busy:
+                if worker.conn in ready or worker.process.sentinel in ready:
+                    result = self._collect(worker)
+                    if result is not None:
+                        self._dispatch()
+                        return result
+            self._dispatch()
+
+    def _collect(self, worker: _Worker):
+        """(unit, row) if ``worker`` sent its row; None if it died (then it is replaced)."""
+        try:
+            if worker.conn.poll():
+                kind, payload = worker.conn.recv()
+                if kind == "fatal":
+                    raise ExecutorError(payload)
+                unit, worker.unit = worker.unit, None
+                return unit, payload
+        except (EOFError, OSError):
+            pass
+        worker.process.join(timeout=10)
+        code = worker.process.exitcode
+        unit, worker.unit = worker.unit, None
+        index = self._workers.index(worker)
+        worker.stop()
+        self._workers[index] = self._spawn(worker.device)
+        attempts = self._attempts[unit.key] = self._attempts.get(unit.key, 0) + 1
+        how = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
+        if attempts >= MAX_ATTEMPTS:
+            message = f"WorkerLost: its worker process died ({how}) {attempts} times"
+            return unit, failed_row(unit.spec, unit.lr, worker.device, message)
+        self._waiting.appendleft(unit)  # retried first, on the new worker
+        return None
+
+    def close(self) -> None:
+        self._waiting.clear()
+        for worker in self._workers:
+            if worker.unit is None and worker.process.is_alive():
+                try:
+                    worker.conn.send(None)
+                except OSError:
+                    pass
+        for worker in self._workers:
+            if worker.unit is None:
+                worker.process.join(timeout=5)
+            worker.stop()
+
+
+# -- Ray --------------------------------------------------------------------------------------
+
+_loaded_sources: set[str] = set()  # in a Ray worker: the plugin sources already loaded
+
+
+def _load_plugin_sources(sources: list[tuple[str, str]]) -> None:
+    """Load plugin files shipped as (file name, source): written once to a folder named
+    by their hash, then loaded like the driver's files."""
+    load_plugins([])
+    for name, source in sources:
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        if digest in _loaded_sources:
+            continue
+        folder = Path(tempfile.gettempdir()) / f"synthbench-plugin-{digest}"
+        folder.mkdir(exist_ok=True)
+        path = folder / name
+        if not path.exists():
+            path.write_text(source)
+        load_plugin_file(path, [TASKS, MECHANISMS])
+        _loaded_sources.add(digest)
+
+
+def _ray_train(unit, device: str, sources: list[tuple[str, str]]) -> dict[str, Any]:
+    reuse_freed_memory()
+    _load_plugin_sources(sources)
+    return train_eval(unit.spec, unit.lr, torch.device(device), unit.budget)
+
+
+class RayPool:
+    """Trainings as Ray tasks, each asking for ``cpus`` CPUs and ``gpus`` GPUs (a fraction
+    shares a GPU). ``address`` joins a running cluster; None starts a local instance (of
+    ``local_cpus`` CPUs, default all) that is shut down on close."""
+
+    def __init__(
+        self,
+        address: str | None,
+        plugin_files: list[Path],
+        cpus: float = 1,
+        gpus: float = 0,
+        jobs: int | None = None,
+        local_cpus: int | None = None,
+    ) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ExecutorError(
+                'the ray executor needs Ray: pip install "synthbench[ray]"'
+            ) from None
+        if not cpus > 0 or gpus < 0:
+            raise ValueError(f"--cpus-per-run must be > 0 and --gpus-per-run >= 0 ({cpus}, {gpus})")
+        self._ray = ray
+        self._started = not ray.is_initialized()
+        if self._started:
+            options = {"num_cpus": local_cpus} if address is None else {}
+            try:
+                ray.init(
+                    address=address,
+                    include_dashboard=False,
+                    logging_level=logging.ERROR,
+                    log_to_driver=False,
+                    **options,
+                )
+            except Exception as exc:  # connection refused, bad address...
+                raise ExecutorError(f"cannot start or join Ray at {address}: {exc}") from None
+        self.device = "cuda" if gpus > 0 else "cpu"
+        self._sources = [(Path(p).name, Path(p).read_text()) for p in plugin_files]
+        self._task = ray.remote(_ray_train).options(
+            num_cpus=cpus, num_gpus=gpus, max_retries=MAX_ATTEMPTS - 1
+        )
+        resources = ray.cluster_resources()
+        fits = [resources.get("CPU", 0) // cpus]
+        if gpus > 0:
+            fits.append(resources.get("GPU", 0) // gpus)
+        if min(fits) < 1:
+            raise ExecutorError(
+                f"no node of the Ray cluster has {cpus:g} {noun(cpus, 'CPU')} and {gpus:g} "
+                f"{noun(gpus, 'GPU')} for a run "
+                f"(cluster: {resources.get('CPU', 0):g} CPUs, {resources.get('GPU', 0):g} GPUs)"
+            )
+        self.capacity = int(min(fits) if jobs is None else min(min(fits), jobs))
+        self._refs: dict = {}
+
+    def submit(self, unit) -> None:
+        ref = self._task.remote(unit, self.device, self._sources)
+        self._refs[ref] = unit
+
+    def wait(self) -> tuple[Any, dict[str, Any]]:
+        ready, _ = self._ray.wait(list(self._refs), num_returns=1)
+        unit = self._refs.pop(ready[0])
+        try:
+            return unit, self._ray.get(ready[0])
+        except self._ray.exceptions.RayError as exc:  # lost more often than retried, or a
+            # plugin that fails on the worker: an error row, retried by the next command
+            cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+            error = f"{type(exc).__name__}: {cause}"
+            return unit, failed_row(unit.spec, unit.lr, torch.device(self.device), error)
+
+    def close(self) -> None:
+        for ref in self._refs:
+            try:
+                self._ray.cancel(ref, force=True)
+            except Exception:  # already finished or gone
+                pass
+        self._refs.clear()
+        if self._started:
+            self._ray.shutdown()

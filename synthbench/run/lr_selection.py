@@ -1,0 +1,215 @@
+"""Learning-rate selection: the learning rates of one run, and the one it reports.
+
+This module owns the whole of it: which lrs a run trains, how long each may train, when the
+sweep is complete, and which row is selected. The runner (synthbench/run/runner.py) hands
+out what ``Sweep`` asks for and stores what it marks.
+
+A run trains once per learning rate; each training gives one row. Once every lr of the
+protocol's grid has a row, the sweep either grows or ends:
+
+- it grows when ``protocol.lr_extend`` allows and the best lr on the validation set sits
+  alone at an edge of the grid: the lr one grid step past that edge is added (the step is
+  the ratio of the two outermost lrs on that side), since the optimum may lie beyond;
+- a run with a ``leaky`` training (synthbench/integrity/causality.py) ends there with no lr
+  selected: the mechanism saw later positions, so none of its scores is a result;
+- otherwise it ends, and the best lr is *selected* (the lowest of equal bests): the test
+  metrics of that row are the run's result. A best lr still alone at an edge is marked
+  ``lr_edge``: the optimum may lie beyond the grid, so the run cannot show a mechanism
+  worse than another (the report never counts such a cell as separated).
+
+"Best" is the validation ``select_metric``. With ``protocol.stop_at``, a training stops
+once that metric reaches ``stop_at``; every lr that got there solved the task, equally (a
+plateau: the grid grows only for a score that one edge lr alone reaches), and the one of
+them that got there in the fewest steps is selected (so learning curves are compared at
+each mechanism's fastest lr).
+
+An lr added past an edge lr that solved the task trains only as long as it could still be
+selected (``Budget.steps``): it must solve in fewer steps than the edge, or in as
+many when it is the lower lr (equal steps go to the lower). So one added below trains at
+most the edge's steps, one added above at most the curve point before them (a training
+stops only at curve points). One that has not solved by then leaves the selection and the
+grid as a full training would: the edge stays the fastest solver, and a later solve would
+only tie it, which changes neither.
+
+With ``protocol.pace_margin``, an lr added past an edge also stops once, from half the
+schedule on, its validation token accuracy trails the edge's at the same step by more than
+the margin (``Budget.pace``): it would have to gain that much on the edge in what is left to
+be selected. Unlike the step budget this is a bet, not a proof; docs/PROTOCOLS.md gives the
+sweeps that justify it.
+
+These are pure functions of the rows, so the runner calls them whenever a row comes in
+(the lrs of one run may train on different workers, and the plan grows while it runs) and
+at start-up on the stored rows (a killed sweep resumes where it stopped).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from synthbench.run.protocols import Protocol, curve_points
+from synthbench.run.schema import LEAKY, has_curve, lr_key
+
+# The columns a sweep's state is computed from (what the runner loads to resume)
+SWEEP_COLUMNS = [
+    "run_id", "lr", "status", "selected", "lr_edge", "steps_done", "val_token_acc",
+    "val_exact_match",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long one training may run, short of the protocol's whole schedule. Both limits are
+    for an lr grown past an edge of the grid, which trained first: ``steps``, past an edge
+    that solved the task, the steps in which this lr could still be selected; ``pace``, the
+    edge's learning curve ((step, validation token accuracy), ...), which this lr must keep
+    up with from half the schedule on (``Protocol.pace_margin``)."""
+
+    steps: int | None = None
+    pace: tuple[tuple[int, float], ...] = ()
+
+    def falls_behind(self, protocol: Protocol, step: int, accuracy: float) -> bool:
+        """Whether a training with validation token ``accuracy`` at ``step`` trails the
+        edge's curve (held at its last point past its end) by more than the margin."""
+        if not self.pace or not protocol.pace_margin or 2 * step < protocol.steps:
+            return False
+        measured = [value for at, value in self.pace if at <= step]
+        return bool(measured) and measured[-1] - accuracy > protocol.pace_margin
+
+
+@dataclass(frozen=True)
+class SweepState:
+    pending: tuple[float, ...]  # lrs still to train (no row yet)
+    complete: bool  # every lr the sweep needs has a row
+    selected: float | None  # when complete: the reported lr (None if no lr succeeded)
+    edge: bool = False  # when complete: the best lr is alone at an edge of the grid
+    # the limits of a pending lr added past an edge (absent: the whole schedule)
+    budgets: dict[float, Budget] = field(default_factory=dict)
+
+    def marked(self, rows: Iterable[dict[str, Any]]) -> bool:
+        """Whether ``rows`` (stored) carry this state's selection: ``selected`` on the
+        selected lr alone, and its ``lr_edge`` (null in files of schema < 5, left as is)."""
+        return all(
+            bool(r["selected"]) == (lr_key(r["lr"]) == self.selected)
+            and (r["lr_edge"] is None or r["lr_edge"] != r["lr_edge"] or r["lr_edge"] == self.edge)
+            for r in rows
+        )
+
+
+def score(protocol: Protocol, row: dict[str, Any]) -> float:
+    """A successful training's validation metric, every score at or above ``stop_at``
+    counting as the same: solved."""
+    value = row[f"val_{protocol.select_metric}"]
+    return min(value, protocol.stop_at) if protocol.stop_at else value
+
+
+def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepState:
+    """Where the sweep of one run stands, given its finished rows (any status)."""
+    by_lr = {lr_key(r["lr"]): r for r in rows}
+    grid = sorted(lr_key(lr) for lr in protocol.lrs)
+    extensions = 0
+    budgets: dict[float, Budget] = {}
+    while True:
+        missing = tuple(lr for lr in grid if lr not in by_lr)
+        if missing:
+            pending = {lr: budget for lr, budget in budgets.items() if lr in missing}
+            return SweepState(missing, False, None, budgets=pending)
+        if any(r["status"] == LEAKY for r in by_lr.values()):
+            return SweepState((), True, None)  # a leak at any lr: the run has no result
+        scores = {lr: score(protocol, by_lr[lr]) for lr in grid if by_lr[lr]["status"] == "ok"}
+        best = max(scores.values(), default=None)
+        winners = [lr for lr in grid if lr in scores and scores[lr] == best]
+        alone_at = winners[0] if len(winners) == 1 else None
+        if extensions < protocol.lr_extend and alone_at in (grid[0], grid[-1]):
+            if alone_at == grid[-1]:
+                added = lr_key(grid[-1] * grid[-1] / grid[-2])
+                grid.append(added)
+            else:
+                added = lr_key(grid[0] * grid[0] / grid[1])
+                grid.insert(0, added)
+            extensions += 1
+            budget = _budget(protocol, by_lr[alone_at], best, added > alone_at)
+            if budget != Budget():
+                budgets[added] = budget
+            continue
+        edge = alone_at is not None and alone_at in (grid[0], grid[-1])
+        # among equal scores: the fewest steps (an early stop), then the lowest lr
+        selected = min(winners, key=lambda lr: by_lr[lr].get("steps_done", 0), default=None)
+        return SweepState((), True, selected, edge)
+
+
+def _budget(protocol: Protocol, edge: dict[str, Any], best: float, above: bool) -> Budget:
+    """The budget of an lr added past the edge whose row is ``edge`` (its score ``best``).
+
+    Past an edge that solved, the steps in which the new lr can still be selected: as many
+    as the edge's when added below (a tie in steps goes to the lower lr), up to the last
+    curve point before them when added above (at least the first point: a training has
+    one). And with ``pace_margin``, the edge's curve to keep up with."""
+    steps = None
+    if protocol.stop_at and best >= protocol.stop_at:
+        steps = int(edge["steps_done"])
+        earlier = [step for step in curve_points(protocol.steps) if step < steps]
+        if above and earlier:
+            steps = earlier[-1]
+    pace = _curve(edge) if protocol.pace_margin else ()
+    return Budget(steps, pace)
+
+
+def _curve(row: dict[str, Any]) -> tuple[tuple[int, float], ...]:
+    """A row's learning curve as (step, validation token accuracy) pairs; () without one
+    (a row of schema < 4 has none)."""
+    steps, values = row.get("curve_steps"), row.get("curve_val_token_acc")
+    if not has_curve(steps) or values is None:
+        return ()
+    return tuple((int(at), float(value)) for at, value in zip(steps, values, strict=True))
+
+
+def mark_selected(protocol: Protocol, rows: list[dict[str, Any]]) -> bool:
+    """Set every row's ``selected`` and ``lr_edge`` (all False while the sweep is
+    incomplete); return whether the sweep is complete."""
+    state = sweep_state(protocol, rows)
+    for row in rows:
+        row["selected"] = state.complete and lr_key(row["lr"]) == state.selected
+        row["lr_edge"] = state.complete and state.edge
+    return state.complete
+
+
+def run_status(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The row that speaks for a run: a leaky one (the run has no result), else its
+    selected one, else its last by lr."""
+    rows = sorted(rows, key=lambda r: r["lr"])
+    leaky = (r for r in rows if r["status"] == LEAKY)
+    return next(leaky, None) or next((r for r in rows if r["selected"]), rows[-1])
+
+
+class Sweep:
+    """One run's rows (by lr) while it executes: what it still needs, and its selection.
+    ``hold``: the rows are written only once complete (a ``--force`` rerun keeps the stored
+    result until then)."""
+
+    def __init__(self, protocol: Protocol, rows: Iterable[dict[str, Any]], hold: bool) -> None:
+        self.protocol = protocol
+        self.rows = {lr_key(r["lr"]): r for r in rows}
+        self.hold = hold
+
+    def add(self, *rows: dict[str, Any]) -> SweepState:
+        """Take finished rows; the sweep's state after them (``selected`` marked)."""
+        for row in rows:
+            self.rows[lr_key(row["lr"])] = row
+        state = sweep_state(self.protocol, self.rows.values())
+        mark_selected(self.protocol, self.sorted_rows())
+        return state
+
+    def adopt(self, rows: Iterable[dict[str, Any]]) -> SweepState:
+        """Take ``rows`` as the run's rows (what the store holds); as ``add``."""
+        self.rows = {}
+        return self.add(*rows)
+
+    def settle(self, rows: list[dict[str, Any]]) -> bool:
+        """Mark the selected lr of ``rows`` (the rows about to be stored); False holds the
+        write back while the sweep is incomplete and ``hold`` is set."""
+        return mark_selected(self.protocol, rows) or not self.hold
+
+    def sorted_rows(self) -> list[dict[str, Any]]:
+        return [self.rows[lr] for lr in sorted(self.rows)]

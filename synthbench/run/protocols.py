@@ -1,0 +1,250 @@
+"""Protocols: named, versioned training and evaluation presets (documented in docs/PROTOCOLS.md).
+
+A protocol fixes everything about a run except the task, the mechanism and the seed. Every
+stored row carries the protocol's name, version and full resolved config. Bump ``version``
+whenever a preset's values change, so old rows are never mistaken for new ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from synthbench.core.model import ARCHS, POSITIONS
+from synthbench.core.registry import Registry
+
+CURVE_POINTS = 10  # validation evaluations along training (the learning curve)
+# fields left out of a config while 0 (off), so run ids from before each field still hold
+OFF_WHEN_ZERO = ("stop_at", "pace_margin")
+
+
+def curve_points(steps: int, points: int = CURVE_POINTS) -> list[int]:
+    """The optimizer steps after which the learning curve is measured (and a training may
+    stop early): ``points`` evenly spaced, the last one the end of training."""
+    return sorted({max(1, round(steps * k / points)) for k in range(1, points + 1)})
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    version: int
+    description: str
+    # model
+    arch: str = "attn-only"
+    pos: str = "learned"  # an absolute embedding or a rotation of q and k (docs/POSITIONS.md)
+    d_model: int = 64
+    n_heads: int = 4
+    n_layers: int = 2
+    # training: AdamW, linear warm-up then cosine decay to min_lr_frac * lr
+    steps: int = 1000
+    batch_size: int = 32
+    lrs: tuple[float, ...] = (1e-3,)
+    # at most this many lrs added past the grid's edges, one grid step at a time, while the
+    # best lr on the validation set sits at an edge (synthbench/run/lr_selection.py)
+    lr_extend: int = 0
+    # stop a training once its validation select_metric, measured at the learning curve's
+    # points, reaches this (0: never); every lr that reaches it counts as solving the task,
+    # and the sweep prefers the one that got there in fewest steps (synthbench/run/lr_selection.py)
+    stop_at: float = 0.0
+    # an lr grown past an edge stops once, from half the schedule on, its validation token
+    # accuracy trails the edge's at the same step by more than this (0: never; sweep.py)
+    pace_margin: float = 0.0
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.98)
+    warmup_frac: float = 0.1
+    min_lr_frac: float = 0.1
+    grad_clip: float = 1.0  # max gradient norm; 0 turns clipping off
+    # evaluation: fixed sets, the same for every seed and mechanism
+    val_examples: int = 256
+    test_examples: int = 512
+    eval_batch_size: int = 256
+    select_metric: str = "token_acc"  # validation metric that picks the lr of a sweep
+    seeds: int = 3  # default number of seeds for `synthbench run`
+    # task parameters the protocol fixes, as ((task, ((param, value), ...)), ...) so that it
+    # stays hashable; a run's own --task-param goes on top (see pinned_task_params)
+    task_params: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.arch not in ARCHS:
+            problems.append(f"arch must be one of {ARCHS}")
+        if self.pos not in POSITIONS:
+            problems.append(f"pos must be one of {POSITIONS}")
+        if self.d_model % self.n_heads:
+            problems.append("d_model must be divisible by n_heads")
+        if (
+            min(
+                self.steps,
+                self.batch_size,
+                self.n_layers,
+                self.val_examples,
+                self.test_examples,
+                self.eval_batch_size,
+                self.seeds,
+            )
+            < 1
+        ):
+            problems.append("sizes and counts must be >= 1")
+        if not self.lrs or min(self.lrs) <= 0 or len(set(self.lrs)) < len(self.lrs):
+            problems.append("lrs must be a non-empty list of distinct positive learning rates")
+        if self.lr_extend < 0 or (self.lr_extend and len(self.lrs) < 2):
+            problems.append("lr_extend must be >= 0, and needs at least 2 lrs (the grid step)")
+        if not 0 <= self.stop_at <= 1:
+            problems.append("stop_at must be in [0, 1] (0: never stop early)")
+        if not 0 <= self.pace_margin <= 1:
+            problems.append("pace_margin must be in [0, 1] (0: off)")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            problems.append("grad_clip and weight_decay must be >= 0")
+        if not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_frac <= 1:
+            problems.append("warmup_frac must be in [0, 1) and min_lr_frac in [0, 1]")
+        if self.select_metric not in ("token_acc", "exact_match"):
+            problems.append("select_metric must be token_acc or exact_match")
+        if problems:
+            raise ValueError(f"protocol {self.name!r}: " + "; ".join(problems))
+
+    def pinned_task_params(self, task: str) -> dict[str, Any]:
+        """The parameters this protocol fixes for ``task`` (canonical name); none by default."""
+        return dict(dict(self.task_params).get(task, ()))
+
+    def config(self) -> dict:
+        """Everything that determines a run's outcome (the default seed count does not)."""
+        config = asdict(self)
+        config.pop("description")
+        config.pop("seeds")
+        config["lrs"] = list(self.lrs)
+        config["betas"] = list(self.betas)
+        config.pop("task_params")  # the run's resolved task parameters carry their effect
+        for name in OFF_WHEN_ZERO:
+            if not config[name]:
+                config.pop(name)
+        return config
+
+
+PROTOCOLS: Registry[Protocol] = Registry("protocol")
+
+
+def _add(protocol: Protocol) -> None:
+    PROTOCOLS.add(protocol.name, protocol)
+
+
+_add(
+    Protocol(
+        name="smoke",
+        version=1,
+        description="seconds per run, for tests and wiring checks; numbers mean nothing",
+        d_model=32,
+        n_heads=2,
+        n_layers=1,
+        steps=20,
+        batch_size=16,
+        val_examples=32,
+        test_examples=64,
+        seeds=1,
+    )
+)
+_add(
+    Protocol(
+        name="quick",
+        version=4,
+        description="the default, sized for a 2-core CPU: 1000 steps at each mechanism's "
+        "own best lr (grown from 3e-3 and 1e-2 until it is inside the grid), stopping a "
+        "training once it has solved the task",
+        steps=1000,
+        batch_size=32,
+        lrs=(3e-3, 1e-2),
+        lr_extend=3,
+        stop_at=0.99,
+        pace_margin=0.1,
+    )
+)
+_add(
+    Protocol(
+        name="standard",
+        version=3,
+        description="sized for one GPU: a larger model trained longer, with a learning-rate "
+        "sweep selected on the validation set",
+        d_model=128,
+        n_heads=4,
+        n_layers=2,
+        steps=4000,
+        batch_size=64,
+        lrs=(3e-4, 1e-3, 3e-3),
+        lr_extend=3,
+        stop_at=0.99,
+        pace_margin=0.1,
+        val_examples=1000,
+        test_examples=2000,
+        eval_batch_size=500,
+    )
+)
+_add(
+    Protocol(
+        name="slay-paper",
+        version=2,
+        description="mirrors the setup behind the published SLAY tables: d 64, 4 heads, 2 "
+        "layers, attention-only, learned positions, 200 steps of batch 32, AdamW lr 1e-3; "
+        "suite v1's layouts of the tasks that suite v2 re-posed",
+        steps=200,
+        batch_size=32,
+        lrs=(1e-3,),
+        # torch's AdamW defaults at a constant lr, no clipping: all the paper states
+        warmup_frac=0.0,
+        min_lr_frac=1.0,
+        betas=(0.9, 0.999),
+        grad_clip=0.0,
+        # the one-answer and v1 layouts the paper's tables were compared with (suite v2
+        # re-posed these tasks: docs/TASKS.md), so `report --compare slay-paper` stays like
+        # with like
+        task_params=(
+            ("addition", (("streamed", False),)),
+            ("compression", (("k", 8), ("n", 32), ("vocab", 16))),
+            ("counting", (("queries", 0), ("n", 32), ("vocab", 16))),
+            ("distant_match", (("probes", 0), ("n", 128))),
+            ("histogram", (("queries", 0), ("n", 16), ("vocab", 8))),
+            ("induction", (("dense", False), ("n", 64))),
+            (
+                "kv_recall",
+                (
+                    ("queries", 0),
+                    ("distinct_values", False),
+                    ("pairs", 8),
+                    ("keys", 32),
+                    ("values", 32),
+                ),
+            ),
+            ("modular", (("dense", False),)),
+            ("multihop", (("walk", False), ("walks", 1))),
+            ("noisy_copy", (("n", 32), ("rate", 0.25), ("vocab", 32))),
+            ("parity", (("dense", False), ("n", 16))),
+            (
+                "pattern",
+                (("n", 32), ("min_period", 2), ("max_period", 8), ("k", 8), ("vocab", 16)),
+            ),
+            ("retrieval", (("needles", 1), ("vocab", 32))),
+            ("reverse", (("n", 32),)),
+            ("selective_copy", (("length", 64),)),
+            ("sort", (("vocab", 32),)),
+            ("stack", (("every_pop", True),)),
+        ),
+    )
+)
+
+
+def markdown_table() -> str:
+    """Every protocol's values side by side (docs/PROTOCOLS.md embeds this; a test checks it)."""
+    protocols = [e.obj for e in PROTOCOLS.entries()]
+    # every field, also those a config leaves out at their default (OFF_WHEN_ZERO)
+    configs = [{**asdict(p), **p.config()} for p in protocols]
+    lines = [
+        "| field | " + " | ".join(p.name for p in protocols) + " |",
+        "|---|" + "---|" * len(protocols),
+    ]
+    fields = protocols[0].config() | dict.fromkeys(OFF_WHEN_ZERO)
+    for name in (f for f in fields if f != "name"):
+        values = [
+            ", ".join(f"{v:g}" for v in c[name]) if isinstance(c[name], list) else f"{c[name]}"
+            for c in configs
+        ]
+        lines.append(f"| {name} | " + " | ".join(values) + " |")
+    lines.append("| seeds (default) | " + " | ".join(str(p.seeds) for p in protocols) + " |")
+    return "\n".join(lines) + "\n"

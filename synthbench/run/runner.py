@@ -1,0 +1,436 @@
+"""The runner: from a selection of runs to stored rows, through an executor.
+
+    plan      the RunSpecs of a selection, every name and parameter resolved once
+    execute   drop what is already stored, train the rest through an executor (this process,
+              a local pool of worker processes, or Ray: synthbench/run/executors.py), write
+              each finished row to the store as it comes in, and hand each run's rows to its
+              learning-rate sweep, which says what it still needs and which lr it selects
+              (synthbench/run/lr_selection.py)
+
+The unit of work is one training: a run at one learning rate, so the lrs of a run can train
+on different workers. Only this process writes to the store; a worker returns its row.
+Every write replaces the run's file atomically with all its rows so far (``selected`` set
+once the sweep is complete), so a kill at any moment keeps every finished training and
+leaves no half-written file, and the same command resumes with what is missing. The store
+merges each write with what it holds (``ResultStore.save``): a stored result is never
+replaced by a failed training. Before it hands out a run's first training this process
+claims the run (synthbench/run/claims.py): a run claimed by another live command is left to it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.task import TASKS
+from synthbench.core.text import plural
+from synthbench.run import grid
+from synthbench.run.claims import Claims
+from synthbench.run.limits import MAX_SEEDS
+from synthbench.run.lr_selection import (
+    SWEEP_COLUMNS,
+    Budget,
+    Sweep,
+    SweepState,
+    mark_selected,
+    run_status,
+    sweep_state,
+)
+from synthbench.run.protocols import Protocol
+from synthbench.run.schema import LEAKY, lr_key
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import NewerSchemaError, ResultStore
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One training: a run at one learning rate."""
+
+    spec: RunSpec
+    lr: float
+    budget: Budget = Budget()  # limits short of the whole schedule (lr_selection.Budget)
+
+    @property
+    def key(self) -> tuple[str, float]:
+        return (self.spec.run_id, lr_key(self.lr))
+
+    def label(self) -> str:
+        return f"{self.spec.label()} / lr {self.lr:g}"
+
+
+def plan(
+    tasks: Sequence[str],
+    mechanisms: Sequence[str],
+    protocol: Protocol,
+    seeds: int,
+    *,
+    task_params: dict[str, Any] | None = None,
+    mechanism_params: dict[str, Any] | None = None,
+    eval_length_mult: float | None = None,
+    pos: str | None = None,
+    pos_params: dict[str, Any] | None = None,
+    threads: int = 1,
+    difficulties: Sequence[str] | None = None,
+    protocol_params: dict[str, Any] | None = None,
+) -> list[RunSpec]:
+    """Every (task, mechanism, grid point, seed 0..seeds-1), resolved and checked before
+    anything runs; names that resolve to the same run (an alias and its name) give it once.
+
+    A list among ``task_params``, ``mechanism_params`` or ``protocol_params`` is a sweep over
+    its values, ``difficulties`` a ladder of presets (synthbench/run/grid.py)."""
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
+        raise ValueError(
+            f"the number of seeds must be an integer in [1, {MAX_SEEDS}], got {seeds!r}"
+        )
+    protocols = grid.protocol_points(protocol, protocol_params)
+    specs: dict[str, RunSpec] = {}
+    for task in tasks:
+        task_cls = TASKS.get(task)
+        task_defaults = {f.name: f.default for f in dataclasses.fields(task_cls.Params)}
+        task_points = [
+            {**preset, **point}
+            for preset in grid.difficulty_points(task, task_cls, difficulties)
+            for point in grid.points(task_params or {}, task_defaults)
+        ]
+        for mechanism in mechanisms:
+            mech_defaults = grid.constructor_defaults(MECHANISMS.get(mechanism))
+            mech_points = grid.points(mechanism_params or {}, mech_defaults)
+            for proto, task_point, mech_point in itertools.product(
+                protocols, task_points, mech_points
+            ):
+                first = RunSpec.resolve(
+                    task, mechanism, proto, 0, task_point, mech_point,
+                    eval_length_mult, pos, pos_params, threads,
+                )  # fmt: skip
+                for seed in range(seeds):
+                    spec = first.with_seed(seed) if seed else first
+                    specs.setdefault(spec.run_id, spec)
+    return list(specs.values())
+
+
+class Events:
+    """What ``execute`` reports as it goes (the command line draws its progress from it).
+    Every method does nothing here; override the ones you need."""
+
+    def skipped_file(self, path: Path, reason: str) -> None:
+        """A file in the results tree that could not be read (it is left as it is)."""
+
+    def planned(self, runs: int, stored: int, units: list[Unit], capacity: int) -> None:
+        """``stored`` of the ``runs`` need nothing; ``units`` are the trainings to do,
+        ``capacity`` of them at a time (0 when there is nothing to do)."""
+
+    def started(self, unit: Unit) -> None:
+        """A training was handed to a worker."""
+
+    def finished(self, unit: Unit, row: dict[str, Any]) -> None:
+        """A training's row came back and is stored."""
+
+    def grew(self, units: list[Unit]) -> None:
+        """A sweep needs more trainings than planned (its best lr sat at the grid's edge)."""
+
+    def run_done(self, spec: RunSpec, rows: list[dict[str, Any]]) -> None:
+        """A run's sweep is complete; its rows are stored with the selected lr marked."""
+
+    def notice(self, spec: RunSpec, message: str) -> None:
+        """One line the user must read about a run: a stored result kept over a failed
+        training, an unreadable file moved aside, a run refused or left to another command."""
+
+    def unplanned(self, units: list[Unit]) -> None:
+        """Planned trainings this command will not do: their run is claimed by another
+        command, was stored by one meanwhile, or is refused."""
+
+
+@dataclass
+class Outcome:
+    runs: int = 0  # in the selection
+    stored: int = 0  # of which already complete in the store
+    statuses: Counter = field(default_factory=Counter)  # runs completed now, by status
+    trainings: int = 0  # rows trained now
+    claimed: int = 0  # runs left to another command that holds their claim
+    kept: int = 0  # failed trainings not stored: a result stored at their lr was kept
+    refused: int = 0  # runs whose file is of a newer schema version (never overwritten)
+    stored_leaky: int = 0  # of the stored runs, those not causal after training
+
+    def failure(self) -> str | None:
+        """The command's one-line failure for kept and refused runs (an error status
+        aside), or None."""
+        parts = []
+        if self.kept:
+            parts.append(f"{plural(self.kept, 'training')} failed where a stored result was kept")
+        if self.refused:
+            parts.append(
+                f"{plural(self.refused, 'run')} refused: their files are of a newer schema "
+                "version (upgrade synthbench)"
+            )
+        return "; ".join(parts) + " (see the warnings above)" if parts else None
+
+
+class _Run:
+    """One run while it executes: its learning-rate sweep, and where this command stands
+    with it."""
+
+    def __init__(self, spec: RunSpec, rows: Iterable[dict[str, Any]], hold: bool) -> None:
+        self.spec = spec
+        self.sweep = Sweep(spec.protocol, rows, hold)
+        self.claimed = False  # this command holds the run's claim
+        self.dropped = False  # left to another command, or refused: its rows are not stored
+        self.done = False  # complete and counted
+
+    @property
+    def hold(self) -> bool:
+        return self.sweep.hold
+
+    @property
+    def rows(self) -> dict[float, dict[str, Any]]:
+        return self.sweep.rows
+
+    def add(self, *rows: dict[str, Any]) -> tuple[bool, list[Unit]]:
+        """Take finished rows; return (complete, trainings still to do)."""
+        return self._next(self.sweep.add(*rows))
+
+    def adopt(self, rows: Iterable[dict[str, Any]]) -> tuple[bool, list[Unit]]:
+        """Take ``rows`` as the run's rows (what the store holds); as ``add``."""
+        return self._next(self.sweep.adopt(rows))
+
+    def _next(self, state: SweepState) -> tuple[bool, list[Unit]]:
+        return state.complete, _units(self.spec, state)
+
+
+def execute(
+    specs: Sequence[RunSpec],
+    store: ResultStore,
+    make_executor: Callable[[int], Any],
+    *,
+    force: bool = False,
+    events: Events | None = None,
+) -> Outcome:
+    """Train every training of ``specs`` not already stored. ``make_executor(n)`` gives the
+    executor for ``n`` trainings (synthbench/run/executors.py); it is called only if there is
+    something to train, and the executor is closed on the way out, Ctrl-C included.
+    Each run is claimed before its first training is handed out (a run another command
+    holds is left to it) and released when it completes or this returns."""
+    events = events or Events()
+    outcome = Outcome(runs=len(specs))
+    active, units = _pending(specs, store, force, events, outcome)
+    outcome.stored = len(specs) - len(active) - outcome.refused
+    executor = make_executor(len(units)) if units else None
+    capacity = executor.capacity if executor is not None else 0
+    if len(units) > 1 and capacity > 1:
+        units = longest_first(units)
+    events.planned(len(specs), outcome.stored, units, capacity)
+    if executor is None:
+        return outcome
+    claims = Claims(store.root)
+    try:
+        queue, in_flight = deque(units), set()
+        while queue or in_flight:
+            while queue and len(in_flight) < capacity:
+                unit = queue.popleft()
+                run = active[unit.spec.run_id]
+                if run.done or run.dropped:
+                    continue
+                if not run.claimed and not _claim(
+                    run, unit, queue, claims, store, force, events, outcome
+                ):
+                    continue
+                executor.submit(unit)
+                in_flight.add(unit.key)
+                events.started(unit)
+            if not in_flight:
+                continue  # what was queued is another command's
+            unit, row = executor.wait()
+            in_flight.discard(unit.key)
+            run = active[unit.spec.run_id]
+            complete, pending = run.add(row)
+            if not run.dropped and (complete or not run.hold):
+                saved = _save(run, store, force, events, outcome)
+                if saved is None:  # refused: its file is of a newer schema now
+                    run.dropped = True
+                    claims.release(run.spec.run_id)
+                    events.unplanned(_drop(queue, run.spec.run_id))
+                else:
+                    complete, pending = saved
+            outcome.trainings += 1
+            events.finished(unit, row)
+            if run.dropped or run.done:
+                continue
+            if complete:
+                run.done = True
+                claims.release(run.spec.run_id)
+                outcome.statuses[run_status(run.rows.values())["status"]] += 1
+                events.run_done(run.spec, run.sweep.sorted_rows())
+                continue
+            queued = {u.key for u in queue}
+            more = [u for u in pending if u.key not in in_flight and u.key not in queued]
+            if more:  # the sweep grew: train its new lrs next, so the run completes soon
+                queue.extendleft(reversed(more))
+                events.grew(more)
+    finally:
+        try:
+            executor.close()
+        finally:
+            claims.close()
+    return outcome
+
+
+def _claim(
+    run: _Run,
+    unit: Unit,
+    queue: deque,
+    claims: Claims,
+    store: ResultStore,
+    force: bool,
+    events: Events,
+    outcome: Outcome,
+) -> bool:
+    """Claim the run of ``unit`` before its first training is handed out. False when the
+    run is another command's (its trainings leave the plan), or when another command stored
+    some of it since the plan was made (what is left to train goes back to the queue)."""
+    spec = run.spec
+    holder = claims.take(spec.run_id)
+    if holder is not None:
+        run.dropped = True
+        outcome.claimed += 1
+        events.notice(spec, f"skipped: claimed by {holder}, another command computing it")
+        events.unplanned([unit, *_drop(queue, spec.run_id)])
+        return False
+    run.claimed = True
+    if force:
+        return True
+    rows = _finished(store.read_run(*_place(spec)))
+    if {lr_key(r["lr"]) for r in rows} == set(run.rows):
+        return True  # as planned
+    complete, pending = run.adopt(rows)
+    planned = [unit, *_drop(queue, spec.run_id)]
+    events.unplanned([u for u in planned if u not in pending])
+    more = [u for u in pending if u not in planned]
+    if more:
+        events.grew(more)
+    queue.extendleft(reversed(pending))
+    if complete:
+        run.done = True
+        claims.release(spec.run_id)
+        outcome.stored += 1
+        events.notice(spec, "stored by another command meanwhile")
+    return False
+
+
+def _save(
+    run: _Run, store: ResultStore, force: bool, events: Events, outcome: Outcome
+) -> tuple[bool, list[Unit]] | None:
+    """Store a run's rows so far, merged with what the store holds (a stored result is
+    never replaced by a failure); the run's state after that, or None if it is refused."""
+    spec = run.spec
+    try:
+        saved = store.save(run.sweep.sorted_rows(), replace=force, settle=run.sweep.settle)
+    except NewerSchemaError as exc:  # such a file appeared at the run's path since the plan
+        outcome.refused += 1
+        events.notice(spec, f"refused: {exc}")
+        return None
+    for line in saved.notices():
+        events.notice(spec, line)
+    outcome.kept += len(saved.kept)
+    return run.adopt(saved.rows)
+
+
+def _drop(queue: deque, run_id: str) -> list[Unit]:
+    """Take the trainings of ``run_id`` out of ``queue``; return them."""
+    dropped = [u for u in queue if u.spec.run_id == run_id]
+    if dropped:
+        rest = [u for u in queue if u.spec.run_id != run_id]
+        queue.clear()
+        queue.extend(rest)
+    return dropped
+
+
+def _finished(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stored rows a run keeps: an lr stored as an error trains again; ok and diverged
+    are results; leaky is kept too (it would leak again; a plugin's new code is a new run)."""
+    return [r for r in rows if r["status"] != "error"]
+
+
+def _pending(
+    specs: Sequence[RunSpec],
+    store: ResultStore,
+    force: bool,
+    events: Events,
+    outcome: Outcome,
+) -> tuple[dict[str, _Run], list[Unit]]:
+    """The runs with work left (by run_id) and their trainings to do."""
+    store.remove_stale_temporaries()
+    stored: dict[str, list[dict[str, Any]]] = {}
+    if not force:
+        loaded = store.load(columns=SWEEP_COLUMNS, warn=False)
+        for path, reason in loaded.skipped:
+            events.skipped_file(path, reason)
+        wanted = {s.run_id for s in specs}
+        rows = loaded.rows[loaded.rows["run_id"].isin(wanted)]
+        for record in rows.to_dict("records"):
+            stored.setdefault(record["run_id"], []).append(record)
+    active, units = {}, []
+    for spec in specs:
+        kept = _finished(stored.get(spec.run_id, []))
+        state = sweep_state(spec.protocol, kept)
+        refusal = None if state.complete else store.refusal(*_place(spec))
+        if refusal is not None:  # before anything trains: its file would never be written
+            outcome.refused += 1
+            events.notice(spec, f"refused: {refusal}")
+            continue
+        if state.complete and any(r["status"] == LEAKY for r in kept):
+            outcome.stored_leaky += 1  # it would leak again: never retrained, always said
+        if state.complete and state.marked(kept):
+            continue  # complete, and stored with its selection
+        full = _finished(store.read_run(*_place(spec))) if kept else []
+        active[spec.run_id] = _Run(spec, full, hold=force)
+        if state.complete:  # stored complete but not marked (an interrupted write): mark now
+            mark_selected(spec.protocol, full)
+            store.write(sorted(full, key=lambda r: r["lr"]))
+            del active[spec.run_id]
+            continue
+        units += _units(spec, state)
+    return active, units
+
+
+def _place(spec: RunSpec) -> tuple[str, str, str, str]:
+    """What the store finds a run's file by."""
+    return spec.protocol.name, spec.task, spec.mechanism, spec.run_id
+
+
+def _units(spec: RunSpec, state: SweepState) -> list[Unit]:
+    """The trainings a sweep still needs, each with its budget."""
+    return [Unit(spec, lr, state.budgets.get(lr, Budget())) for lr in state.pending]
+
+
+def longest_first(units: list[Unit]) -> list[Unit]:
+    """Longest trainings first (steps x batch x sequence length, a proxy for cost), so
+    that no worker is left with a long one at the end while the others wait."""
+
+    def cost(unit: Unit) -> int:
+        p = unit.spec.protocol
+        return p.steps * p.batch_size * unit.spec.make_task().seq_len
+
+    costs = {u.key: cost(u) for u in units}
+    return sorted(units, key=lambda u: -costs[u.key])
+
+
+def run_sweep(spec: RunSpec, device) -> list[dict[str, Any]]:
+    """Every training of one run in this process, without storing: its rows (lr order),
+    ``selected`` marked. For tests and notebooks; ``execute`` is what the CLI uses."""
+    from synthbench.run.executors import InProcess
+
+    rows: list[dict[str, Any]] = []
+    executor = InProcess(device)
+    pending = _units(spec, sweep_state(spec.protocol, rows))
+    while pending:
+        for unit in pending:
+            executor.submit(unit)
+            rows.append(executor.wait()[1])
+        pending = _units(spec, sweep_state(spec.protocol, rows))
+    mark_selected(spec.protocol, rows)
+    return sorted(rows, key=lambda r: r["lr"])

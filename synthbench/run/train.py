@@ -1,0 +1,302 @@
+"""Train and evaluate one run at one learning rate: one results row.
+
+The run is fully described by its :class:`~synthbench.run.spec.RunSpec`; the runner
+(synthbench/run/runner.py) decides which learning rates to train and which one a run reports.
+A failure is never raised: it is the row's status (``diverged``, ``leaky``: the trained
+model sees later positions, or ``error`` with its message), never an accuracy of 0.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import time
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from synthbench.core.model import Model
+from synthbench.core.task import IGNORE, TASKS, Batch, Task
+from synthbench.integrity.audit import Chance, chance
+from synthbench.integrity.causality import BATCH as CHECK_BATCH
+from synthbench.integrity.causality import Leaky, check_model_causality
+from synthbench.run import provenance
+from synthbench.run.lr_selection import Budget
+from synthbench.run.protocols import Protocol, curve_points
+from synthbench.run.schema import LEAKY, RESULT_METRICS
+from synthbench.run.spec import TEST_SEED, VAL_SEED, RunSpec
+
+FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW
+
+
+def lr_schedule(protocol: Protocol):
+    """Linear warm-up to 1, then cosine decay to ``min_lr_frac`` (a multiplier per step)."""
+    warmup = int(protocol.warmup_frac * protocol.steps)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, protocol.steps - warmup)
+        cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+        return protocol.min_lr_frac + (1.0 - protocol.min_lr_frac) * cosine
+
+    return factor
+
+
+def answer_metrics(
+    logits: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per example: token accuracy over its answer positions, and exact match (all right)."""
+    mask = targets != IGNORE
+    correct = ((logits.argmax(dim=-1) == targets) & mask).sum(dim=1)
+    n_answers = mask.sum(dim=1)
+    return correct / n_answers.clamp(min=1), (correct == n_answers).float()
+
+
+class Diverged(Exception):
+    """Training produced a non-finite loss, gradient or logit."""
+
+
+def mean_and_se(per_example: torch.Tensor) -> tuple[float, float]:
+    """The mean over examples and its standard error (0 for a single example)."""
+    n = per_example.numel()
+    se = per_example.std().item() / math.sqrt(n) if n > 1 else 0.0
+    return per_example.mean().item(), se
+
+
+@torch.no_grad()
+def evaluate(model: Model, data: Batch, batch_size: int, with_se: bool = False) -> dict[str, float]:
+    """Token accuracy and exact match (and with ``with_se`` their standard errors over the
+    examples, as ``<metric>_se``)."""
+    model.eval()
+    token_acc, exact = [], []
+    for start in range(0, data.inputs.shape[0], batch_size):
+        logits = model(data.inputs[start : start + batch_size])
+        if not torch.isfinite(logits).all():
+            raise Diverged("non-finite logits at evaluation")
+        acc, em = answer_metrics(logits, data.targets[start : start + batch_size])
+        token_acc.append(acc)
+        exact.append(em)
+    model.train()
+    metrics = {}
+    for name, per_example in (("token_acc", token_acc), ("exact_match", exact)):
+        metrics[name], se = mean_and_se(torch.cat(per_example))
+        if with_se:
+            metrics[f"{name}_se"] = se
+    return metrics
+
+
+@torch.no_grad()
+def free_running_token_acc(model: Model, data: Batch, batch_size: int) -> tuple[float, float]:
+    """Token accuracy of answers generated free-running (greedy): every answer token is fed
+    back to the model as the model produced it, not as the data has it.
+
+    Exact: a forward pass over the whole sequence decides every answer up to the first one
+    whose fed-back token disagrees with the prediction (their prefixes are final); that token
+    is replaced by the prediction and the pass repeated, for the examples that changed only.
+    One pass per wrong answer, one in all for an example answered right (whose free-running
+    and teacher-forced answers coincide: so exact match is the same either way). Returns the
+    mean over examples and its standard error.
+    """
+    model.eval()
+    accuracy = []
+    for start in range(0, data.inputs.shape[0], batch_size):
+        inputs = data.inputs[start : start + batch_size].clone()
+        targets = data.targets[start : start + batch_size]
+        answer = targets != IGNORE
+        # an answer predicted at i is read back at i + 1 (the last position reads nothing)
+        fed_back = answer.clone()
+        fed_back[:, -1] = False
+        predicted = torch.empty_like(targets)
+        done_up_to = torch.full((len(inputs),), -1, device=inputs.device)
+        active = torch.arange(len(inputs), device=inputs.device)
+        positions = torch.arange(inputs.shape[1], device=inputs.device)
+        while len(active):
+            guess = model(inputs[active]).argmax(dim=-1)
+            predicted[active] = guess
+            read_back = torch.zeros_like(guess)
+            read_back[:, :-1] = inputs[active, 1:]
+            differs = (
+                fed_back[active]
+                & (guess != read_back)
+                & (positions > done_up_to[active].unsqueeze(1))
+            )
+            changed = differs.any(dim=1)
+            first = differs.float().argmax(dim=1)  # the first disagreeing answer
+            rows, cols = active[changed], first[changed]
+            inputs[rows, cols + 1] = guess[changed, cols]
+            done_up_to[rows] = cols
+            active = rows
+        correct = ((predicted == targets) & answer).sum(dim=1)
+        accuracy.append(correct / answer.sum(dim=1).clamp(min=1))
+    model.train()
+    return mean_and_se(torch.cat(accuracy))
+
+
+@functools.lru_cache(maxsize=64)
+def _chance(task_class: type[Task], task_params: str) -> Chance:
+    return chance(task_class(**json.loads(task_params)))
+
+
+def task_chance_of(spec: RunSpec) -> Chance:
+    """The audit's chance of the run's task (computed once per task and parameters in a
+    process: every lr and seed of a task shares it)."""
+    return _chance(TASKS.get(spec.task), json.dumps(spec.task_params, sort_keys=True))
+
+
+def build_model(spec: RunSpec, *tasks: Task) -> Model:
+    """The run's model, with vocabulary and positions for every one of ``tasks``."""
+    p = spec.protocol
+    return Model(
+        max(t.vocab_size for t in tasks),
+        max(t.seq_len for t in tasks),
+        spec.make_mechanism,
+        d_model=p.d_model,
+        n_heads=p.n_heads,
+        n_layers=p.n_layers,
+        arch=p.arch,
+        pos=p.pos,
+        pos_params=spec.pos_params,
+    )
+
+
+def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """AdamW's parameter groups: every parameter with the protocol's weight decay, but one a
+    mechanism marks ``_no_weight_decay`` (as Mamba-2 marks its A_log and dt_bias) without.
+    Without such a parameter, one group in the model's order: as before the marks existed."""
+    decayed, exempt = [], []
+    for param in model.parameters():
+        (exempt if getattr(param, "_no_weight_decay", False) else decayed).append(param)
+    groups = [{"params": decayed, "weight_decay": weight_decay}]
+    return groups + ([{"params": exempt, "weight_decay": 0.0}] if exempt else [])
+
+
+def _train_and_evaluate(
+    spec: RunSpec, lr: float, device: torch.device, row: dict, budget: Budget
+) -> None:
+    p = spec.protocol
+    last_step = min(p.steps, budget.steps or p.steps)  # the lr schedule still spans p.steps
+    task = spec.make_task()
+    long_task = task.at_length(spec.eval_length_mult) if spec.eval_length_mult else None
+    torch.manual_seed(spec.seed)  # model init and any random features of the mechanism
+    model = build_model(spec, task, *([long_task] if long_task else [])).to(device)
+    row["n_params"] = sum(t.numel() for t in model.parameters())
+    optimizer = torch.optim.AdamW(
+        parameter_groups(model, p.weight_decay),
+        lr=lr,
+        betas=p.betas,
+        weight_decay=p.weight_decay,
+        # one kernel for all parameters: 3x less optimizer time on these small models
+        fused=device.type in FUSED_ADAMW_DEVICES or None,
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(p))
+    train_gen = torch.Generator().manual_seed(spec.seed)
+    val = task.generate(p.val_examples, torch.Generator().manual_seed(VAL_SEED), device)
+    test = task.generate(p.test_examples, torch.Generator().manual_seed(TEST_SEED), device)
+
+    recent: list[float] = []
+    row["curve_steps"], row["curve_val_token_acc"] = [], []
+    measure_at = set(curve_points(p.steps)) | {last_step}
+    for step in range(last_step):
+        batch = task.generate(p.batch_size, train_gen, device)
+        logits = model(batch.inputs)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
+        row["steps_done"] = step
+        if not torch.isfinite(loss):
+            raise Diverged(f"non-finite loss at step {step}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grads = [q.grad for q in model.parameters() if q.grad is not None]
+        grad_norm = torch.nn.utils.get_total_norm(grads)
+        if not torch.isfinite(grad_norm):
+            raise Diverged(f"non-finite gradient at step {step}")
+        if p.grad_clip:
+            torch.nn.utils.clip_grads_with_norm_(model.parameters(), p.grad_clip, grad_norm)
+        optimizer.step()
+        scheduler.step()
+        recent = (recent + [loss.item()])[-20:]
+        if step + 1 in measure_at:
+            val_metrics = evaluate(model, val, p.eval_batch_size)
+            row["curve_steps"].append(step + 1)
+            row["curve_val_token_acc"].append(val_metrics["token_acc"])
+            if p.stop_at and val_metrics[p.select_metric] >= p.stop_at:
+                break  # solved: the rest of the schedule would only cost time
+            if budget.falls_behind(p, step + 1, val_metrics["token_acc"]):
+                break  # too far behind the edge it was grown past to be selected
+    row["steps_done"] = step + 1
+    row["final_loss"] = sum(recent) / len(recent)
+    long_test = None
+    if long_task is not None:
+        gen = torch.Generator().manual_seed(TEST_SEED)
+        long_test = long_task.generate(p.test_examples, gen, device)
+    # a leak can be switched on by a learned parameter: the trained model is checked too,
+    # on test sequences at every length it is evaluated at, before any result is kept
+    for data in (test, long_test):
+        if data is not None:
+            verdict = check_model_causality(model, data.inputs[:CHECK_BATCH])
+            if verdict.leaks:
+                raise Leaky(f"not causal after training: {verdict.detail}")
+
+    # val_metrics: the last point of the curve, at the end of training
+    row.update(evaluate(model, test, p.eval_batch_size, with_se=True))
+    row["free_token_acc"], row["free_token_acc_se"] = free_running_token_acc(
+        model, test, p.eval_batch_size
+    )
+    task_chance = task_chance_of(spec)
+    row["chance_token_acc"] = task_chance.token_acc
+    row["chance_exact_match"] = task_chance.exact_match
+    row.update({f"val_{k}": v for k, v in val_metrics.items()})
+    if long_test is not None:
+        long_metrics = evaluate(model, long_test, p.eval_batch_size)
+        row.update({f"long_{k}": v for k, v in long_metrics.items()})
+    row["status"] = "ok"
+
+
+def blank_row(spec: RunSpec, lr: float) -> dict[str, Any]:
+    """A row of ``spec`` at ``lr`` with no result yet: status error, every metric null."""
+    return {
+        **spec.row_fields(),
+        "lr": lr,
+        "selected": False,  # the runner sets both once the sweep is complete
+        "lr_edge": False,
+        "steps_done": 0,
+        "status": "error",
+        "error": None,
+        **dict.fromkeys(RESULT_METRICS),
+        "wall_seconds": 0.0,
+    }
+
+
+def failed_row(spec: RunSpec, lr: float, device: torch.device, error: str) -> dict[str, Any]:
+    """The row of a training that could not run at all (its worker died, say)."""
+    return {**blank_row(spec, lr), "error": error, **provenance.stamp(device)}
+
+
+def train_eval(
+    spec: RunSpec, lr: float, device: torch.device, budget: Budget | None = None
+) -> dict[str, Any]:
+    """One training run at one learning rate -> one results row (never raises on failure).
+    With a ``budget`` it stops at its limits (synthbench/run/lr_selection.py says when), the lr
+    schedule unchanged.
+
+    Runs with ``spec.threads`` torch threads (restored afterwards): the count is part of the
+    run's config because it changes the floating-point sums.
+    """
+    row = blank_row(spec, lr)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    start = time.perf_counter()
+    try:
+        _train_and_evaluate(spec, lr, device, row, budget or Budget())
+    except Diverged as exc:
+        row.update(status="diverged", error=str(exc))
+    except Leaky as exc:  # never a result; not retrained either (it would leak again)
+        row.update(status=LEAKY, error=str(exc))
+    except Exception as exc:  # stored as an error row; the suite goes on
+        row.update(status="error", error=f"{type(exc).__name__}: {exc}")
+    finally:
+        torch.set_num_threads(threads)
+    row["wall_seconds"] = time.perf_counter() - start
+    return {**row, **provenance.stamp(device)}
