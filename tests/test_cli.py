@@ -319,7 +319,7 @@ def test_corrupt_file_is_reported_and_rerun(results, tmp_path):
     assert str(bad) in rerun.stderr
     after = snapshot(results)
     changed = {k for k in after if after[k] != before.get(k) and after[k][0] >= 0}  # files
-    # the unreadable file is kept, moved aside to a hidden name (README, "Errors")
+    # the unreadable file is kept, moved aside to a hidden name (docs/CLI.md, "Errors")
     (aside,) = [k for k in changed if ".unreadable-" in k]
     assert changed == {str(bad.relative_to(results)), aside}
     assert (results / aside).read_bytes() == truncated and str(results / aside) in rerun.stderr

@@ -13,6 +13,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import pty
+import re
+import select
 import shutil
 import signal
 import subprocess
@@ -326,3 +329,41 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path):
     assert process.returncode in (-signal.SIGINT, common.INTERRUPTED), (stderr, stdout)
     assert "Traceback" not in stderr.decode()
     assert stderr.decode().startswith("error: interrupted")
+
+
+@pytest.mark.skipif(not hasattr(os, "openpty"), reason="needs a pseudo-terminal")
+def test_ctrl_c_under_the_progress_bar_starts_its_own_line(tmp_path):
+    """In a terminal, Ctrl-C while a training runs: the bar's line ends first, so the one
+    error line starts a line of its own (not after the bar on the bar's line)."""
+    leader, follower = pty.openpty()
+    env = {**SUBPROCESS_ENV, "TERM": "xterm", "COLUMNS": "150"}
+    env.pop("NO_COLOR", None)
+    process = subprocess.Popen(
+        command_line("run", "--task", "kv_recall", "--mech", "softmax", "--seeds", "1",
+                     "--protocol", "quick", "--jobs", "1", "--results", tmp_path / "r"),
+        stdin=follower, stdout=follower, stderr=follower, env=env, close_fds=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    os.close(follower)
+    seen, deadline = b"", time.monotonic() + 120
+    try:
+        while b"now kv_recall softmax seed 0" not in seen and time.monotonic() < deadline:
+            ready, _, _ = select.select([leader], [], [], 1.0)
+            if ready:
+                seen += os.read(leader, 65536)
+        assert b"now kv_recall softmax seed 0" in seen, seen  # the bar says what trains
+        assert b"checking softmax for causality" in seen, seen  # and what comes before it
+        process.send_signal(signal.SIGINT)
+        while process.poll() is None or select.select([leader], [], [], 0.5)[0]:
+            try:
+                seen += os.read(leader, 65536)
+            except OSError:  # the terminal closed with the process
+                break
+    finally:
+        process.kill()
+        process.wait(timeout=60)
+        os.close(leader)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))  # no colours
+    lines = text.replace("\r\n", "\n").split("\n")
+    (error,) = [line for line in lines if "interrupted" in line]
+    assert error.lstrip("\r").startswith("error: interrupted; finished trainings are stored")

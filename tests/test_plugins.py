@@ -7,7 +7,7 @@
   exit status 2 and one line, touching nothing stored; a broken entry point is one warning
   line and the built-ins still work;
 - a plugin's code in its run id: an edited file or installed package is trained again;
-- ``--version``, shell completion, and the README's plugin walkthrough, run as written.
+- ``--version``, shell completion, and the documented plugin walkthroughs, run as written.
 
 Every subprocess gets a fresh interpreter, so nothing registered here leaks into the
 registries of the other tests; the commands run in this process load only plugin files
@@ -35,7 +35,7 @@ import torch
 from typer.testing import CliRunner
 
 from synthbench.cli import app
-from synthbench.core.registry import entry_point_hash
+from synthbench.core.registry import DISABLE_AUTOLOAD, entry_point_hash
 from synthbench.report.aggregate import label_variants
 from synthbench.run.store import ResultStore
 
@@ -48,10 +48,20 @@ ENV = {"COLUMNS": "400", "NO_COLOR": "1"}  # in-process commands (CliRunner): wh
 
 
 def cli(
-    *args: object, python: str | Path = sys.executable, cwd: Path, pythonpath: Path | None = None
+    *args: object,
+    python: str | Path = sys.executable,
+    cwd: Path,
+    pythonpath: Path | None = None,
+    autoload: bool | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m synthbench.cli ARGS`` with wide, colourless output (whole table rows)."""
+    """``python -m synthbench.cli ARGS`` with wide, colourless output (whole table rows).
+    ``autoload``: installed plugins are loaded (default: where ``pythonpath`` adds a folder
+    a plugin was installed into; the suite runs without them otherwise: tests/conftest.py)."""
     env = {k: v for k, v in os.environ.items() if k not in ("FORCE_COLOR", "PY_COLORS")}
+    if autoload is None:
+        autoload = pythonpath is not None
+    if autoload:
+        env.pop(DISABLE_AUTOLOAD, None)
     env.update(COLUMNS="400", NO_COLOR="1", PYTHONIOENCODING="utf-8")
     env["OMP_NUM_THREADS"] = "1"  # tiny models: extra threads only contend (3x slower on 2 cores)
     if pythonpath is not None:
@@ -77,10 +87,12 @@ def stderr_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
 
 
 def list_mechanisms(
-    *args: object, cwd: Path, pythonpath: Path | None = None
+    *args: object, cwd: Path, pythonpath: Path | None = None, autoload: bool | None = None
 ) -> tuple[subprocess.CompletedProcess[str], dict[str, dict]]:
     """``synthbench list mechs --json ARGS``: the finished command and its rows by name."""
-    proc = ok(cli("list", "mechs", "--json", *args, cwd=cwd, pythonpath=pythonpath))
+    proc = ok(
+        cli("list", "mechs", "--json", *args, cwd=cwd, pythonpath=pythonpath, autoload=autoload)
+    )
     return proc, {row["name"]: row for row in json.loads(proc.stdout)}
 
 
@@ -203,6 +215,8 @@ def pip_install(package: Path, tmp_path: Path) -> Path:
 
 @needs_pip
 def test_entry_point_plugin_installed_as_a_package(tmp_path: Path) -> None:
+    # whether this environment has the plugin installed already (the test must pass either way)
+    installed_here = "relu-linear" in list_mechanisms(cwd=tmp_path, autoload=True)[1]
     site = pip_install(EXAMPLE, tmp_path)
 
     listed, rows = list_mechanisms(cwd=tmp_path, pythonpath=site)
@@ -231,8 +245,10 @@ def test_entry_point_plugin_installed_as_a_package(tmp_path: Path) -> None:
     module.write_text(module.read_text() + "# edited\n")
     assert entry_point_hash(ep) != code
 
-    # installed into that folder only: without it on the path, the plugin is not there
-    assert "relu-linear" not in list_mechanisms(cwd=tmp_path)[1]
+    # installed into that folder only: without it on the path, the environment is as it was
+    assert ("relu-linear" in list_mechanisms(cwd=tmp_path, autoload=True)[1]) == installed_here
+    # and with autoloading off, an installed plugin is not loaded at all
+    assert "relu-linear" not in list_mechanisms(cwd=tmp_path, pythonpath=site, autoload=False)[1]
 
 
 def test_example_relu_feature_map_keeps_the_denominator_positive() -> None:
@@ -416,15 +432,28 @@ def test_plugin_file_that_registers_nothing_is_a_warning(tmp_path: Path) -> None
 # -- the command line's own options ----------------------------------------------------------
 
 
-def test_version_names_synthbench_and_torch() -> None:
-    result = CliRunner().invoke(app, ["--version"], env=ENV)
+@pytest.mark.parametrize("option", ["--version", "-V"])
+def test_version_names_synthbench_and_torch(option) -> None:
+    result = CliRunner().invoke(app, [option], env=ENV)
     assert result.exit_code == 0, result.output
     version = importlib.metadata.version("synthbench")
     assert result.stdout == f"synthbench {version} (torch {torch.__version__})\n"
 
 
+@pytest.mark.parametrize("command", [["run"], ["results"], ["report"], ["bench", "scaling"], []])
+def test_help_shows_flags_plainly(command) -> None:
+    """A flag is its name in help (``--force``), never ``--force <bool>`` nor an unasked-for
+    ``--no-force``; an option with a value still shows its type."""
+    result = CliRunner().invoke(app, [*command, "--help"], env=ENV)
+    assert result.exit_code == 0, result.output
+    assert "<bool>" not in result.stdout
+    assert "--no-force" not in result.stdout and "--no-all-lrs" not in result.stdout
+    if command == ["run"]:
+        assert "--force" in result.stdout and "<int>" in result.stdout
+
+
 def test_shell_completion_is_available() -> None:
-    """The options are there, the script for a named shell (the README's recipe, which
+    """The options are there, the script for a named shell (docs/CLI.md's recipe, which
     needs no shell detection and no terminal), and a completion request is answered."""
     help_text = CliRunner().invoke(app, ["--help"], env=ENV).stdout
     assert "--install-completion" in help_text and "--show-completion" in help_text
@@ -444,55 +473,37 @@ def test_shell_completion_is_available() -> None:
     assert words == ["--protocol-param"]
 
 
-# -- the README's plugin walkthrough -----------------------------------------------------------
+# -- the documented plugin walkthroughs -------------------------------------------------------
 
 
-def readme_plugin_walkthrough() -> tuple[list[str], list[str]]:
-    """From the README's "Adding a mechanism": the plugin file's code (the python block that
-    starts ``# my_mechanism.py``) and the commands of its bash blocks, in order."""
-    section = (REPO / "README.md").read_text().split("\n## Adding a mechanism\n")[1]
-    section = section.split("\n## ")[0]
-    blocks = re.findall(r"^( *)```(\w+)\n(.*?)^\1```", section, flags=re.M | re.S)
-    code = [
-        textwrap.dedent(body)
-        for _, lang, body in blocks
-        if lang == "python" and body.lstrip().startswith("# my_mechanism.py")
-    ]
-    commands = [
-        line.strip()
-        for _, lang, body in blocks
-        if lang == "bash"
-        for line in body.splitlines()
-        if line.strip()
-    ]
+def walkthrough(doc: str, *sections: str) -> tuple[list[str], list[str]]:
+    """From ``sections`` of ``doc`` (their "## " headings): the plugin file's code (a python
+    block that starts ``# my_mechanism.py``) and the commands of their bash blocks, in order."""
+    text = (REPO / doc).read_text()
+    code, commands = [], []
+    for heading in sections:
+        section = text.split(f"\n## {heading}\n")[1].split("\n## ")[0]
+        blocks = re.findall(r"^( *)```(\w+)\n(.*?)^\1```", section, flags=re.M | re.S)
+        code += [
+            textwrap.dedent(body)
+            for _, lang, body in blocks
+            if lang == "python" and body.lstrip().startswith("# my_mechanism.py")
+        ]
+        commands += [
+            line.strip()
+            for _, lang, body in blocks
+            if lang == "bash"
+            for line in body.splitlines()
+            if line.strip()
+        ]
     return code, commands
 
 
-def test_readme_plugin_commands_try_one_task_with_the_smoke_protocol() -> None:
-    """Trying a plugin must not start the whole suite (66 runs under quick)."""
-    lines = [
-        line
-        for line in (REPO / "README.md").read_text().splitlines()
-        if "synthbench run" in line and "--plugin" in line
-    ]
-    assert lines
-    for line in lines:
-        argv = shlex.split(line.split("#")[0].strip().strip("`"))
-        options = dict(zip(argv, argv[1:], strict=False))  # option -> the word after it
-        assert options.get("--protocol") == "smoke", line
-        assert "--task" in options and "," not in options["--task"], line
-
-
-@needs_pip
-def test_readme_plugin_walkthrough_works_in_order(tmp_path: Path) -> None:
-    """The README's plugin file and commands, run top to bottom as a newcomer would: a local
-    file, then the example package installed, then both at once (no name collision)."""
-    code, commands = readme_plugin_walkthrough()
-    assert len(code) == 1, "the README shows the plugin file, # my_mechanism.py, once"
+def run_walkthrough(code: list[str], commands: list[str], tmp_path: Path) -> pd.DataFrame:
+    """The plugin file written, then every command run in order as a newcomer would (a pip
+    install into a folder of the test's own); the rows they stored."""
+    assert len(code) == 1, "the plugin file, # my_mechanism.py, is shown once"
     (tmp_path / "my_mechanism.py").write_text(code[0])
-    installs = [c for c in commands if c.startswith("pip install ")]
-    assert len(installs) == 1, commands  # the entry-point route
-    assert any("--plugin my_mechanism.py" in c for c in commands), commands  # the file route
     site = tmp_path / "site"
     for command in commands:
         argv = shlex.split(command)
@@ -504,6 +515,45 @@ def test_readme_plugin_walkthrough_works_in_order(tmp_path: Path) -> None:
         proc = cli(*argv[1:], cwd=tmp_path, pythonpath=site)
         assert proc.returncode == 0, f"{command}: exit {proc.returncode}\n{proc.stderr}"
         assert not re.search(r"^(error|warning):", proc.stderr, flags=re.M), proc.stderr
-    stored = ResultStore(tmp_path / "results").load(warn=False).rows
+        if argv[1] == "check":  # the contract, every check passed, one line each
+            assert "FAIL" not in proc.stdout and proc.stdout.count("PASS") >= 7, proc.stdout
+    return ResultStore(tmp_path / "results").load(warn=False).rows
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/PLUGINS.md", "docs/CLI.md"])
+def test_documented_plugin_runs_try_one_task_with_the_smoke_protocol(doc) -> None:
+    """Trying a plugin must not start the whole suite (66 runs under quick)."""
+    lines = [
+        line
+        for line in (REPO / doc).read_text().splitlines()
+        if "synthbench run" in line and "--plugin" in line
+    ]
+    assert lines
+    for line in lines:
+        argv = shlex.split(line.split("#")[0].strip().strip("`"))
+        options = dict(zip(argv, argv[1:], strict=False))  # option -> the word after it
+        assert options.get("--protocol") == "smoke", line
+        assert "--task" in options and "," not in options["--task"], line
+
+
+def test_readme_plugin_walkthrough_works_in_order(tmp_path: Path) -> None:
+    """The README's plugin file, its check and its run beside softmax, top to bottom."""
+    code, commands = walkthrough("README.md", "Adding a mechanism")
+    assert [c.split()[1] for c in commands] == ["check", "run"], commands
+    stored = run_walkthrough(code, commands, tmp_path)
+    assert set(stored["mechanism"]) == {"my-relu-linear", "softmax"}
+    assert set(stored["protocol"]) == {"smoke"} and set(stored["task"]) == {"copy"}
+
+
+@needs_pip
+def test_plugins_doc_walkthrough_works_in_order(tmp_path: Path) -> None:
+    """docs/PLUGINS.md's local file and its installed package, run top to bottom as a
+    newcomer would: the file, then the example package installed, then both at once (no
+    name collision)."""
+    code, commands = walkthrough("docs/PLUGINS.md", "A local file", "An installed package")
+    installs = [c for c in commands if c.startswith("pip install ")]
+    assert len(installs) == 1, commands  # the entry-point route
+    assert any("--plugin my_mechanism.py" in c for c in commands), commands  # the file route
+    stored = run_walkthrough(code, commands, tmp_path)
     assert {"my-relu-linear", "relu-linear"} <= set(stored["mechanism"])
     assert set(stored["protocol"]) == {"smoke"} and set(stored["task"]) == {"copy"}

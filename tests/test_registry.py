@@ -18,6 +18,7 @@ import pytest
 
 from synthbench import MECHANISMS, TASKS
 from synthbench.core.registry import (
+    DISABLE_AUTOLOAD,
     PluginError,
     Registry,
     RegistryError,
@@ -96,7 +97,9 @@ class FakeEntryPoint:
 
 @pytest.fixture
 def entry_points(monkeypatch) -> dict[str, list[FakeEntryPoint]]:
-    """Replaces importlib.metadata.entry_points; tests fill the returned {group: [eps]}."""
+    """Replaces importlib.metadata.entry_points; tests fill the returned {group: [eps]}.
+    Loading them is on (the suite turns it off: tests/conftest.py)."""
+    monkeypatch.delenv(DISABLE_AUTOLOAD, raising=False)
     installed: dict[str, list[FakeEntryPoint]] = {}
 
     def fake_entry_points(*, group=None, **_):
@@ -217,6 +220,18 @@ def test_entry_point_plugins_load_and_a_broken_one_is_reported(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # plugins are loaded once: no second warning
         assert "beta" in reg and "broken" not in reg
+
+
+def test_installed_plugins_are_skipped_when_autoloading_is_off(
+    entry_points, holder, builtins_module, monkeypatch
+):
+    """SYNTHBENCH_DISABLE_PLUGIN_AUTOLOAD: the built-ins only, no entry point even loaded."""
+    entry_points[GROUP] = [FakeEntryPoint("good", raising(AssertionError("never loaded")))]
+    monkeypatch.setenv(DISABLE_AUTOLOAD, "1")
+    holder.REGISTRY = reg = widget_registry(entry_point_group=GROUP, builtins=builtins_module)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert reg.names() == ["alpha", "beta"] and reg.plugin_errors == []
 
 
 def test_module_entry_point_registers_through_its_decorators(entry_points, holder):
@@ -461,6 +476,7 @@ def test_entry_point_code_hash_follows_the_installed_files_and_version(
     site = tmp_path / "site"
     install_fake_distribution(site, module, "0.1", record)
     monkeypatch.syspath_prepend(str(site))
+    monkeypatch.delenv(DISABLE_AUTOLOAD)  # loading entry points is what this tests
 
     def code_hash() -> str:
         reg = widget_registry(entry_point_group=GROUP)

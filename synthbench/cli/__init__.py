@@ -81,7 +81,7 @@ class _OneLineErrors(typer.core.TyperGroup):
 
 app = typer.Typer(
     cls=_OneLineErrors,
-    # --install-completion, --show-completion: for the shell they detect (README: another one)
+    # --install-completion, --show-completion: for the shell they detect (docs/CLI.md: another one)
     add_completion=True,
     no_args_is_help=True,
     pretty_exceptions_enable=False,

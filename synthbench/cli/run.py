@@ -264,23 +264,27 @@ def run_grid(
         raise UsageError(f"--seeds must be in [1, {MAX_SEEDS}], got {n_seeds}")
     check_writable_folder(results, "--results")
     dev = resolve_device(device) if executor == "local" else None
-    specs = runner.plan(
-        select_tasks(task, category),
-        select_mechanisms(mech),
-        proto,
-        n_seeds,
-        task_params=task_params,
-        mechanism_params=mech_params,
-        eval_length_mult=eval_length_mult,
-        pos=pos,
-        pos_params=pos_params,
-        threads=threads,
-        difficulties=split(difficulty) if difficulty is not None else None,
-        protocol_params=protocol_params,
-    )
-    check_run_paths(ResultStore(results), specs)  # before any training: where files go
-    check_runs(specs, dev)  # sequence lengths, the memory a run needs
-    refusal = leak_guard(specs, ResultStore(results), dev)  # synthbench/integrity/guard.py
+    with out.status("planning the runs"):  # in a terminal: what happens before the bar
+        specs = runner.plan(
+            select_tasks(task, category),
+            select_mechanisms(mech),
+            proto,
+            n_seeds,
+            task_params=task_params,
+            mechanism_params=mech_params,
+            eval_length_mult=eval_length_mult,
+            pos=pos,
+            pos_params=pos_params,
+            threads=threads,
+            difficulties=split(difficulty) if difficulty is not None else None,
+            protocol_params=protocol_params,
+        )
+        check_run_paths(ResultStore(results), specs)  # before any training: where files go
+        check_runs(specs, dev)  # sequence lengths, the memory a run needs
+    names = list(dict.fromkeys(s.mechanism for s in specs))
+    names = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    with out.status(f"checking {names} for causality (no position may see a later one)"):
+        refusal = leak_guard(specs, ResultStore(results), dev)  # synthbench/integrity/guard.py
     if refusal:  # a mechanism that sees later positions never trains; its runs say leaky
         raise fail(refusal, 1)
 
