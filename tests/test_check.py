@@ -592,3 +592,43 @@ def test_check_command_bad_options_exit_2(args, message):
     result = invoke("check", *args)
     assert result.exit_code == 2, result.output
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+BARE_PLUGIN = '''
+import torch.nn.functional as F
+from torch import nn
+
+from synthbench import MECHANISMS
+
+
+@MECHANISMS.register("bare-softmax", complexity="quadratic", family="softmax", reference="x")
+class Bare(nn.Module):
+    """Only the required members: no base class, no state_size, no set_max_len."""
+
+    def __init__(self, head_dim, n_heads):
+        super().__init__()
+
+    def forward(self, q, k, v, causal=True):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+'''
+
+
+def test_check_and_run_agree_on_a_mechanism_with_only_the_required_members(tmp_path):
+    """A mechanism written to the required contract alone (docs/PLUGINS.md): check passes it,
+    its state as not declared (optional), and run trains it."""
+    plugin = tmp_path / "bare_plugin.py"
+    plugin.write_text(BARE_PLUGIN)
+    try:
+        result = invoke("check", "bare-softmax", "--plugin", plugin, "--length", 9)
+        assert result.exit_code == 0, result.output
+        lines = result.stdout.strip().splitlines()
+        assert all(line.startswith("PASS  bare-softmax  ") for line in lines), lines
+        (state,) = [line for line in lines if "state-size" in line]
+        assert "not declared (optional" in state
+        results = tmp_path / "results"
+        args = ["--mech", "bare-softmax", "--task", "copy", "--protocol", "smoke", "--seeds", 1]
+        run = invoke("run", "--plugin", plugin, *args, "--jobs", 1, "--results", results)
+        assert run.exit_code == 0, run.output
+        assert ResultStore(results).load(warn=False).rows["status"].tolist() == ["ok"]
+    finally:
+        _unregister(str(plugin))
