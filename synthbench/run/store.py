@@ -354,7 +354,20 @@ class ResultStore:
         return removed
 
     def _in_place(self, path: Path) -> bool:
-        return _in_place(path, _partitions(path.relative_to(self.root)) or {})
+        """Whether the run in ``path`` is of the protocol, task and mechanism its folders name
+        (its config says which), so that of two copies of a run the one in its own place is
+        kept: in an older tree's layout, the task and mechanism."""
+        try:
+            config = json.loads(pq.read_table(path, columns=["config"])["config"][0].as_py())
+            place = {
+                "protocol": config["protocol"]["name"],
+                "task": config["task"],
+                "mechanism": config["mechanism"],
+            }
+        except Exception:  # unreadable, or no config to tell: not known to be in place
+            return False
+        partitions = _partitions(path.relative_to(self.root)) or {}
+        return all(place[name] == value for name, value in partitions.items())
 
     def legacy_files(self) -> list[Path]:
         """The files laid out as trees before schema 6 kept them (no protocol level)."""
@@ -437,19 +450,3 @@ def _merge(
         else:
             merged[lr] = row
     return [merged[lr] for lr in sorted(merged)], kept
-
-
-def _in_place(path: Path, partitions: dict[str, str]) -> bool:
-    """Whether the run in ``path`` is of the protocol, task and mechanism its folders name
-    (its config says which), so that of two copies of a run the one in its own place is
-    kept: in an older tree's layout, the task and mechanism."""
-    try:
-        config = json.loads(pq.read_table(path, columns=["config"])["config"][0].as_py())
-        place = {
-            "protocol": config["protocol"]["name"],
-            "task": config["task"],
-            "mechanism": config["mechanism"],
-        }
-    except Exception:  # unreadable, or no config to tell: not known to be in place
-        return False
-    return all(place[name] == value for name, value in partitions.items())
