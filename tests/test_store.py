@@ -16,6 +16,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
+from clitools import invoke  # tests/clitools.py, beside this file
 
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.runner import run_sweep
@@ -398,7 +399,7 @@ def test_a_tree_of_the_older_layout_is_read_with_its_protocol(tmp_path, runs):
     newer = store.write(runs["c"])
     assert store.legacy_files() == [legacy]
     report = store.load()
-    assert report.skipped == []
+    assert report.skipped == [] and report.legacy == [legacy]
     assert sorted(report.rows["protocol"]) == ["smoke"] * 4
     assert set(report.rows["run_id"]) == {runs["a"][0]["run_id"], runs["c"][0]["run_id"]}
     a = runs["a"][0]
@@ -443,3 +444,17 @@ def test_migrate_moves_every_older_file_under_its_protocol(tmp_path, runs):
     assert not (tmp_path / "task=kv_recall").exists()  # emptied folders are removed
     table = ds.dataset(tmp_path, schema=DATASET_SCHEMA, partitioning="hive").to_table()
     assert sorted(table["protocol"].to_pylist()) == ["smoke"] * 6
+
+
+def test_results_say_a_tree_holds_the_older_layout_and_migrate_moves_it(tmp_path, runs):
+    """Through the command line: one warning line naming the command that moves them."""
+    store = ResultStore(tmp_path / "results")
+    legacy_copy(store, store.write(runs["a"]))
+    listed = invoke("results", "--results", store.root)
+    assert listed.exit_code == 0, listed.output
+    assert "warning: 1 file in the layout before schema 6" in listed.stderr
+    assert f"synthbench migrate --results {store.root}" in listed.stderr
+    moved = invoke("migrate", "--results", store.root)
+    assert moved.exit_code == 0 and "moved 1 file (protocol=smoke)" in moved.stdout
+    again = invoke("results", "--results", store.root)
+    assert again.exit_code == 0 and "schema 6" not in again.stderr

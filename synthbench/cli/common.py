@@ -306,12 +306,11 @@ def load_results(results: Path, columns: list[str] | None = None) -> LoadReport:
         report.rows = rows[~rows["run_id"].isin(bad_runs["run_id"])]
     for path, reason in report.skipped:
         warn(f"skipping {path}: {reason}")
-    legacy = store.legacy_files()
-    if legacy:
+    if report.legacy:
         warn(
-            f"{plural(len(legacy), 'file')} in the layout before schema 6 (no protocol= level): "
-            f"read as they are; `synthbench migrate --results {results}` moves them, so that "
-            "DuckDB and Polars read the tree too"
+            f"{plural(len(report.legacy), 'file')} in the layout before schema 6 (no "
+            "protocol= level): read as they are; `synthbench migrate --results "
+            f"{results}` moves them, so that DuckDB and Polars read the tree too"
         )
     return report
 
@@ -327,7 +326,7 @@ def check_run_paths(store: ResultStore, specs) -> None:
         if os.path.lexists(path) and not path.is_file():
             what = "a folder" if path.is_dir() else "not a file"
             raise UsageError(f"{path} is {what}, where a run's results file goes: move it away")
-        folders |= {path.parent, path.parent.parent, path.parent.parent.parent}
+        folders |= set(path.parents[:3])  # its mechanism=, task= and protocol= folders
     for folder in sorted(folders):
         if os.path.lexists(folder) and not folder.is_dir():
             raise UsageError(f"{folder} is a file, where a folder of the results tree goes")

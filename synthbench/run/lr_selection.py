@@ -169,10 +169,14 @@ def mark_selected(protocol: Protocol, rows: list[dict[str, Any]]) -> bool:
     """Set every row's ``selected`` and ``lr_edge`` (all False while the sweep is
     incomplete); return whether the sweep is complete."""
     state = sweep_state(protocol, rows)
+    _mark(state, rows)
+    return state.complete
+
+
+def _mark(state: SweepState, rows: Iterable[dict[str, Any]]) -> None:
     for row in rows:
         row["selected"] = state.complete and lr_key(row["lr"]) == state.selected
         row["lr_edge"] = state.complete and state.edge
-    return state.complete
 
 
 def run_status(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
@@ -198,7 +202,7 @@ class Sweep:
         for row in rows:
             self.rows[lr_key(row["lr"])] = row
         state = sweep_state(self.protocol, self.rows.values())
-        mark_selected(self.protocol, self.sorted_rows())
+        _mark(state, self.rows.values())
         return state
 
     def adopt(self, rows: Iterable[dict[str, Any]]) -> SweepState:

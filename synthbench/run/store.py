@@ -115,6 +115,7 @@ class Saved:
 class LoadReport:
     rows: pd.DataFrame
     skipped: list[tuple[Path, str]] = field(default_factory=list)  # (path, reason)
+    legacy: list[Path] = field(default_factory=list)  # read files of the layout before schema 6
 
 
 class ResultStore:
@@ -339,7 +340,8 @@ class ResultStore:
         import pandas as pd
 
         rows = pa.concat_tables(tables).to_pandas() if tables else pd.DataFrame(columns=read)
-        return LoadReport(rows[names], skipped)
+        legacy = [p for p in paths if _is_legacy(p.relative_to(self.root))]
+        return LoadReport(rows[names], skipped, legacy)
 
     def remove_stale_temporaries(self) -> int:
         """Delete temporary files left behind by processes that no longer exist."""
@@ -371,11 +373,7 @@ class ResultStore:
 
     def legacy_files(self) -> list[Path]:
         """The files laid out as trees before schema 6 kept them (no protocol level)."""
-        return [
-            path for path in self.files()
-            if _partitions(path.relative_to(self.root)) is not None
-            and "protocol" not in _partitions(path.relative_to(self.root))
-        ]  # fmt: skip
+        return [path for path in self.files() if _is_legacy(path.relative_to(self.root))]
 
     def migrate(self) -> Migration:
         """Move every file of an older tree's layout to its run's path, under the protocol
@@ -422,6 +420,12 @@ def _partitions(relative: Path) -> dict[str, str] | None:
     found = [m.groups() for part in relative.parent.parts if (m := _PARTITION_DIR.match(part))]
     names = tuple(name for name, _ in found)
     return dict(found) if names in (PARTITIONS, LEGACY_PARTITIONS) else None
+
+
+def _is_legacy(relative: Path) -> bool:
+    """Whether a file's path (relative to the root) is a run's in the layout before schema 6."""
+    partitions = _partitions(relative)
+    return partitions is not None and "protocol" not in partitions
 
 
 def _run_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
