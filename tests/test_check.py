@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import inspect
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -520,10 +521,17 @@ def test_run_refuses_a_leaky_plugin_and_report_never_ranks_it(leaky, tmp_path):
     assert set(rows["status"]) == {"leaky"} and rows["token_acc"].isna().all()
     assert rows["error"].str.startswith("leaky: causality check failed").all()
     reports = tmp_path / "reports"
-    report = invoke("report", "--results", results, "--out", reports, "--format", "md")
+    report = invoke("report", "--results", results, "--out", reports, "--format", "md,html")
     assert report.exit_code == 0, report.output
     assert leaderboard_rank(reports, name) == ""
     assert "2 leaky: not causal" in (reports / "smoke" / "target" / "full.md").read_text()
+    # every leaderboard says why it has no task: refused as leaky, not merely failed
+    board = (reports / "leaderboard.md").read_text()
+    (line,) = [li for li in board.splitlines() if f"| {name}" in li]
+    assert "| 0/1, 1 leaky |" in re.sub(" +", " ", line)
+    assert "- Leaky: tasks on which the mechanism's runs were refused" in board
+    page = (reports / "leaderboard.html").read_text()
+    assert '"leaky_tasks": 1' in page and '<li id="note-leaky" hidden>Leaky: tasks' in page
 
 
 def test_run_stores_a_leak_opened_in_training_as_leaky_and_does_not_retrain_it(leaky, tmp_path):

@@ -174,40 +174,58 @@ def rewrite(path: Path, dest: Path, **columns) -> None:
     pq.write_table(table, dest)
 
 
-def test_malformed_json_cell_skips_the_file_naming_it(results, tmp_path):
+def test_malformed_json_cell_skips_the_row_naming_its_file(results, tmp_path):
     (path,) = (results / "protocol=smoke" / "task=copy" / "mechanism=linear").glob("*.parquet")
     rewrite(path, path, task_params='{"n": 32,')
     before = tree(results)
     out = tmp_path / "reports"
     result = invoke("report", "--results", results, "--out", out, "--format", "md")
     assert result.exit_code == 0, result.output
-    assert f"warning: skipping {path}: its task_params column is not a JSON object" in result.stderr
+    line = f"warning: skipping the row of {path}: task_params '{{\"n\": 32,' is not a JSON object"
+    assert line in result.stderr
     assert "linear" not in (out / "smoke" / "target" / "full.md").read_text()
     listing = invoke("results", "--results", results)
-    assert f"skipping {path}: its task_params" in listing.stderr
+    assert f"skipping the row of {path}: task_params" in listing.stderr
     assert listing.stdout.splitlines()[-1] == "1 row"
     assert tree(results) == before
 
 
-def test_markdown_escapes_names_from_the_results_tree(results, tmp_path):
+def test_markdown_escapes_values_from_the_results_tree(results, tmp_path):
     (path,) = (results / "protocol=smoke" / "task=copy" / "mechanism=linear").glob("*.parquet")
     run_id = "0123456789abcdef"
-    odd = results / "protocol=smoke" / "task=copy" / "mechanism=lin|ear<i>" / f"{run_id}.parquet"
-    rewrite(path, odd, run_id=run_id, task_params='{"n": 32, "vocab": "3|2"}')
+    odd = results / "protocol=smoke" / "task=copy" / "mechanism=linear" / f"{run_id}.parquet"
+    vocab = "3|2<img src=x onerror=alert(1)>*_x_*"
+    rewrite(path, odd, run_id=run_id, task_params=json.dumps({"n": 32, "vocab": vocab}))
     out = tmp_path / "reports"
     result = invoke("report", "--results", results, "--out", out, "--format", "md,html,tex")
     assert result.exit_code == 0, result.output
     full = (out / "smoke" / "target" / "full.md").read_text()
-    board = (out / "leaderboard.md").read_text()
-    assert "lin\\|ear<i>" in full and "copy (vocab=3\\|2)" in full and "lin\\|ear<i>" in board
-    for text in (full, board):
+    assert r"vocab=3\|2&lt;img src=x onerror=alert(1)&gt;\*\_x\_\*" in full
+    for report in out.rglob("*.md"):
+        text = report.read_text()
+        assert "<img" not in text and "3|2" not in text, report
+    for text in (full, (out / "leaderboard.md").read_text()):
         table = [line for line in text.splitlines() if line.startswith("|")]
         # as many cell borders (| not escaped) on every line as in the header
         borders = {line.replace("\\|", "").count("|") for line in table}
         assert len(borders) == 1, table
-    assert "lin|ear<i>" not in (out / "leaderboard.html").read_text()  # JSON: \u003c
+    assert "<img" not in (out / "leaderboard.html").read_text()  # JSON: \u003c
     tex = (out / "smoke" / "target" / "full.tex").read_text()
-    assert r"lin\textbar{}ear\textless{}i\textgreater{}" in tex and "lin|ear" not in tex
+    assert r"3\textbar{}2\textless{}img" in tex and "3|2" not in tex
+
+
+def test_rows_with_names_that_are_not_names_are_left_out(results, tmp_path):
+    (path,) = (results / "protocol=smoke" / "task=copy" / "mechanism=linear").glob("*.parquet")
+    run_id = "0123456789abcdef"
+    odd = results / "protocol=smoke" / "task=copy" / "mechanism=<img src=x>" / f"{run_id}.parquet"
+    rewrite(path, odd, run_id=run_id)
+    out = tmp_path / "reports"
+    result = invoke("report", "--results", results, "--out", out, "--format", "md,html")
+    assert result.exit_code == 0, result.output
+    assert f"warning: skipping the row of {odd}: mechanism '<img src=x>' is not a name" in (
+        result.stderr
+    )
+    assert not any("<img" in p.read_text() for p in out.rglob("*.*"))
 
 
 def test_duplicate_run_ids_load_once_naming_both(results):
@@ -367,3 +385,20 @@ def test_ctrl_c_under_the_progress_bar_starts_its_own_line(tmp_path):
     lines = text.replace("\r\n", "\n").split("\n")
     (error,) = [line for line in lines if "interrupted" in line]
     assert error.lstrip("\r").startswith("error: interrupted; finished trainings are stored")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["results", "--csv", "/proc/rows.csv"], "--csv"),
+        (["report", "--out", "/proc/reports"], "--out"),
+        (["run", "--task", "copy", "--results", "/proc/results"], "--results"),
+    ],
+)
+def test_a_place_no_file_can_be_made_in_is_refused_up_front(results, args, option):
+    """/proc passes access() for root, who may write anywhere else: only making a file there
+    tells, and the refusal is the documented exit 2, before any work."""
+    if args[0] != "run":
+        args = [*args, "--results", results]
+    assert_error(invoke(*args), 2, f"{option} /proc/")

@@ -11,6 +11,7 @@ import functools
 import os
 import sys
 import traceback
+import uuid
 import warnings
 from pathlib import Path
 from typing import Annotated
@@ -21,11 +22,11 @@ from rich.markup import escape
 from rich.table import Table
 from tabulate import tabulate
 
+from synthbench.core.atomic import TMP_PREFIX
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
 from synthbench.core.task import CATEGORIES, TASKS
 from synthbench.core.text import plural
-from synthbench.report.aggregate import malformed_json
 from synthbench.run.executors import ExecutorError
 from synthbench.run.store import LoadReport, ResultStore
 
@@ -223,7 +224,7 @@ def os_error(exc: OSError) -> str:
 def check_writable_folder(path: Path, option: str) -> None:
     """Refuse, before any work, a folder option the command could not write into: a file, a
     folder under a file, or one this user may not write (for a folder not made yet, its
-    nearest existing parent; root may write anywhere but on a read-only mount)."""
+    nearest existing parent), tried by making a file there."""
     _check_writable(path, path, option)
 
 
@@ -242,7 +243,15 @@ def _check_writable(folder: Path, given: Path, option: str) -> None:
     elif not os.access(place, os.W_OK | os.X_OK):
         what = "not writable by this user"
     else:
-        return
+        # access() answers for the permission bits, which root passes everywhere: whether a
+        # file can be made there (/proc, a full or odd file system) is only known by trying
+        probe = place / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}-probe"
+        try:
+            probe.open("xb").close()
+            probe.unlink()
+            return
+        except OSError as exc:
+            what = f"not writable ({exc.strerror or exc})"
     raise UsageError(
         f"{option} {given} is {what}" if place == given else f"{option} {given}: {place} is {what}"
     )
@@ -288,24 +297,15 @@ def select_mechanisms(value: str, option: str = "--mech") -> list[str]:
 
 
 def load_results(results: Path, columns: list[str] | None = None) -> LoadReport:
-    """The stored rows, with one warning line per file that had to be skipped: those the
-    store cannot read, and those with a JSON column the reports cannot parse."""
+    """The stored rows, with one warning line per file that had to be skipped (the store
+    cannot read it) or holds rows left out (synthbench/run/row_checks.py)."""
     if os.path.lexists(results) and not results.is_dir():
         raise UsageError(f"--results {results} is not a folder")
     if not results.exists():  # a mistyped path would read as a tree with nothing stored
         raise UsageError(f"no results under {results}/: the folder does not exist")
-    store = ResultStore(results)
-    report = store.load(columns=columns, warn=False)
-    rows = report.rows
-    broken = malformed_json(rows)
-    bad_runs = rows.assign(column=broken)[broken.notna()].drop_duplicates("run_id")
-    for r in bad_runs.itertuples():  # a file edited by hand, say
-        path = store.file_of(r.protocol, r.task, r.mechanism, r.run_id)
-        report.skipped.append((path, f"its {r.column} column is not a JSON object"))
-    if len(bad_runs):
-        report.rows = rows[~rows["run_id"].isin(bad_runs["run_id"])]
-    for path, reason in report.skipped:
-        warn(f"skipping {path}: {reason}")
+    report = ResultStore(results).load(columns=columns, warn=False)
+    for line in report.warnings():
+        warn(line)
     if report.legacy:
         warn(
             f"{plural(len(report.legacy), 'file')} in the layout before schema 6 (no "

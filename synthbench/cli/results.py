@@ -36,17 +36,15 @@ from synthbench.core.text import plural
 from synthbench.report import reference as shipped
 from synthbench.report.aggregate import (
     DEFAULT_METRIC,
-    JSON_COLUMNS,
     METRICS,
     latest_versions,
     metric_values,
 )
 from synthbench.report.publish import FORMATS, write_reports
 from synthbench.run.protocols import PROTOCOLS
-from synthbench.run.schema import LEAKY, RESULT_STATUSES
+from synthbench.run.row_checks import JSON_COLUMNS
+from synthbench.run.schema import STATUSES
 from synthbench.run.store import ResultStore
-
-STATUSES = (*sorted(RESULT_STATUSES), "error", LEAKY)  # what a training stores
 
 
 def results_command(

@@ -35,7 +35,7 @@ from synthbench.run import grid, runner
 from synthbench.run.devices import default_jobs, resolve_device, worker_devices
 from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
 from synthbench.run.grid import load_sweep_file
-from synthbench.run.limits import MAX_SEEDS, check_runs
+from synthbench.run.limits import MAX_RUNS, MAX_SEEDS, check_runs
 from synthbench.run.lr_selection import run_status
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.runner import Unit
@@ -43,6 +43,7 @@ from synthbench.run.schema import LEAKY
 from synthbench.run.spec import MAX_THREADS, RunSpec
 from synthbench.run.store import ResultStore
 
+LARGE_PLAN = 500  # runs: above this, the count is printed before planning them
 # the options of how runs execute, shared by `run` and `sweep`
 JobsOption = Annotated[
     int | None,
@@ -72,6 +73,10 @@ GpusPerRunOption = Annotated[
     float, typer.Option(help="Ray: GPUs a training asks for (a fraction shares one).")
 ]
 ForceOption = Annotated[bool, typer.Option("--force", help="Run again even if already stored.")]
+YesOption = Annotated[
+    bool,
+    typer.Option("--yes", help=f"Plan a grid of more than {MAX_RUNS:,} runs (refused without)."),
+]
 
 
 def run_command(
@@ -124,6 +129,7 @@ def run_command(
     results: ResultsOption = Path("results"),
     plugin: PluginOption = None,
     force: ForceOption = False,
+    yes: YesOption = False,
     eval_length_mult: Annotated[
         float | None,
         typer.Option(
@@ -164,6 +170,7 @@ def run_command(
         results=results,
         plugin=plugin,
         force=force,
+        yes=yes,
         eval_length_mult=eval_length_mult,
         pos=pos,
         pos_params=parse_assignments(pos_param),
@@ -189,6 +196,7 @@ def sweep_command(
     results: ResultsOption = Path("results"),
     plugin: PluginOption = None,
     force: ForceOption = False,
+    yes: YesOption = False,
 ) -> None:
     """Run the grid a sweep file describes (what `run` would with the same lists)."""
     grid_options = load_sweep_file(file)
@@ -212,6 +220,7 @@ def sweep_command(
         results=results,
         plugin=plugin,
         force=force,
+        yes=yes,
         eval_length_mult=grid_options.get("eval_length_mult"),
         pos=grid_options.get("pos"),
         pos_params=grid_options.get("pos_params", {}),
@@ -239,6 +248,7 @@ def run_grid(
     results: Path,
     plugin: list[Path] | None,
     force: bool,
+    yes: bool,
     eval_length_mult: float | None,
     pos: str | None,
     pos_params: dict[str, Any],
@@ -264,10 +274,23 @@ def run_grid(
         raise UsageError(f"--seeds must be in [1, {MAX_SEEDS}], got {n_seeds}")
     check_writable_folder(results, "--results")
     dev = resolve_device(device) if executor == "local" else None
-    with out.status("planning the runs"):  # in a terminal: what happens before the bar
+    tasks, mechs = select_tasks(task, category), select_mechanisms(mech)
+    difficulties = split(difficulty) if difficulty is not None else None
+    size = runner.plan_size(
+        tasks, mechs, proto, n_seeds, task_params=task_params, mechanism_params=mech_params,
+        difficulties=difficulties, protocol_params=protocol_params,
+    )  # fmt: skip
+    if size > MAX_RUNS and not yes:
+        raise UsageError(
+            f"this grid is {size:,} runs, more than {MAX_RUNS:,}: narrow its lists, or give "
+            "--yes to plan them all"
+        )
+    if size > LARGE_PLAN:  # said before the planning, which takes a while at this size
+        out.print(f"planning {size:,} runs", highlight=False)
+    with out.status(f"planning {plural(size, 'run')}"):  # in a terminal: before the bar
         specs = runner.plan(
-            select_tasks(task, category),
-            select_mechanisms(mech),
+            tasks,
+            mechs,
             proto,
             n_seeds,
             task_params=task_params,
@@ -276,7 +299,7 @@ def run_grid(
             pos=pos,
             pos_params=pos_params,
             threads=threads,
-            difficulties=split(difficulty) if difficulty is not None else None,
+            difficulties=difficulties,
             protocol_params=protocol_params,
         )
         check_run_paths(ResultStore(results), specs)  # before any training: where files go
@@ -352,8 +375,8 @@ class RunView(runner.Events):
         self.eta: Eta | None = None
         self.bar = None
 
-    def skipped_file(self, path: Path, reason: str) -> None:
-        warn(f"skipping {path}: {reason}")
+    def skipped(self, line: str) -> None:
+        warn(line)
 
     def planned(self, runs: int, stored: int, units: list[Unit], capacity: int) -> None:
         specs = self.specs

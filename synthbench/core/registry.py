@@ -30,7 +30,9 @@ from typing import Any, Generic, TypeVar
 T = TypeVar("T")
 # set (to anything but the empty string): installed plugins are not loaded
 DISABLE_AUTOLOAD = "SYNTHBENCH_DISABLE_PLUGIN_AUTOLOAD"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+# what a registered name may be: it becomes a folder name and a command-line value, so a name
+# read back from the results tree is checked against it too (synthbench/run/row_checks.py)
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 
 class RegistryError(Exception):
@@ -119,7 +121,7 @@ class Registry(Generic[T]):
     ) -> Entry[T]:
         self._load_builtins()  # built-ins first, so a plugin's collision is reported as its own
         for label in (name, *aliases):
-            if not isinstance(label, str) or not _NAME.fullmatch(label):
+            if not isinstance(label, str) or not NAME.fullmatch(label):
                 raise RegistryError(
                     f"invalid {self.kind} name {label!r}: use letters, digits and _ . + - "
                     "(names become folder names and command-line values)"

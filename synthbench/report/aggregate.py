@@ -92,26 +92,6 @@ def _text_or(value: str | None, default: str) -> str:
     return default if not isinstance(value, str) or value in ("None", "nan", "") else value
 
 
-JSON_COLUMNS = ("task_params", "mechanism_params", "config")  # JSON objects, or null
-
-
-def malformed_json(rows: pd.DataFrame) -> pd.Series:
-    """Per row, the first of its ``JSON_COLUMNS`` that is not a JSON object (None where
-    every one is): the reports parse them, so such a row (a file edited by hand) is left out
-    by the caller, which knows the file."""
-    found = pd.Series(None, index=rows.index, dtype=object)
-    for column in (c for c in JSON_COLUMNS if c in rows):
-        bad = set()
-        for value in rows[column].dropna().unique():
-            try:
-                if not isinstance(json.loads(_text_or(value, "{}")), dict):
-                    bad.add(value)
-            except (TypeError, ValueError):
-                bad.add(value)
-        found[found.isna() & rows[column].isin(bad)] = column
-    return found
-
-
 def _preset_pos(protocol: str) -> str | None:
     return PROTOCOLS.get(protocol).pos if protocol in PROTOCOLS else None
 

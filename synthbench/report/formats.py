@@ -19,17 +19,47 @@ def _text(value: Cell, grid: Grid, pm: str) -> str:
     return text if value.n >= grid.n_seeds else f"{text} (n={value.n})"
 
 
-def markdown_cell(text) -> str:
-    """``text`` safe in a Markdown table cell: names come from the results tree, and a | would
-    end the cell, a line break the row."""
-    return " ".join(str(text).splitlines()).replace("|", "\\|")
+# Characters that Markdown reads as markup anywhere in a line (emphasis, code, strike-through,
+# a table's cell border), escaped with a backslash; < > & are HTML's, written as entities so
+# that no tag or entity of the text survives. A ] is escaped where it would close a link or
+# image ("](", "][", "]:"), so a bracketed interval stays as it is; an _ between two letters
+# or digits too: it never emphasises there (CommonMark), and names are full of it.
+_MARKDOWN_PUNCTUATION = frozenset("\\`*|~")
+_HTML_ENTITIES = {"<": "&lt;", ">": "&gt;", "&": "&amp;"}
+
+
+def _escaped(text: str, i: int) -> str:
+    ch, after = text[i], text[i + 1 : i + 2]
+    if ch in _HTML_ENTITIES:
+        return _HTML_ENTITIES[ch]
+    if ch in _MARKDOWN_PUNCTUATION or (ch == "]" and after in ("(", "[", ":")):
+        return "\\" + ch
+    if ch == "_" and not (text[i - 1 : i].isalnum() and after.isalnum()):
+        return "\\_"
+    return ch
+
+
+def markdown_text(text) -> str:
+    """``text`` shown as it is in Markdown (a table cell, a title, a note): names and
+    parameter values come from the results tree, so none of their characters may act as
+    Markdown or HTML markup, and a line break would end a table's row."""
+    text = " ".join(str(text).splitlines())
+    return "".join(_escaped(text, i) for i in range(len(text)))
+
+
+class Strong(str):
+    """A cell shown in bold: its text escaped, then marked (``markdown_table``)."""
 
 
 def markdown_table(body: list[list], headers: list) -> str:
-    """A pipe table with every cell and header escaped (``markdown_cell``)."""
+    """A pipe table with every cell and header escaped (``markdown_text``)."""
+
+    def cell(value) -> str:
+        return f"**{markdown_text(value)}**" if isinstance(value, Strong) else markdown_text(value)
+
     return tabulate(
-        [[markdown_cell(c) for c in row] for row in body],
-        headers=[markdown_cell(h) for h in headers],
+        [[cell(c) for c in row] for row in body],
+        headers=[cell(h) for h in headers],
         tablefmt="pipe",
         disable_numparse=True,
     )
@@ -40,10 +70,10 @@ def to_markdown(grid: Grid) -> str:
     body = []
     for i, labels in enumerate(grid.rows):
         texts = [_text(v, grid, "±") for v in grid.cells[i]]
-        body.append([*labels, *(f"**{t}**" if (i, j) in best else t for j, t in enumerate(texts))])
+        body.append([*labels, *(Strong(t) if (i, j) in best else t for j, t in enumerate(texts))])
     table = markdown_table(body, [*grid.row_headers, *grid.columns])
-    notes = "".join(f"\n{note}" for note in grid.shown_notes())
-    return f"**{grid.title}**\n\n{table}\n{notes}\n"
+    notes = "".join(f"\n{markdown_text(note)}" for note in grid.shown_notes())
+    return f"**{markdown_text(grid.title)}**\n\n{table}\n{notes}\n"
 
 
 def latex_escape(text: str) -> str:

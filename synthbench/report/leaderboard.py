@@ -80,8 +80,8 @@ class Leaderboard:
     tasks: pd.DataFrame  # (category, task) index, mechanism columns: seed-mean score or NaN
     # one row per mechanism, in rank order: rank (None for incomplete ones), mechanism,
     # score, ci_low, ci_high (NaN below 2 seeds), ci_seeds (the seeds the interval is over),
-    # same_as_next (not significantly above the next one), n_tasks, complete, then one
-    # column per category with its mean
+    # same_as_next (not significantly above the next one), n_tasks, leaky_tasks (refused as
+    # leaky: it sees later positions), complete, then one column per category with its mean
     table: pd.DataFrame
     # seed index, mechanism columns: the per-seed score (NaN where the seed lacks a task)
     per_seed: pd.DataFrame
@@ -128,12 +128,15 @@ def build(
     metric: str,
     mechanisms: list[str] | None = None,
     tasks: list[tuple[str, str]] | None = None,
+    leaky_tasks: dict[str, int] | None = None,
 ) -> Leaderboard:
     """``runs``: one row per successful run of one protocol version, with columns category,
     task, mechanism, seed and score (``report.selected_runs``). A run whose score is NaN (no
     known chance) counts as missing: its mechanism is listed, not ranked. ``mechanisms`` and
     ``tasks`` ((category, task) pairs) are those of the report, with the ones that have no
-    successful run (listed unranked; default: those of ``runs``)."""
+    successful run (listed unranked; default: those of ``runs``). ``leaky_tasks``: per
+    mechanism, the tasks its runs were refused on as leaky (``ReportTables.leaky_tasks``),
+    shown beside its task count."""
     order = {c: i for i, c in enumerate(CATEGORIES)}
     tasks = sorted(
         set(zip(runs["category"], runs["task"], strict=True)) | set(tasks or ()),
@@ -174,11 +177,13 @@ def build(
                 "ci_high": float(min(score + half, 1.0)) if complete else np.nan,
                 "ci_seeds": len(per_seed[m]),
                 "n_tasks": int((~np.isnan(means[m])).sum()),
+                "leaky_tasks": int((leaky_tasks or {}).get(m, 0)),
                 "complete": complete,
                 **{c: float(s) for c, s in zip(categories, per_category, strict=True)},
             }
         )
-    fields = ["mechanism", "score", "ci_low", "ci_high", "ci_seeds", "n_tasks", "complete"]
+    fields = ["mechanism", "score", "ci_low", "ci_high", "ci_seeds", "n_tasks", "leaky_tasks",
+              "complete"]  # fmt: skip
     table = pd.DataFrame(rows, columns=[*fields, *categories])  # the columns even when empty
     table = table.sort_values(
         ["complete", "score", "mechanism"], ascending=[False, False, True]
@@ -231,6 +236,8 @@ def notes(board: Leaderboard) -> list[str]:
             "Unranked: a mechanism without a score on every task (no successful run, or no "
             "known chance to normalise by)."
         )
+    if board.table["leaky_tasks"].any():
+        notes.append(LEAKY_NOTE)
     if not board.n_seeds:
         notes.append("No successful run: nothing is ranked.")
     elif board.n_seeds < 2:
@@ -238,6 +245,11 @@ def notes(board: Leaderboard) -> list[str]:
     return notes
 
 
+LEAKY_NOTE = (
+    "Leaky: tasks on which the mechanism's runs were refused because its output at a "
+    "position depends on later positions (the causality check, `synthbench check`); they "
+    "are never scored."
+)
 STATE_LENGTH = 1024  # where the leaderboard quotes each mechanism's declared state
 
 
@@ -259,6 +271,11 @@ def declared_state(label: str, protocol: str) -> int | None:
         return None
 
 
+def tasks_leaky(n: int) -> str:
+    """What follows a mechanism's task count where it was refused as leaky."""
+    return f", {n} leaky" if n else ""
+
+
 def to_markdown(board: Leaderboard) -> str:
     """The ranking as a Markdown table with its footnotes, and each mechanism's declared
     state beside its score."""
@@ -268,7 +285,7 @@ def to_markdown(board: Leaderboard) -> str:
         rank = "" if pd.isna(row["rank"]) else str(int(row["rank"]))
         tie = " ≈" if row["same_as_next"] else ""
         cells = ["--" if pd.isna(row[c]) else f"{row[c]:.3f}" for c in board.categories]
-        tasks = f"{row['n_tasks']}/{n_tasks}"
+        tasks = f"{row['n_tasks']}/{n_tasks}" + tasks_leaky(row["leaky_tasks"])
         state = declared_state(row["mechanism"], board.protocol)
         state_text = "--" if state is None else f"{state:,}"
         body.append([rank, row["mechanism"] + tie, _interval(row), *cells, tasks, state_text])

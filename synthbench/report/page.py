@@ -19,7 +19,7 @@ import math
 import pandas as pd
 
 from synthbench.core.text import noun
-from synthbench.report.leaderboard import CONFIDENCE, Leaderboard
+from synthbench.report.leaderboard import CONFIDENCE, LEAKY_NOTE, Leaderboard
 from synthbench.report.tables import score_note
 
 _CSS = """
@@ -90,6 +90,8 @@ _JS = """
   var plural = function (n, word, many) { return n + " " + noun(n, word, many); };
   var TIE = "not significantly above the next-ranked mechanism (paired t-interval of " +
     "the per-seed score differences)";
+  var LEAKY = "refused on these tasks as leaky: its output at a position depends on later " +
+    "positions (the causality check)";
 
   function el(tag, text, cls) {
     var node = document.createElement(tag);
@@ -197,7 +199,9 @@ _JS = """
       td.textContent = missing(v) ? "--" : String(v);
       if (missing(v)) td.title = "unranked: no score on every task";
     } else if (col.key === "n_tasks") {
-      td.textContent = v + "/" + board.tasks.length;
+      td.textContent = v + "/" + board.tasks.length +
+        (row.leaky_tasks ? ", " + row.leaky_tasks + " leaky" : "");
+      if (row.leaky_tasks) td.title = LEAKY;
     } else {
       td.append(el("span", fmt(v), "value"));
       if (col.key === "score" && !missing(row.ci_low)) {
@@ -238,6 +242,7 @@ _JS = """
       " ranked on " + plural(board.tasks.length, "task") + " in " +
       plural(board.categories.length, "category", "categories");
     byId("note-unranked").hidden = ranked === board.rows.length;
+    byId("note-leaky").hidden = !board.rows.some(function (r) { return r.leaky_tasks; });
     byId("note-one-seed").hidden = board.n_seeds !== 1;  // 0: no success, all unranked
     byId("caption").textContent = "Leaderboard, protocol " + board.protocol + " v" +
       board.protocol_version + (state.category ? ", category " + state.category : "");
@@ -313,6 +318,7 @@ def _board_data(board: Leaderboard) -> dict:
                 "ci_low": _number(row["ci_low"]),
                 "ci_high": _number(row["ci_high"]),
                 "n_tasks": int(row["n_tasks"]),
+                "leaky_tasks": int(row["leaky_tasks"]),
                 "complete": bool(row["complete"]),
                 "same_as_next": bool(row["same_as_next"]),
                 "categories": [_number(row.get(c)) for c in board.categories],
@@ -424,6 +430,7 @@ fewer than 2 seeds).</li>
 <li id="note-unranked" hidden><b>Unranked</b> (rank --): no score on every task (no
 successful run, or no known chance to normalise by); a missing value is shown as --, never
 as 0.</li>
+<li id="note-leaky" hidden>{e(LEAKY_NOTE)}</li>
 <li id="note-one-seed" hidden><b>One seed</b>: no interval, and no two mechanisms can be
 told apart (&asymp;).</li>
 <li>Click a column header to sort by it, again to reverse; missing values always sort

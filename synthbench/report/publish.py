@@ -41,6 +41,18 @@ def _slug(text: str) -> str:
     return "".join(ch if ch.isalnum() else "-" for ch in text.lower()).strip("-")
 
 
+def _under(out: Path, *parts: str) -> Path:
+    """The folder ``out/part/...``, refused (ValueError) unless it lies inside ``out`` once
+    resolved: the parts are names read from the results tree (checked when loaded:
+    synthbench/run/row_checks.py), and a link inside ``out`` may point anywhere."""
+    folder = out.joinpath(*parts)
+    if any(part in ("", ".", "..") or "/" in part or "\\" in part for part in parts) or not (
+        folder.resolve().is_relative_to(out.resolve())
+    ):
+        raise ValueError(f"{folder} would lie outside --out {out}: no report written there")
+    return folder
+
+
 def _write(path: Path, text: str, written: list[Path]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, text)  # a full disk never leaves a truncated report
@@ -90,7 +102,7 @@ def _frontiers(found, states, tables: ReportTables, out: Path, formats, suffixes
     if not mine:
         return None
     grid = frontier.frontier_grid(mine, protocol, version)
-    folder = out / protocol
+    folder = _under(out, protocol)
     _write_grids(folder, "frontier", [grid], formats, written)
     if not suffixes:
         return grid
@@ -160,7 +172,7 @@ def write_reports(
     frontier_grids: list[Grid] = []
     for tables in all_tables:
         mine = rows[rows["protocol"] == tables.protocol]
-        folder = out / tables.protocol / metric
+        folder = _under(out, tables.protocol, metric)
         _write_grids(folder, "full", [tables.full], formats, written)
         _write_grids(folder, "summary", tables.summary, formats, written)
         for category, grid in tables.categories.items():
@@ -185,10 +197,10 @@ def write_reports(
         if separated is not None and tables.protocol in set(separated.runs["protocol"]):
             # on the target metric, whatever the report's
             pair_grids = separation.grids(separated, tables.protocol, tables.protocol_version)
-            _write_grids(out / tables.protocol, "separation", pair_grids, formats, written)
+            _write_grids(_under(out, tables.protocol), "separation", pair_grids, formats, written)
         if len(tables.runs):
             grid = lr_grid(tables.runs, tables.protocol, tables.protocol_version)
-            _write_grids(out / tables.protocol, "lrs", [grid], formats, written)
+            _write_grids(_under(out, tables.protocol), "lrs", [grid], formats, written)
         suffixes = [f".{f}" for f in ("png", "pdf") if f in formats]
         if suffixes:
             _figures(tables, mine, runs, folder, suffixes, written)
@@ -204,6 +216,7 @@ def write_reports(
                 # every mechanism and task of the tables: those without a success are unranked
                 tables.full.columns,
                 tables.full.rows,
+                tables.leaky_tasks,
             )
         )
     stem = "leaderboard" if metric == DEFAULT_METRIC else f"leaderboard-{metric}"

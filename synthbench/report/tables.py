@@ -106,6 +106,9 @@ class ReportTables:
     summary: list[Grid]  # core capabilities, higher-level behaviour: chance-normalised
     runs: pd.DataFrame  # one row per successful run (``selected_runs``), variants labelled
     heat: Grid  # the full table's layout, of the score (chance-normalised): the heatmap's
+    # per mechanism, the tasks it was refused on as leaky (it sees later positions:
+    # synthbench/integrity/causality.py); a leaderboard says so beside its task count
+    leaky_tasks: dict[str, int] = field(default_factory=dict)
 
 
 def _cell(r) -> Stat | None:
@@ -356,6 +359,11 @@ def build_tables(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> list[Repor
                 summary_grids(runs, mechanisms, n_seeds, averages_head, present),
                 runs,
                 full_grid(scores, [score_note(metric), *target], n_seeds),
+                {
+                    str(m): int(n)
+                    for m, n in (agg[LEAKY] > 0).groupby(agg["mechanism"]).sum().items()
+                    if n
+                },
             )
         )
     return result

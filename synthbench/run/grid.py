@@ -22,6 +22,7 @@ import dataclasses
 import difflib
 import inspect
 import itertools
+import math
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -87,6 +88,14 @@ def points(params: dict[str, Any], defaults: dict[str, Any] | None = None) -> li
         else:
             axes.append([(name, tuple(value) if isinstance(value, list) else value)])
     return [dict(combo) for combo in itertools.product(*axes)]
+
+
+def n_points(params: dict[str, Any], defaults: dict[str, Any] | None = None) -> int:
+    """``len(points(params, defaults))``, without making them."""
+    defaults = defaults or {}
+    return math.prod(
+        len(value) for name, value in params.items() if is_sweep(value, defaults.get(name))
+    )
 
 
 def constructor_defaults(cls: type) -> dict[str, Any]:
@@ -198,6 +207,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"sweep file {path} is not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # a binary file: TOML is UTF-8 text
+        raise ValueError(f"sweep file {path} is not UTF-8 text (byte {exc.start})") from None
+    except OSError as exc:
+        raise ValueError(f"sweep file {path} cannot be read: {exc.strerror or exc}") from None
 
 
 def load_sweep_file(path: Path) -> dict[str, Any]:

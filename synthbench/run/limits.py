@@ -1,6 +1,8 @@
 """What a selection of runs may ask for, checked before anything trains.
 
 - at most ``MAX_SEEDS`` seeds (``run --seeds``);
+- at most ``MAX_RUNS`` runs in one command unless it says ``--yes`` (counted before the
+  grid is expanded: ``runner.plan_size``);
 - sequences of at most ``MAX_SEQ_LEN`` tokens, at the trained length and at
   ``--eval-length-mult`` times it;
 - no run that needs more memory than the machine (or the GPU) has: ``memory_needed``
@@ -34,6 +36,9 @@ from synthbench.core.mechanism import MECHANISMS
 from synthbench.run.spec import RunSpec
 
 MAX_SEEDS = 1000
+# runs one command plans without --yes: the whole suite on every built-in mechanism at 3
+# seeds is 22 x 25 x 3 = 1,650; a grid well past that is more likely a typo than a plan
+MAX_RUNS = 5000
 MAX_SEQ_LEN = 1_000_000  # tokens: the longest built-in task at its hardest preset has 544
 PER_LAYER = 12  # activations kept per position for the backward, in units of d_model
 QUADRATIC = 4  # L x L matrices an explicit quadratic mechanism keeps per head and layer

@@ -24,7 +24,6 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from synthbench.core.mechanism import MECHANISMS
@@ -114,12 +113,41 @@ def plan(
     return list(specs.values())
 
 
+def plan_size(
+    tasks: Sequence[str],
+    mechanisms: Sequence[str],
+    protocol: Protocol,
+    seeds: int,
+    *,
+    task_params: dict[str, Any] | None = None,
+    mechanism_params: dict[str, Any] | None = None,
+    difficulties: Sequence[str] | None = None,
+    protocol_params: dict[str, Any] | None = None,
+) -> int:
+    """How many runs ``plan`` would give, counted without resolving one (a product of the
+    lists' lengths): what a command says, and checks against its cap, before planning."""
+    fields = {f.name: getattr(protocol, f.name) for f in dataclasses.fields(protocol)}
+    protocols = grid.n_points(protocol_params or {}, fields)
+    task_points = 0
+    for task in tasks:
+        task_cls = TASKS.get(task)
+        defaults = {f.name: f.default for f in dataclasses.fields(task_cls.Params)}
+        presets = sum(1 for _ in grid.difficulty_points(task, task_cls, difficulties))
+        task_points += presets * grid.n_points(task_params or {}, defaults)
+    mech_points = sum(
+        grid.n_points(mechanism_params or {}, grid.constructor_defaults(MECHANISMS.get(m)))
+        for m in mechanisms
+    )
+    return protocols * task_points * mech_points * seeds
+
+
 class Events:
     """What ``execute`` reports as it goes (the command line draws its progress from it).
     Every method does nothing here; override the ones you need."""
 
-    def skipped_file(self, path: Path, reason: str) -> None:
-        """A file in the results tree that could not be read (it is left as it is)."""
+    def skipped(self, line: str) -> None:
+        """A file in the results tree that could not be read, or rows of one that fail
+        synthbench/run/row_checks.py: one line naming it and why (it is left as it is)."""
 
     def planned(self, runs: int, stored: int, units: list[Unit], capacity: int) -> None:
         """``stored`` of the ``runs`` need nothing; ``units`` are the trainings to do,
@@ -367,8 +395,8 @@ def _pending(
     stored: dict[str, list[dict[str, Any]]] = {}
     if not force:
         loaded = store.load(columns=SWEEP_COLUMNS, warn=False)
-        for path, reason in loaded.skipped:
-            events.skipped_file(path, reason)
+        for line in loaded.warnings():
+            events.skipped(line)
         wanted = {s.run_id for s in specs}
         rows = loaded.rows[loaded.rows["run_id"].isin(wanted)]
         for record in rows.to_dict("records"):

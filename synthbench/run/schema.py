@@ -41,6 +41,7 @@ RESULT_STATUSES = frozenset({"ok", "diverged"})
 # leaky (synthbench/integrity/causality.py): the mechanism sees later positions. A failure that does
 # replace a stored result, which it shows was never one.
 LEAKY = "leaky"
+STATUSES = (*sorted(RESULT_STATUSES), "error", LEAKY)  # every status a training stores
 
 # Columns stored in each file (the partition columns are added back from the path).
 SCHEMA = pa.schema(

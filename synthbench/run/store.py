@@ -38,6 +38,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from synthbench.core.atomic import TMP_PREFIX, atomic_output, process_alive
+from synthbench.run.row_checks import row_problems
 from synthbench.run.schema import (
     ADDED_IN,
     COLUMNS,
@@ -116,6 +117,19 @@ class LoadReport:
     rows: pd.DataFrame
     skipped: list[tuple[Path, str]] = field(default_factory=list)  # (path, reason)
     legacy: list[Path] = field(default_factory=list)  # read files of the layout before schema 6
+    # (path, rows left out, rows in the file, the first one's problem): rows that fail
+    # synthbench/run/row_checks.py, never used
+    rows_left_out: list[tuple[Path, int, int, str]] = field(default_factory=list)
+
+    def warnings(self) -> list[str]:
+        """One line per file skipped or holding rows left out, naming it and why."""
+        lines = [f"skipping {path}: {reason}" for path, reason in self.skipped]
+        return lines + [_left_out_line(*left_out) for left_out in self.rows_left_out]
+
+
+def _left_out_line(path: Path, n: int, total: int, problem: str) -> str:
+    which = f"{n} of the {total} rows" if total > 1 else "the row"
+    return f"skipping {which} of {path}: {problem}"
 
 
 class ResultStore:
@@ -220,7 +234,11 @@ class ResultStore:
             table = self._read(path, schema_of(COLUMNS))
         except ValueError:
             return []
-        return _rows_of(table)
+        import pandas as pd  # only where rows are read
+
+        rows = table.to_pylist()
+        problems = row_problems(pd.DataFrame(rows))  # a row that fails is not this run's
+        return _without_version([r for r, p in zip(rows, problems, strict=True) if p is None])
 
     def _stored(self, path: Path) -> tuple[list[dict[str, Any]], str | None]:
         """The rows stored at ``path``, or none and why what stands there cannot be read;
@@ -315,8 +333,9 @@ class ResultStore:
     def load(self, columns: list[str] | None = None, warn: bool = True) -> LoadReport:
         """All readable rows; every skipped file is reported (as a warning) with its reason."""
         names = [*PARTITIONS, *(c for c in (columns or SCHEMA.names) if c not in PARTITIONS)]
-        # every file is checked against its name, so run_id is read even when not asked for
-        read = names if "run_id" in names else [*names, "run_id"]
+        # every file is checked against its name, so run_id is read even when not asked for,
+        # and every row against the versions this release knows
+        read = [*names, *(c for c in ("run_id", "schema_version") if c not in names)]
         wanted = schema_of(read)
         tables, skipped = [], []
         kept: dict[str, int] = {}  # run_id -> its file's index: a run copied by hand loads once
@@ -341,7 +360,20 @@ class ResultStore:
 
         rows = pa.concat_tables(tables).to_pandas() if tables else pd.DataFrame(columns=read)
         legacy = [p for p in paths if _is_legacy(p.relative_to(self.root))]
-        return LoadReport(rows[names], skipped, legacy)
+        problems = row_problems(rows)
+        bad = problems.notna()
+        left_out = []
+        if bad.any():  # rare: a file edited by hand, or not written by synthbench
+            file_of_row = pd.Series(
+                [i for i, t in enumerate(tables) for _ in range(t.num_rows)], index=rows.index
+            )
+            for i, part in problems[bad].groupby(file_of_row[bad], sort=True):
+                left_out.append((paths[i], len(part), tables[i].num_rows, part.iloc[0]))
+                if warn:
+                    line = _left_out_line(*left_out[-1])
+                    warnings.warn(line, CorruptResultWarning, stacklevel=2)
+            rows = rows[~bad].reset_index(drop=True)
+        return LoadReport(rows[names], skipped, legacy, left_out)
 
     def remove_stale_temporaries(self) -> int:
         """Delete temporary files left behind by processes that no longer exist."""
@@ -435,7 +467,11 @@ def _run_key(row: dict[str, Any]) -> tuple[str, str, str, str]:
 
 def _rows_of(table: pa.Table) -> list[dict[str, Any]]:
     """A run's rows as ``write`` takes them (without the version, which the store adds)."""
-    return [{k: v for k, v in r.items() if k != "schema_version"} for r in table.to_pylist()]
+    return _without_version(table.to_pylist())
+
+
+def _without_version(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "schema_version"} for r in rows]
 
 
 def _merge(
