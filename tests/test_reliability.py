@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import fnmatch
+import os
 import signal
 import subprocess
 import sys
@@ -40,7 +41,7 @@ from clitools import (
 )
 
 from synthbench.cli import catalog
-from synthbench.core import atomic, registry
+from synthbench.core import atomic, interrupts, registry
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.task import TASKS
 from synthbench.run import limits
@@ -145,9 +146,13 @@ def full_disk_at(name: str, first: tuple[str, ...] = ()):
 
 
 def interrupted(f: Folder) -> None:
-    def records(kind):
-        raise KeyboardInterrupt
+    """A Ctrl-C while the command works: a real SIGINT to this process (a KeyboardInterrupt
+    raised without one is plugin code's, not the user's: synthbench/core/interrupts.py)."""
 
+    def records(kind):
+        os.kill(os.getpid(), signal.SIGINT)
+
+    f.monkeypatch.setattr(interrupts, "_received", 0)  # counted for this test only
     f.monkeypatch.setattr(catalog, "_records", records)
 
 

@@ -23,6 +23,7 @@ from rich.table import Table
 from tabulate import tabulate
 
 from synthbench.core.atomic import TMP_PREFIX
+from synthbench.core.interrupts import count_interrupts, describe, from_user
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
 from synthbench.core.task import CATEGORIES, TASKS
@@ -33,12 +34,17 @@ from synthbench.run.store import LoadReport, ResultStore
 STDOUT = "stdout"  # the file name of an error writing to stdout (a full disk under `> file`)
 
 
+class ClosedStdout(SystemExit):
+    """Our own exit on a closed stdout: every other SystemExit in a command is plugin code's
+    (``guard``)."""
+
+
 class _Stdout(Console):
     def on_broken_pipe(self) -> None:
         """The reader of stdout went away (``| head``): rich would exit with status 1; exit
         as a program killed by the closed pipe does (``closed_stdout``), from any thread."""
         self.quiet = True
-        raise SystemExit(closed_stdout())
+        raise ClosedStdout(closed_stdout())
 
     def _check_buffer(self) -> None:
         """Where rich writes: an error names stdout, not taken for one of the files we write."""
@@ -158,6 +164,7 @@ def guard(command):
     @functools.wraps(command)
     def wrapper(*args, **kwargs):
         debug = os.environ.get("SYNTHBENCH_DEBUG")  # the full traceback, for developers
+        count_interrupts()  # so that a KeyboardInterrupt plugin code raises is not a Ctrl-C
         try:
             return command(*args, **kwargs)
         except (UnknownNameError, PluginError, UsageError, ExecutorError, ValueError) as exc:
@@ -166,8 +173,10 @@ def guard(command):
             raise fail(str(exc)) from None
         except BrokenPipeError:
             raise typer.Exit(closed_stdout()) from None
-        except KeyboardInterrupt:
-            raise fail("interrupted", INTERRUPTED) from None
+        except KeyboardInterrupt as exc:
+            if from_user(exc):
+                raise fail("interrupted", INTERRUPTED) from None
+            raise fail(f"plugin code ended the command: {describe(exc)}", 1) from None
         except OSError as exc:
             if debug:
                 raise
@@ -178,6 +187,12 @@ def guard(command):
             if debug:
                 raise
             raise fail(unexpected(exc), 1) from None
+        except ClosedStdout:
+            raise
+        except BaseException as exc:  # sys.exit() or a BaseException of plugin code's own
+            if debug:
+                raise
+            raise fail(f"plugin code ended the command: {describe(exc)}", 1) from None
 
     return wrapper
 

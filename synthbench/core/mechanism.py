@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from synthbench.core.interrupts import caught, describe
 from synthbench.core.linear_attention import (
     attend_to_scores,
     compute_dtype,
@@ -236,15 +237,16 @@ def build_once(name: str, head_dim: int, n_heads: int, params: dict[str, Any]) -
     try:
         with torch.device("meta"):  # the sizes without the memory
             module = cls(head_dim, n_heads, **params)
-    except Exception:  # invalid values, or a constructor that needs real tensors (a .item()):
-        module = None  # the real build below says which
+    except BaseException as exc:  # invalid values, or a constructor that needs real tensors
+        caught(exc)  # (a .item()): the real build below says which
+        module = None
     try:
         if module is None:
             module = cls(head_dim, n_heads, **params)
     except (TypeError, ValueError) as exc:  # the user's parameter values, most likely
         raise ValueError(f"mechanism {name}: {exc}") from exc
-    except Exception as exc:
-        raise ValueError(f"mechanism {name} cannot be built: {type(exc).__name__}: {exc}") from exc
+    except BaseException as exc:  # sys.exit() in a plugin's constructor too
+        raise ValueError(f"mechanism {name} cannot be built: {describe(caught(exc))}") from exc
     size = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
     if size > MAX_MECHANISM_BYTES:
         values = ", ".join(f"{k}={v}" for k, v in params.items())

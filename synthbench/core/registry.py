@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
+from synthbench.core.interrupts import caught, describe
+
 T = TypeVar("T")
 # set (to anything but the empty string): installed plugins are not loaded
 DISABLE_AUTOLOAD = "SYNTHBENCH_DISABLE_PLUGIN_AUTOLOAD"
@@ -216,10 +218,9 @@ class Registry(Generic[T]):
                     known = {id(e.obj) for e in self._entries.values()}
                     if not isinstance(obj, type(sys)) and id(obj) not in known:
                         self.add(ep.name, obj, **dict(getattr(obj, "registry_metadata", {})))
-            except KeyboardInterrupt:
-                raise
             except BaseException as exc:  # a broken plugin (even sys.exit) must not take the
-                # built-ins, or every command, down
+                # built-ins, or every command, down; the user's Ctrl-C is raised again
+                caught(exc)
                 error = PluginError(
                     f"{self.kind} plugin '{ep.name}' from {dist} {import_failure(exc, 'load')}"
                 )
@@ -287,9 +288,8 @@ def load_plugin_file(path: str | Path, registries: list[Registry]) -> list[Entry
         try:
             sys.modules[module_name] = module
             spec.loader.exec_module(module)
-        except KeyboardInterrupt:
-            raise
         except BaseException as exc:  # sys.exit() too: never a silent exit 0
+            caught(exc)  # the user's Ctrl-C is raised again
             sys.modules.pop(module_name, None)
             for registry, names in zip(registries, before, strict=True):  # no half-loaded plugin
                 for name in set(registry._entries) - names:
@@ -314,6 +314,8 @@ def import_failure(exc: BaseException, verb: str) -> str:
     if isinstance(exc, SystemExit):
         code = "" if exc.code is None else repr(exc.code)
         return f"called sys.exit({code}) while being imported"
+    if not isinstance(exc, Exception):  # a KeyboardInterrupt of its own, say
+        return f"failed to {verb}: {describe(exc)}"
     if isinstance(exc, SyntaxError):
         return f"failed to {verb}: {type(exc).__name__} at {exc.filename}:{exc.lineno}: {exc.msg}"
     message = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())

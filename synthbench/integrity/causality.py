@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from synthbench.core.interrupts import caught
 from synthbench.core.mechanism import MECHANISMS, extra_inputs, has_recurrent_form
 from synthbench.core.model import prepared_mechanism
 
@@ -316,7 +317,7 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def failure(name: str, exc: Exception, where: str) -> CheckResult:
+def failure(name: str, exc: BaseException, where: str) -> CheckResult:
     return CheckResult(name, False, f"raised {one_line(exc)} ({where})", raised=True)
 
 
@@ -328,8 +329,8 @@ def first_failure(
     for where, probe in cases:
         try:
             problem = probe()
-        except Exception as exc:
-            return failure(name, exc, where)
+        except BaseException as exc:  # sys.exit in plugin code too
+            return failure(name, caught(exc), where)
         if problem:
             return CheckResult(name, False, f"{problem} ({where})")
     return None
@@ -453,8 +454,8 @@ def check_model_causality(model: nn.Module, tokens: torch.Tensor) -> CheckResult
                 logits = twin.from_embeddings(x)
                 generator = torch.Generator().manual_seed(SEED)
                 problem = _gradient_leak(logits, [x], ["the input"], 1, generator)
-            except Exception as exc:
-                raised = raised or failure(name, exc, where)
+            except BaseException as exc:  # sys.exit in plugin code too
+                raised = raised or failure(name, caught(exc), where)
                 continue
             if problem:
                 return CheckResult(name, False, f"{problem} ({where})")
@@ -469,8 +470,8 @@ def check_model_causality(model: nn.Module, tokens: torch.Tensor) -> CheckResult
 
                 with torch.set_grad_enabled(mode == "train"):
                     problem = _forward_leak(run, [tokens.clone()], redraw, "the tokens", 1)
-            except Exception as exc:
-                return failure(name, exc, where)
+            except BaseException as exc:  # sys.exit in plugin code too
+                return failure(name, caught(exc), where)
             if problem:
                 return CheckResult(name, False, f"{problem} ({where})")
     if raised:

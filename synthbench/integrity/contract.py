@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
+from synthbench.core.interrupts import caught
 from synthbench.core.mechanism import MECHANISMS, extra_inputs, recurrent_forward
 from synthbench.core.task import TASKS
 from synthbench.integrity.causality import (
@@ -102,8 +103,8 @@ def check_large_inputs(subject: Subject, length: int) -> CheckResult:
             )
             if not all(torch.isfinite(g).all() for g in grads):
                 return CheckResult(name, False, f"non-finite gradient ({where})")
-    except Exception as exc:
-        return failure(name, exc, where)
+    except BaseException as exc:  # sys.exit in plugin code too
+        return failure(name, caught(exc), where)
     return CheckResult(name, True, f"finite outputs and gradients ({where})")
 
 
@@ -120,8 +121,8 @@ def check_determinism(subject: Subject, length: int) -> CheckResult:
             first, second = outs
             if not _bit_identical(first, second):
                 return CheckResult(name, False, f"two calls from one seed differ ({where})")
-        except Exception as exc:
-            return failure(name, exc, where)
+        except BaseException as exc:  # sys.exit in plugin code too
+            return failure(name, caught(exc), where)
     return CheckResult(name, True, f"bit-identical twice from one seed (train and eval, "
                                    f"length {length})")  # fmt: skip
 
@@ -144,8 +145,8 @@ def check_state_size(subject: Subject, lengths: Sequence[int]) -> CheckResult:
             return CheckResult(name, True, "not declared (optional: reports show the state "
                                            "as unknown)")  # fmt: skip
         sizes = [mechanism.state_size(length) for length in points]
-    except Exception as exc:
-        return failure(name, exc, "state_size")
+    except BaseException as exc:  # sys.exit in plugin code too
+        return failure(name, caught(exc), "state_size")
     for length, size in zip(points, sizes, strict=True):
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             return CheckResult(name, False, f"state_size({length}) = {size!r}, not an int >= 0")

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from synthbench.core.interrupts import caught, describe
 from synthbench.core.mechanism import MECHANISMS, build_once, mechanism_params
 from synthbench.core.model import check_position, make_rotation, position_params
 from synthbench.core.params import check_int
@@ -88,9 +89,9 @@ class RunSpec:
             task_obj = task_entry.obj(**task_params)
         except ValueError:  # the parameters' own checks, naming them
             raise
-        except Exception as exc:  # a plugin task whose construction raises
+        except BaseException as exc:  # a plugin task whose construction raises (or exits)
             raise ValueError(
-                f"task {task_entry.name} cannot be built: {type(exc).__name__}: {exc}"
+                f"task {task_entry.name} cannot be built: {describe(caught(exc))}"
             ) from exc
         if eval_length_mult is not None:
             if not (math.isfinite(eval_length_mult) and eval_length_mult > 0):

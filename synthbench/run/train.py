@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from synthbench.core.interrupts import caught, describe
 from synthbench.core.model import Model
 from synthbench.core.task import IGNORE, TASKS, Batch, Task
 from synthbench.integrity.audit import Chance, chance
@@ -294,8 +295,9 @@ def train_eval(
         row.update(status="diverged", error=str(exc))
     except Leaky as exc:  # never a result; not retrained either (it would leak again)
         row.update(status=LEAKY, error=str(exc))
-    except Exception as exc:  # stored as an error row; the suite goes on
-        row.update(status="error", error=f"{type(exc).__name__}: {exc}")
+    except BaseException as exc:  # stored as an error row; the suite goes on (sys.exit in a
+        # plugin too: synthbench/core/interrupts.py; the user's Ctrl-C is raised again)
+        row.update(status="error", error=describe(caught(exc)))
     finally:
         torch.set_num_threads(threads)
     row["wall_seconds"] = time.perf_counter() - start
