@@ -1,5 +1,7 @@
 """key=value parameters from the command line, checked against defaults."""
 
+import time
+
 import pytest
 
 from synthbench.core.params import REQUIRED, parse_assignments, resolve_params
@@ -53,3 +55,25 @@ def test_run_spec_checks_task_and_mechanism_parameters_before_running():
         RunSpec.resolve("copy", "linear", smoke, 0, mechanism_overrides={"eps": -1.0})
     with pytest.raises(ValueError, match="n >= 1"):
         RunSpec.resolve("copy", "linear", smoke, 0, task_overrides={"n": 0})
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("+".join(["1"] * 60_000), "its value is 119,999 characters, more than the 10,000 read"),
+        ("+".join(["1"] * 4_000), "its value is nested too deeply to read"),
+        ("-" * 9_000 + "1", "its value is nested too deeply to read"),
+    ],
+)
+def test_parsing_is_bounded_in_size_and_depth(text, message):
+    started = time.perf_counter()
+    with pytest.raises(ValueError, match=message) as error:
+        parse_assignments([f"n={text}"])
+    assert time.perf_counter() - started < 10
+    assert len(str(error.value)) < 120 and "\n" not in str(error.value)
+
+
+def test_a_refused_value_is_quoted_cut_to_a_line():
+    with pytest.raises(ValueError) as error:
+        resolve_params("task copy", {"n": 32}, parse_assignments(["n=" + "[" * 5_000]))
+    assert len(str(error.value)) < 120 and str(error.value).endswith("...")

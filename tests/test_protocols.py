@@ -96,3 +96,12 @@ def test_config_leaves_out_what_does_not_change_results():
     assert "description" not in config and "seeds" not in config
     assert config["name"] == "quick" and config["version"] == PROTOCOLS.get("quick").version
     assert isinstance(Protocol.__dataclass_fields__["lrs"].default, tuple)
+
+
+@pytest.mark.parametrize("field", ["d_model", "n_heads", "n_layers"])
+@pytest.mark.parametrize("value", [0, -4])
+def test_every_model_dimension_is_checked_before_anything_trains(field, value):
+    """d_model=0 trained a model of width 0 and stored it as ok (issue 32); n_heads=0 was a
+    ZeroDivisionError."""
+    with pytest.raises(ValueError, match=f"sizes and counts must be >= 1: {field}"):
+        dataclasses.replace(PROTOCOLS.get("quick"), **{field: value})

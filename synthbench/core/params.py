@@ -7,7 +7,11 @@ import ast
 import inspect
 from typing import Any
 
+from synthbench.core.text import short_repr
+
 REQUIRED = object()  # marks a parameter without a default
+# the longest value text parse_assignments reads: a sweep's list of a thousand values fits
+MAX_VALUE_CHARS = 10_000
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:
@@ -16,13 +20,22 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
     for item in items or []:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"parameter {item!r} is not of the form key=value")
+            raise ValueError(f"parameter {short_repr(item)} is not of the form key=value")
+        key, text = key.strip(), text.strip()
+        if len(text) > MAX_VALUE_CHARS:
+            raise ValueError(
+                f"parameter {short_repr(key)}: its value is {len(text):,} characters, more "
+                f"than the {MAX_VALUE_CHARS:,} read"
+            )
         try:
-            value = ast.literal_eval(text.strip())
+            value = ast.literal_eval(text)
         except (ValueError, SyntaxError):
-            lowered = text.strip().lower()
-            value = {"true": True, "false": False}.get(lowered, text.strip())
-        parsed[key.strip()] = value
+            value = {"true": True, "false": False}.get(text.lower(), text)
+        except (RecursionError, MemoryError):  # 1+1+...+1, ----1: past Python's parser
+            raise ValueError(
+                f"parameter {short_repr(key)}: its value is nested too deeply to read"
+            ) from None
+        parsed[key] = value
     return parsed
 
 
@@ -58,23 +71,25 @@ def _coerce(owner: str, name: str, default: Any, value: Any) -> Any:
     else:
         return value
     if not ok:
-        raise ValueError(f"{owner} parameter {name} must be {kind.__name__}, got {value!r}")
+        raise ValueError(
+            f"{owner} parameter {name} must be {kind.__name__}, got {short_repr(value)}"
+        )
     return value
 
 
 def check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
     """Raise ValueError unless ``value`` is an int (not a bool) in [low, high]."""
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        raise ValueError(f"{name} must be an integer >= {low}, got {short_repr(value)}")
     if high is not None and value > high:
-        raise ValueError(f"{name} must be an integer <= {high}, got {value!r}")
+        raise ValueError(f"{name} must be an integer <= {high}, got {short_repr(value)}")
 
 
 def check_positive(**values: Any) -> None:
     """Raise ValueError naming the first of ``values`` that is not a number > 0."""
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-            raise ValueError(f"{name} must be a number > 0, got {value!r}")
+            raise ValueError(f"{name} must be a number > 0, got {short_repr(value)}")
 
 
 def constructor_params(owner: str, cls: type, overrides: dict[str, Any] | None = None) -> dict:

@@ -1,5 +1,5 @@
 """Words for counts, in one place: every message says "1 seed" and "3 seeds", never
-"3 seed(s)" or "1 seeds"."""
+"3 seed(s)" or "1 seeds"; and values quoted in a message, cut to a line."""
 
 from __future__ import annotations
 
@@ -15,3 +15,10 @@ def plural(n, word: str, many: str | None = None) -> str:
     the plural of an irregular word (``plural(2, "category", "categories")``). The
     leaderboard page's script has the same two functions, for what it rewrites."""
     return f"{n} {noun(n, word, many)}"
+
+
+def short_repr(value, limit: int = 60) -> str:
+    """``repr(value)``, cut to ``limit`` characters: a message quotes what it refuses, and
+    what it refuses can be a megabyte of brackets."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."

@@ -70,21 +70,14 @@ class Protocol:
             problems.append(f"arch must be one of {ARCHS}")
         if self.pos not in POSITIONS:
             problems.append(f"pos must be one of {POSITIONS}")
-        if self.d_model % self.n_heads:
+        if self.n_heads >= 1 and self.d_model % self.n_heads:
             problems.append("d_model must be divisible by n_heads")
-        if (
-            min(
-                self.steps,
-                self.batch_size,
-                self.n_layers,
-                self.val_examples,
-                self.test_examples,
-                self.eval_batch_size,
-                self.seeds,
-            )
-            < 1
-        ):
-            problems.append("sizes and counts must be >= 1")
+        # every width, count and size (a model of width 0 would train, on nothing)
+        sizes = ("d_model", "n_heads", "n_layers", "steps", "batch_size", "val_examples",
+                 "test_examples", "eval_batch_size", "seeds")  # fmt: skip
+        small = [name for name in sizes if getattr(self, name) < 1]
+        if small:
+            problems.append(f"sizes and counts must be >= 1: {', '.join(small)}")
         if not self.lrs or min(self.lrs) <= 0 or len(set(self.lrs)) < len(self.lrs):
             problems.append("lrs must be a non-empty list of distinct positive learning rates")
         if self.lr_extend < 0 or (self.lr_extend and len(self.lrs) < 2):

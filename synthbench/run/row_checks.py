@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from synthbench.core.registry import NAME
+from synthbench.core.text import short_repr
 from synthbench.run.schema import SCHEMA_VERSION, STATUSES
 
 NAME_COLUMNS = ("protocol", "task", "mechanism", "run_id")
@@ -113,7 +114,7 @@ def _text_problems(rows: pd.DataFrame, found: pd.Series) -> None:
         bad = present.index[~present.map(verdict).astype(bool)]
         for index in bad:
             if pd.isna(found[index]):
-                found[index] = f"{column} {_short(rows.at[index, column])} {what}"
+                found[index] = f"{column} {short_repr(rows.at[index, column], 40)} {what}"
 
 
 def _curve_problems(rows: pd.DataFrame, found: pd.Series) -> None:
@@ -132,11 +133,6 @@ def _curve_problems(rows: pd.DataFrame, found: pd.Series) -> None:
             found[index] = "curve_steps holds a negative or null step"
         elif any(a is None or not 0 <= a <= 1 for a in accs):
             found[index] = "curve_val_token_acc holds a value not in [0, 1]"
-
-
-def _short(value, limit: int = 40) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def row_problems(rows: pd.DataFrame) -> pd.Series:
