@@ -363,7 +363,7 @@ def frontier_curves(lines, threshold: float, title: str, stem: Path, suffixes: l
     contexts = list(dict.fromkeys(line.context for line in lines))  # lines come sorted
     colour = _mechanism_colours({line.mechanism for line in lines})
     fig, axes = _panels(len(contexts))
-    knob = lines[0].knob
+    knob_text = lines[0].knob_label("harder to the right")  # with the knobs that follow it
     for ax, context in zip(axes.flat, contexts, strict=False):
         here = [line for line in lines if line.context == context]
         labels = list(dict.fromkeys(value_text(v) for line in here for v in line.points["value"]))
@@ -371,7 +371,7 @@ def frontier_curves(lines, threshold: float, title: str, stem: Path, suffixes: l
             x = [labels.index(value_text(v)) for v in line.points["value"]]
             _accuracy_line(ax, x, line.points["mean"], line.points["std"], colour[line.mechanism])
         ax.set_xticks(range(len(labels)), labels)
-        ax.set_xlabel(f"{knob.name} (harder to the right)", fontsize=7)
+        ax.set_xlabel(knob_text, fontsize=7)
         ax.set_title(context or "", fontsize=8, pad=2)
     return _finish_accuracy_panels(fig, axes, colour, title, stem, suffixes)
 

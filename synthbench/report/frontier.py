@@ -59,6 +59,17 @@ class Line:
     mechanism: str
     points: pd.DataFrame  # value, mean, std, n: easiest first
     context_order: tuple = ()  # the context's values, to sort by (d_model 32 before 128)
+    # task knobs that moved with ``knob`` (one value of theirs for each of its values: a
+    # default that follows it, as kv_recall's queries follows pairs): named, never a context
+    follows: tuple[str, ...] = ()
+
+    def knob_label(self, harder: str) -> str:
+        """The knob with ``harder`` and the knobs that moved with it, as a table or an axis
+        names it: "pairs (larger; queries follows)"."""
+        follows = ""
+        if self.follows:
+            follows = f"; {', '.join(self.follows)} follow{'s' if len(self.follows) == 1 else ''}"
+        return f"{self.knob.name} ({harder}{follows})"
 
     def frontier(self, threshold: float = THRESHOLD):
         """The hardest value held at or above ``threshold`` from the easiest on, and whether
@@ -223,9 +234,34 @@ def task_knobs_varying(part: pd.DataFrame, task: str) -> list[str]:
     return [k for k in varying_knobs(part) if k in own]
 
 
+def _moves_with(part: pd.DataFrame, a: str, b: str) -> bool:
+    """Whether knobs ``a`` and ``b`` move together in ``part``: each value of one comes with
+    exactly one value of the other, and the other way round."""
+    pairs = part[[a, b]].dropna().map(repr).drop_duplicates()
+    return len(pairs) > 1 and not pairs[a].duplicated().any() and not pairs[b].duplicated().any()
+
+
+def co_varying(part: pd.DataFrame, knobs: list[str], task_knobs: list[str]) -> dict[str, tuple]:
+    """Of the task knobs among ``knobs``, those that move together (``_moves_with``), as
+    {first: (the knobs that follow it)}, first in the task's own order of its parameters."""
+    candidates = [k for k in task_knobs if k in knobs and _ordinal(part[k])]
+    groups: dict[str, tuple] = {}
+    taken: set[str] = set()
+    for i, first in enumerate(candidates):
+        if first in taken:
+            continue
+        followers = tuple(k for k in candidates[i + 1 :] if k not in taken
+                          and _moves_with(part, first, k))  # fmt: skip
+        if followers:
+            groups[first] = followers
+            taken.update(followers)
+    return groups
+
+
 def lines(runs: pd.DataFrame) -> list[Line]:
     """Every line of ``grid_runs``: per (protocol, task), each varying knob, context and
-    mechanism with at least two of the knob's values."""
+    mechanism with at least two of the knob's values. Task knobs that move together give
+    one line, along the first of them (``co_varying``)."""
     found: list[Line] = []
     if runs.empty:
         return found
@@ -235,7 +271,12 @@ def lines(runs: pd.DataFrame) -> list[Line]:
         part = part.dropna(axis=1, how="all")
         knobs = varying_knobs(part)
         ladder = LADDER in knobs
-        task_knobs = set(TASKS.get(task).Params.__dataclass_fields__) if task in TASKS else set()
+        task_order = list(TASKS.get(task).Params.__dataclass_fields__) if task in TASKS else []
+        task_knobs = set(task_order)
+        # without a ladder: a preset sets task knobs together, and its line says so
+        moving = {} if ladder else co_varying(part, knobs, task_order)
+        followers = {k for group in moving.values() for k in group}
+        knobs = [k for k in knobs if k not in followers]
         for name in knobs:
             if name != LADDER and not _ordinal(part[name]):
                 continue  # names without an order (an arch, say): a context, never a line
@@ -278,7 +319,7 @@ def lines(runs: pd.DataFrame) -> list[Line]:
                     stats = stats.set_index(stats["value"].map(repr)).loc[list(map(repr, order))]
                     found.append(
                         Line(protocol, int(version), task, knob, context, mechanism,
-                             stats.reset_index(drop=True), context_order)
+                             stats.reset_index(drop=True), context_order, moving.get(name, ()))
                     )  # fmt: skip
     return sorted(
         found,
@@ -331,7 +372,7 @@ def frontier_grid(
         )
         mark = "" if line.knob.declared else "*"
         rows.append(
-            (line.task, f"{line.knob.name} ({line.knob.harder}){mark}", line.context or "-",
+            (line.task, line.knob_label(line.knob.harder) + mark, line.context or "-",
              line.mechanism)
         )  # fmt: skip
         cells.append([frontier, ladder])
@@ -350,6 +391,11 @@ def frontier_grid(
     if undeclared:
         notes.append(
             f"* {', '.join(undeclared)}: no declared direction, taken as harder when larger."
+        )
+    if any(line.follows for line in mine):
+        notes.append(
+            "K follows: task knob K took one value for each of the line's (a default that "
+            "follows it, say), so the line is along both and K is no context."
         )
     return Grid(
         title=f"Frontiers at accuracy {threshold:g}, protocol {protocol} v{version}",
