@@ -22,28 +22,19 @@ import math
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from synthbench.core.registry import NAME
 from synthbench.core.text import short_repr
-from synthbench.run.schema import SCHEMA_VERSION, STATUSES
+from synthbench.run.schema import RESULT_METRICS, SCHEMA, SCHEMA_VERSION, STATUSES
 
 NAME_COLUMNS = ("protocol", "task", "mechanism", "run_id")
 JSON_COLUMNS = ("task_params", "mechanism_params", "config")  # JSON objects
 TARGET_METRICS = frozenset({"token_acc", "exact_match", "free_token_acc"})
 _UNIT = (0.0, 1.0)
-_ACCURACIES = (
-    "token_acc",
-    "exact_match",
-    "val_token_acc",
-    "val_exact_match",
-    "free_token_acc",
-    "chance_token_acc",
-    "chance_exact_match",
-    "token_acc_se",
-    "exact_match_se",
-    "free_token_acc_se",
-    "long_token_acc",
-    "long_exact_match",
+# every float a training fills but its loss is an accuracy or an accuracy's standard error
+_ACCURACIES = tuple(
+    c for c in RESULT_METRICS if SCHEMA.field(c).type == pa.float64() and c != "final_loss"
 )
 # column -> (lowest, highest, whether the lowest itself is excluded); inf: no bound
 RANGES: dict[str, tuple[float, float, bool]] = {
