@@ -33,6 +33,7 @@ import torch.nn.functional as F
 
 from synthbench.core.linear_attention import compute_dtype
 from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism
+from synthbench.core.params import check_int
 
 
 @MECHANISMS.register(
@@ -55,10 +56,8 @@ class CosformerAttention(FeatureMapMechanism):
         chunk_size: int = 64,
     ):
         super().__init__(head_dim, n_heads, eps=eps, chunk_size=chunk_size)
-        if horizon is not None and (
-            isinstance(horizon, bool) or not isinstance(horizon, int) or horizon < 1
-        ):
-            raise ValueError(f"horizon must be an integer >= 1 or None, got {horizon!r}")
+        if horizon is not None:  # None: the model's max length, known later
+            check_int("horizon", horizon, 1)
         self.horizon = horizon
         self.max_len: int | None = None
 

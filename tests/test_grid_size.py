@@ -72,3 +72,12 @@ def test_a_binary_sweep_file_is_named(tmp_path):
     sweep = tmp_path / "binary.toml"
     sweep.write_bytes(bytes(range(256)))
     assert_error(invoke("sweep", sweep), 2, f"sweep file {sweep} is not UTF-8 text")
+
+
+def test_a_sweep_file_nested_past_the_parser_or_too_large_is_named(tmp_path):
+    deep = tmp_path / "deep.toml"
+    deep.write_text('task = "copy"\nx = ' + "[" * 100_000 + "]" * 100_000 + "\n")
+    assert_error(invoke("sweep", deep), 2, f"sweep file {deep} ")
+    large = tmp_path / "large.toml"
+    large.write_text('task = "copy"\n' + "# padding\n" * 200_000)
+    assert_error(invoke("sweep", large), 2, f"sweep file {large} is larger than 1,048,576 bytes")

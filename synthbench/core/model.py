@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from synthbench.core.mechanism import extra_inputs
-from synthbench.core.params import constructor_params
+from synthbench.core.params import check_int, constructor_params
 from synthbench.core.positional import ROTATIONS
 
 ARCHS = ("attn-only", "attn-conv", "transformer")
@@ -69,6 +69,20 @@ def make_rotation(
         return ROTATIONS[pos](head_dim, n_heads, **params)
     except ValueError as exc:
         raise ValueError(f"pos {pos}: {exc}") from exc
+
+
+def check_model_dimensions(
+    vocab_size: int, max_len: int, d_model: int, n_heads: int, n_layers: int
+) -> None:
+    """Raise ValueError naming the first size that is not an integer >= 1, or d_model not
+    divisible by n_heads: a model of width 0 would train, on nothing, and n_heads = 0 would
+    divide by zero. (A protocol refuses its own values earlier, listing every problem.)"""
+    sizes = {"vocab_size": vocab_size, "max_len": max_len, "d_model": d_model,
+             "n_heads": n_heads, "n_layers": n_layers}  # fmt: skip
+    for name, value in sizes.items():
+        check_int(name, value, 1)
+    if d_model % n_heads:
+        raise ValueError(f"d_model must be divisible by n_heads, got {d_model} and {n_heads}")
 
 
 def sinusoidal_positions(max_len: int, d_model: int) -> torch.Tensor:
@@ -168,6 +182,7 @@ class Model(nn.Module):
         super().__init__()
         if arch not in ARCHS:
             raise ValueError(f"unknown arch {arch!r} ({', '.join(ARCHS)})")
+        check_model_dimensions(vocab_size, max_len, d_model, n_heads, n_layers)
         pos_params = position_params(pos, pos_params)
         head_dim = d_model // n_heads
         self.max_len, self.pos = max_len, pos

@@ -12,10 +12,20 @@ from synthbench.core.text import short_repr
 REQUIRED = object()  # marks a parameter without a default
 # the longest value text parse_assignments reads: a sweep's list of a thousand values fits
 MAX_VALUE_CHARS = 10_000
+# how deeply a value may nest (``[[-1]]`` is 4 deep: list, list, minus, number): far past
+# any real value, and far inside Python's parser and stack, so the bound is the same
+# wherever parse_assignments is called from
+MAX_VALUE_DEPTH = 32
 
 
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:
-    """``["n=64", "eps=1e-4", "name=abc"]`` -> ``{"n": 64, "eps": 1e-4, "name": "abc"}``."""
+    """``["n=64", "eps=1e-4", "name=abc"]`` -> ``{"n": 64, "eps": 1e-4, "name": "abc"}``.
+
+    A value is a Python literal, ``true``/``false``, or else the text itself. A value
+    longer than ``MAX_VALUE_CHARS`` or nested deeper than ``MAX_VALUE_DEPTH`` is a
+    ValueError naming the parameter, before Python's parser could run out of stack or
+    memory on it (``1+1+...+1``, ``----1``, ``[[[...]]]``).
+    """
     parsed: dict[str, Any] = {}
     for item in items or []:
         key, sep, text = item.partition("=")
@@ -27,16 +37,55 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
                 f"parameter {short_repr(key)}: its value is {len(text):,} characters, more "
                 f"than the {MAX_VALUE_CHARS:,} read"
             )
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError):
-            value = {"true": True, "false": False}.get(text.lower(), text)
-        except (RecursionError, MemoryError):  # 1+1+...+1, ----1: past Python's parser
-            raise ValueError(
-                f"parameter {short_repr(key)}: its value is nested too deeply to read"
-            ) from None
-        parsed[key] = value
+        parsed[key] = _parse_value(key, text)
     return parsed
+
+
+def _parse_value(key: str, text: str) -> Any:
+    """The literal ``text`` stands for, or ``text`` itself; too deep a value is refused."""
+    try:
+        tree = ast.parse(text, mode="eval")
+    except SyntaxError as exc:
+        if "too many nested" in str(exc.msg):  # the tokenizer's own bound: 200 brackets
+            raise _too_deep(key) from None
+        return _word(text)
+    except ValueError:  # a null byte (a SyntaxError from Python 3.12 on)
+        return _word(text)
+    except (RecursionError, MemoryError):  # ----1 or 1+1+...+1: past the parser's stack
+        raise _too_deep(key) from None
+    if _depth_exceeds(tree.body, MAX_VALUE_DEPTH):  # literal_eval recurses on every level
+        raise _too_deep(key)
+    try:
+        return ast.literal_eval(tree)
+    except (ValueError, TypeError):  # an expression that is not a literal (abc, a-b)
+        return _word(text)
+
+
+def _too_deep(key: str) -> ValueError:
+    return ValueError(
+        f"parameter {short_repr(key)}: its value is nested too deeply to read (more than "
+        f"{MAX_VALUE_DEPTH} levels)"
+    )
+
+
+def _word(text: str) -> Any:
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def _depth_exceeds(node: ast.AST, limit: int) -> bool:
+    """Whether the tree under ``node`` is more than ``limit`` nodes deep; iterative, so
+    that a deep tree costs no stack (load/store markers do not count)."""
+    pending = [(node, 1)]
+    while pending:
+        node, depth = pending.pop()
+        if depth > limit:
+            return True
+        pending.extend(
+            (child, depth + 1)
+            for child in ast.iter_child_nodes(node)
+            if not isinstance(child, ast.expr_context)
+        )
+    return False
 
 
 def resolve_params(owner: str, defaults: dict[str, Any], overrides: dict[str, Any]) -> dict:

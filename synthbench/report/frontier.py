@@ -4,7 +4,9 @@ A grid of runs (``synthbench run`` with lists, ``synthbench sweep``: synthbench/
 varies task knobs, mechanism parameters, protocol fields or difficulty presets. For every
 knob that varies within a task, the runs that differ only in that knob form a *line*: one
 per mechanism and *context* (the values of the other varying knobs), the knob's values
-ordered from easiest to hardest.
+ordered from easiest to hardest. Task knobs that move together (kv_recall's queries, half
+the pairs by default, in a sweep of pairs) are one line along the first, which names the
+others as following it (``co_varying``).
 
 A line's *frontier* is the hardest value at which the mean target accuracy over seeds
 (each seed at its selected lr) stays at or above the threshold (0.9): walking from the
@@ -273,24 +275,26 @@ def lines(runs: pd.DataFrame) -> list[Line]:
         ladder = LADDER in knobs
         task_order = list(TASKS.get(task).Params.__dataclass_fields__) if task in TASKS else []
         task_knobs = set(task_order)
-        # without a ladder: a preset sets task knobs together, and its line says so
-        moving = {} if ladder else co_varying(part, knobs, task_order)
+        moving = co_varying(part, knobs, task_order)
         followers = {k for group in moving.values() for k in group}
-        knobs = [k for k in knobs if k not in followers]
         for name in knobs:
+            if name in followers:
+                continue  # it moved with another knob: on that one's line
             if name != LADDER and not _ordinal(part[name]):
                 continue  # names without an order (an arch, say): a context, never a line
             knob = knob_of(task, part["mechanism"].unique(), name)
             if name == LADDER:
                 along = part[part[LADDER].notna()]
-                moved = [k for k in task_knobs if k in along and along[k].map(repr).nunique() > 1]
+                independent = task_knobs - followers  # a knob and its followers move as one
+                moved = [k for k in independent if k in along and along[k].map(repr).nunique() > 1]
                 if len(moved) < 2 and part[LADDER].isna().any():
                     continue  # a sweep of one knob that passes through presets: its own line
                 # a preset sets task knobs together: the context is the other kinds of knob
                 others = [k for k in knobs if k != LADDER and k not in task_knobs]
             else:
                 along = part
-                others = [k for k in knobs if k not in (name, LADDER)]
+                # the knobs that follow this one are on its line; another's are context
+                others = [k for k in knobs if k not in (name, LADDER, *moving.get(name, ()))]
             for _, group in along.groupby(
                 [part[k].map(repr) for k in others] or (lambda _: ""), sort=True
             ):

@@ -197,16 +197,23 @@ SWEEP_KEYS = {
 TABLES = ("task_params", "mech_params", "protocol_params", "pos_params")
 
 
+MAX_SWEEP_BYTES = 2**20  # a sweep file of a thousand lists is a few dozen kilobytes
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     if sys.version_info >= (3, 11):
         import tomllib
     else:  # pragma: no cover - the stdlib has it from 3.11
         import tomli as tomllib
+    if path.stat().st_size > MAX_SWEEP_BYTES:
+        raise ValueError(f"sweep file {path} is larger than {MAX_SWEEP_BYTES:,} bytes")
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"sweep file {path} is not valid TOML: {exc}") from None
+    except (RecursionError, MemoryError):  # arrays nested past the parser's stack
+        raise ValueError(f"sweep file {path} nests too deeply to read") from None
     except UnicodeDecodeError as exc:  # a binary file: TOML is UTF-8 text
         raise ValueError(f"sweep file {path} is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
