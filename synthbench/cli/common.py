@@ -190,8 +190,8 @@ def guard(command):
         except ClosedStdout:
             raise
         except BaseException as exc:  # sys.exit() or a BaseException of plugin code's own
-            if debug:
-                raise
+            if debug:  # the traceback, never a silent exit with the plugin's status
+                raise RuntimeError(f"plugin code ended the command: {describe(exc)}") from exc
             raise fail(f"plugin code ended the command: {describe(exc)}", 1) from None
 
     return wrapper

@@ -370,10 +370,11 @@ def check_causality(subject: Subject, lengths: Sequence[int]) -> CheckResult:
         for length in lengths
         for mode in MODES
     )
-    names = ", ".join(subject.input_names())
+    # the input names build the mechanism: only after the probes, which catch what it raises
     return first_failure("causality", cases) or CheckResult(
-        "causality", True, f"gradient exactly 0 w.r.t. {names} after each cut and other batch "
-        f"items (float64, train and eval; {describe_lengths(lengths)}; {_coverage(lengths)})"
+        "causality", True, f"gradient exactly 0 w.r.t. {', '.join(subject.input_names())} "
+        "after each cut and other batch items (float64, train and eval; "
+        f"{describe_lengths(lengths)}; {_coverage(lengths)})"
     )  # fmt: skip
 
 
@@ -391,11 +392,9 @@ def check_forward_causality(subject: Subject, lengths: Sequence[int]) -> CheckRe
                 lambda qkv: call(mechanism, qkv),
                 subject.inputs(length, torch.float32),
                 _randn_like,
-                names,
+                ", ".join(subject.input_names()),  # built here: what it raises is caught
                 2,
             )
-
-    names = ", ".join(subject.input_names())
 
     cases = (
         (
@@ -406,9 +405,9 @@ def check_forward_causality(subject: Subject, lengths: Sequence[int]) -> CheckRe
         for mode in MODES
     )
     return first_failure("causality-forward", cases) or CheckResult(
-        "causality-forward", True, f"outputs up to each cut unchanged when {names} after it "
-        "or other batch items change (float32, train, eval under no_grad; "
-        f"{describe_lengths(lengths)})"
+        "causality-forward", True, "outputs up to each cut unchanged when "
+        f"{', '.join(subject.input_names())} after it or other batch items change (float32, "
+        f"train, eval under no_grad; {describe_lengths(lengths)})"
     )  # fmt: skip
 
 

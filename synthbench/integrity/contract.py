@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
-from synthbench.core.interrupts import caught
+from synthbench.core.interrupts import caught, describe
 from synthbench.core.mechanism import MECHANISMS, extra_inputs, recurrent_forward
 from synthbench.core.task import TASKS
 from synthbench.integrity.causality import (
@@ -52,16 +52,28 @@ RECURRENT_TOLERANCE = 1e-9  # of the output's scale, in float64
 
 def suite_lengths() -> list[int]:
     """Every sequence length a registered task has at one of its presets, or with the task
-    parameters a protocol pins: the lengths the suite trains and evaluates at."""
+    parameters a protocol pins: the lengths the suite trains and evaluates at. A task whose
+    code raises (a plugin's, even sys.exit) is a one-line ValueError naming it."""
     lengths = set()
     for name in TASKS.names():
-        cls = TASKS.get(name)
-        lengths |= {cls.from_difficulty(preset).seq_len for preset in cls.presets()}
-        for protocol in PROTOCOLS.names():
-            pinned = PROTOCOLS.get(protocol).pinned_task_params(name)
-            if pinned:
-                lengths.add(cls(**pinned).seq_len)
+        try:
+            lengths |= _task_lengths(name)
+        except BaseException as exc:  # a plugin task's code, sys.exit too: named, not an exit
+            raise ValueError(
+                f"task {name} cannot give its sequence lengths: {describe(caught(exc))} "
+                "(--length sets the lengths to check at instead)"
+            ) from exc
     return sorted(lengths)
+
+
+def _task_lengths(name: str) -> set[int]:
+    cls = TASKS.get(name)
+    lengths = {cls.from_difficulty(preset).seq_len for preset in cls.presets()}
+    for protocol in PROTOCOLS.names():
+        pinned = PROTOCOLS.get(protocol).pinned_task_params(name)
+        if pinned:
+            lengths.add(cls(**pinned).seq_len)
+    return lengths
 
 
 def check_dtypes(subject: Subject, length: int) -> CheckResult:
@@ -176,8 +188,18 @@ def check_mechanism(subject: Subject, lengths: Sequence[int]) -> list[CheckResul
             check_large_inputs(subject, longest),
             check_determinism(subject, longest),
             check_state_size(subject, lengths),
-            *([check_recurrent(subject, lengths)] if subject.has_recurrent_form() else []),
+            *_recurrent_if_any(subject, lengths),
         ]
+
+
+def _recurrent_if_any(subject: Subject, lengths: Sequence[int]) -> list[CheckResult]:
+    """The recurrent check of a mechanism with a recurrent form; none without one. Telling
+    which builds the mechanism: what that raises is the check's failure."""
+    try:
+        recurrent = subject.has_recurrent_form()
+    except BaseException as exc:  # sys.exit in plugin code too
+        return [failure("recurrent", caught(exc), "built at length 1")]
+    return [check_recurrent(subject, lengths)] if recurrent else []
 
 
 def check_recurrent(subject: Subject, lengths: Sequence[int]) -> CheckResult:

@@ -10,8 +10,9 @@ rows; only the driver process writes them to the store.
   driver dies. A worker that dies mid-training is replaced and its training retried.
 - ``RayPool``: tasks on a Ray cluster (``--executor ray``): a local instance, or an existing
   cluster through ``--ray-address``. Rows travel back to the driver, so the workers need no
-  shared filesystem; plugin files travel as their source. Ray retries a task whose worker
-  was lost. Needs the optional extra: ``pip install "synthbench[ray]"``.
+  shared filesystem; plugin files travel as their source. Its workers ignore Ctrl-C too. Ray
+  retries a task whose worker was lost. Needs the optional extra: ``pip install
+  "synthbench[ray]"``.
 
 The runner keeps at most ``capacity`` units submitted at a time, so that every submitted
 unit is one that is training.
@@ -89,6 +90,14 @@ def _exit_with_parent(parent: int) -> None:
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
+def _leave_ctrl_c_to_the_driver() -> None:
+    """In a worker: Ctrl-C is the driver's to handle (it stops the workers), so SIGINT is
+    ignored here, and a KeyboardInterrupt is always plugin code's, stored as the training's
+    failure (synthbench/core/interrupts.py). Only the main thread may set a handler."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def load_plugins(files: list[str]) -> None:
     """Entry-point plugins and the given plugin files, as the driver loaded them."""
     registries = [TASKS, MECHANISMS]
@@ -100,7 +109,7 @@ def load_plugins(files: list[str]) -> None:
 
 def _worker_main(conn: Connection, device: str, plugin_files: list[str], parent: int) -> None:
     """A local worker: train each unit it receives, send back its row; None ends it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+    _leave_ctrl_c_to_the_driver()
     _exit_with_parent(parent)
     warnings.simplefilter("ignore", PluginWarning)  # the driver reported them already
     reuse_freed_memory()
@@ -260,6 +269,7 @@ def _load_plugin_sources(sources: list[tuple[str, str]]) -> None:
 
 
 def _ray_train(unit, device: str, sources: list[tuple[str, str]]) -> dict[str, Any]:
+    _leave_ctrl_c_to_the_driver()  # RayPool.close cancels a task by killing its worker
     reuse_freed_memory()
     _load_plugin_sources(sources)
     return train_eval(unit.spec, unit.lr, torch.device(device), unit.budget)

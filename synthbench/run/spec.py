@@ -182,10 +182,19 @@ class RunSpec:
             "config": json.dumps(self.config(), sort_keys=True, default=str),
             "seed": self.seed,
             "steps": self.protocol.steps,
-            "target_metric": self.make_task().target_metric,
+            "target_metric": self._target_metric(),
             "eval_length_mult": self.eval_length_mult,
             "threads": self.threads,
         }
+
+    def _target_metric(self) -> str | None:
+        """The task's target metric; None where a plugin task's code raises (even sys.exit)
+        here: its training raises it again, inside the handler that stores the failure."""
+        try:
+            return self.make_task().target_metric
+        except BaseException as exc:
+            caught(exc)  # the user's Ctrl-C goes on
+            return None
 
     def label(self) -> str:
         return f"{self.task} / {self.mechanism} / seed {self.seed}"
