@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Annotated
 
@@ -26,6 +25,7 @@ from synthbench.core.mechanism import (
 from synthbench.core.params import parse_assignments
 from synthbench.core.task import CATEGORIES, IGNORE, TASKS
 from synthbench.integrity.audit import MARGIN, MIN_SEEN, TRAIN_ANSWERS, audit, markdown_table
+from synthbench.run.grid import task_defaults
 from synthbench.run.limits import check_length
 from synthbench.run.protocols import PROTOCOLS
 
@@ -109,7 +109,7 @@ def _records(kind: str) -> list[dict]:
                 "category": e.metadata["category"],
                 "aliases": list(e.aliases),
                 "description": e.metadata["description"],
-                "defaults": {f.name: f.default for f in dataclasses.fields(e.obj.Params)},
+                "defaults": task_defaults(e.obj),
                 "length_param": e.obj.length_param,
                 "source": e.source,
             }

@@ -98,6 +98,11 @@ def n_points(params: dict[str, Any], defaults: dict[str, Any] | None = None) -> 
     )
 
 
+def task_defaults(task_cls: type) -> dict[str, Any]:
+    """The default of each parameter of a task (its ``Params`` dataclass), for ``points``."""
+    return {f.name: f.default for f in dataclasses.fields(task_cls.Params)}
+
+
 def constructor_defaults(cls: type) -> dict[str, Any]:
     """The default of each constructor parameter of ``cls`` (a mechanism), for ``points``."""
     return {

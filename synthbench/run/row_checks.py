@@ -26,7 +26,13 @@ import pyarrow as pa
 
 from synthbench.core.registry import NAME
 from synthbench.core.text import short_repr
-from synthbench.run.schema import RESULT_METRICS, SCHEMA, SCHEMA_VERSION, STATUSES
+from synthbench.run.schema import (
+    RESULT_METRICS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    STATUSES,
+    has_curve,
+)
 
 NAME_COLUMNS = ("protocol", "task", "mechanism", "run_id")
 JSON_COLUMNS = ("task_params", "mechanism_params", "config")  # JSON objects
@@ -116,8 +122,8 @@ def _curve_problems(rows: pd.DataFrame, found: pd.Series) -> None:
     ):
         if not pd.isna(found[index]):
             continue
-        steps = [] if steps is None or isinstance(steps, float) else list(steps)
-        accs = [] if accs is None or isinstance(accs, float) else list(accs)
+        steps = list(steps) if has_curve(steps) else []
+        accs = list(accs) if has_curve(accs) else []
         if len(steps) != len(accs):
             found[index] = f"curve_steps has {len(steps)} points, curve_val_token_acc {len(accs)}"
         elif any(s is None or s < 0 for s in steps):

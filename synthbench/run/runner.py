@@ -91,7 +91,7 @@ def plan(
     specs: dict[str, RunSpec] = {}
     for task in tasks:
         task_cls = TASKS.get(task)
-        task_defaults = {f.name: f.default for f in dataclasses.fields(task_cls.Params)}
+        task_defaults = grid.task_defaults(task_cls)
         task_points = [
             {**preset, **point}
             for preset in grid.difficulty_points(task, task_cls, difficulties)
@@ -131,9 +131,8 @@ def plan_size(
     task_points = 0
     for task in tasks:
         task_cls = TASKS.get(task)
-        defaults = {f.name: f.default for f in dataclasses.fields(task_cls.Params)}
         presets = sum(1 for _ in grid.difficulty_points(task, task_cls, difficulties))
-        task_points += presets * grid.n_points(task_params or {}, defaults)
+        task_points += presets * grid.n_points(task_params or {}, grid.task_defaults(task_cls))
     mech_points = sum(
         grid.n_points(mechanism_params or {}, grid.constructor_defaults(MECHANISMS.get(m)))
         for m in mechanisms
