@@ -52,7 +52,8 @@ class AdditionParams:
 )
 class Addition(Task):
     Params = AdditionParams
-    difficulties = {"easy": {"digits": 3}, "hard": {"digits": 12}}
+    # easy: 4 digits (suite v3: at 3 a whole column's operands fit in an 8-token window)
+    difficulties = {"easy": {"digits": 4}, "hard": {"digits": 12}}
     harder = {"digits": "larger"}  # a longer carry chain, a_j further back
     length_param = "digits"
 

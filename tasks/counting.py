@@ -67,6 +67,7 @@ class Counting(SepTask):
     # one-answer layout (counts over 0..n), at that hard end.
     harder = {"n": "larger", "vocab": "larger", "queries": "smaller"}
     length_param = "n"
+    computes = {"counts": "the answer is the number of times the query occurs in x"}
 
     def number(self, count: int) -> int:
         """The token of the count ``count``."""

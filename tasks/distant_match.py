@@ -2,8 +2,15 @@
 
 Dense layout (the default): after x and SEP, m = ``probes`` probe tokens y_j, each followed
 by its verdict a_j (the answer): does y_j equal x_j, the token at the same index of x, about
-n positions back? A fair coin per probe decides whether y_j is x_j or drawn uniformly from
-the other vocab - 1 tokens, so the classes are balanced and every probe is independent.
+n positions back? A fair coin per probe decides whether y_j is x_j or the token at another
+index of x, drawn uniformly among the indices whose token differs from x_j, so the classes
+are balanced and every probe is a token of x either way.
+
+Why a NO probe comes from x (suite v3): drawn uniformly from the other tokens, a NO probe
+occurred in x less often than a YES probe (which occurs at least once, at its own index),
+and a table on how often the probe has occurred so far scored 0.59 against chance 0.50 (the
+audit's counts family). Drawn from x at a random index, a NO probe is a token picked by
+occurrence, as a YES probe is.
 Data tokens are 0..vocab-1, then SEP = ``vocab``, NO = ``vocab + 1``, YES = ``vocab + 2``.
 
 ``probes=0`` is suite v1's one-answer layout ``x SEP a``, a = YES if x_n == x_1 (x_n set
@@ -57,9 +64,9 @@ class DistantMatchParams:
 class DistantMatch(Task):
     Params = DistantMatchParams
     difficulties = {"easy": {"n": 32}, "hard": {"n": 128}}  # hard: the default until suite v2
-    # n: x_j sits about n back. vocab: smaller is harder, as with more values a NO probe
-    # is often absent from x and "occurs in x" (shortcut_rules) answers it without x_j
-    # (at vocab 16 nearly every token occurs in x). probes: each adds an answer of the
+    # n: x_j sits about n back. vocab: smaller is harder, as with fewer values a NO probe
+    # is more often a token that occurs near index j too, so only the exact index tells
+    # (and in v1's layout a NO token was often absent from x). probes: each adds an answer of the
     # same kind, so fewer is harder (one label per sequence was suite v1's failure);
     # 0 is suite v1's one-answer layout, at that hard end.
     harder = {"n": "larger", "vocab": "smaller", "probes": "smaller"}
@@ -90,16 +97,32 @@ class DistantMatch(Task):
         x = torch.randint(p.vocab, (n, p.n), generator=generator, device=dev)
         m = p.probes or 1  # suite v1: one comparison, of x_n with x_1
         same = torch.rand(n, m, generator=generator, device=dev) < 0.5
-        # a uniform token other than the compared one: shift it by 1..vocab-1 around the cycle
-        shift = 1 + torch.randint(p.vocab - 1, (n, m), generator=generator, device=dev)
         compared = x[:, :m]
-        probe = torch.where(same, compared, (compared + shift) % p.vocab)
+        if p.probes:
+            other = self._other_token_of_x(x, m, generator)
+        else:  # suite v1: a uniform token other than x_1, shifted by 1..vocab-1 on the cycle
+            shift = 1 + torch.randint(p.vocab - 1, (n, m), generator=generator, device=dev)
+            other = (compared + shift) % p.vocab
+        probe = torch.where(same, compared, other)
         verdict = torch.where(same, self.yes, self.no)
         if not p.probes:
             x[:, -1:] = probe
             return batch_from_parts([x, self.sep], [verdict], device)
         pairs, is_verdict = answered_pairs(probe, verdict)
         return batch_from_parts([x, self.sep], [pairs], device, answer_mask=is_verdict)
+
+    def _other_token_of_x(self, x: torch.Tensor, m: int, generator: torch.Generator):
+        """(n, m): for each j < m, x at an index drawn uniformly among those whose token
+        differs from x_j (a uniform other token where every token of x is x_j)."""
+        n, length = x.shape
+        keys = torch.rand(n, m, length, generator=generator, device=x.device)
+        differs = x.unsqueeze(1) != x[:, :m].unsqueeze(2)  # (n, m, length)
+        index = keys.masked_fill(~differs, 2.0).argmin(dim=2)
+        shift = 1 + torch.randint(
+            self.params.vocab - 1, (n, m), generator=generator, device=x.device
+        )
+        uniform = (x[:, :m] + shift) % self.params.vocab
+        return torch.where(differs.any(dim=2), x.gather(1, index), uniform)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
         p = self.params

@@ -36,6 +36,7 @@ class FirstToken(SepTask):
     difficulties = {"easy": {"n": 16}, "hard": {"n": 256}}
     harder = {"n": "larger", "vocab": "larger"}  # x_1 further back; more values
     length_param = "n"
+    computes = {"fixed positions": "the answer is the token at position 0, by definition"}
 
     @property
     def seq_len(self) -> int:

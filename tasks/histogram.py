@@ -72,6 +72,7 @@ class Histogram(SepTask):
     # sum to n), so fewer is harder; 0 is suite v1's layout (every x_i, n answers).
     harder = {"n": "larger", "vocab": "smaller", "queries": "smaller"}
     length_param = "n"
+    computes = {"counts": "the answer is the number of times the query occurs in x"}
 
     def number(self, count: int) -> int:
         """The token of the count ``count`` (0..n)."""

@@ -29,6 +29,7 @@ from synthbench.core.task import (
     IGNORE,
     TASKS,
     Batch,
+    ShortcutRule,
     Task,
     pair_places,
     require_at_least,
@@ -38,13 +39,18 @@ from synthbench.core.task import (
 
 @dataclass(frozen=True)
 class InductionParams:
-    n: int = 80  # sequence length
+    n: int = 112  # sequence length
     vocab: int = 64  # number of tokens
     keys: int = 20  # the first `keys` ids are key tokens, the rest filler (dense layout)
     # keys used per sequence, each with its own successor (dense layout): 20 associations to
     # hold at once, where cosFormer's state blurs them (at 4, all three mechanisms reach 0.99)
     triggers: int = 20
-    repeats: int = 2  # occurrences of each key; all but the first are answers (dense layout)
+    # occurrences per key on average (triggers x repeats in all); every occurrence but a
+    # key's first is an answer (dense layout)
+    repeats: int = 2
+    # True: every key exactly `repeats` times (suite v2); False: every key once, the other
+    # occurrences to keys drawn at random, so no key is known to be done with
+    fixed_repeats: bool = False
     dense: bool = True  # False: suite v1's one-answer layout (n and vocab only)
 
     def __post_init__(self):
@@ -72,7 +78,7 @@ class InductionParams:
 class Induction(Task):
     Params = InductionParams
     difficulties = {
-        "easy": {"n": 32, "keys": 16, "triggers": 2, "repeats": 3},
+        "easy": {"triggers": 10},
         "hard": {"n": 256, "keys": 32, "triggers": 32, "repeats": 3},
     }
     # n: more filler and distance; vocab: more successors (filler ids); triggers: more
@@ -106,8 +112,15 @@ class Induction(Task):
         successor = p.keys + torch.randint(filler, (n, p.triggers), generator=generator, device=dev)
         x = p.keys + torch.randint(filler, (n, p.n), generator=generator, device=dev)
         place = pair_places(n, p.n, occurrences, generator)  # each key and its successor
-        # which key each place gets: every key `repeats` times, in random order
-        owner = torch.arange(p.triggers, device=dev).repeat_interleave(p.repeats).expand(n, -1)
+        # which key each place gets, in random order: every key `repeats` times (suite v2),
+        # or every key once and the other occurrences to keys drawn uniformly
+        if p.fixed_repeats:
+            owner = torch.arange(p.triggers, device=dev).repeat_interleave(p.repeats).expand(n, -1)
+        else:
+            extra = torch.randint(
+                p.triggers, (n, occurrences - p.triggers), generator=generator, device=dev
+            )
+            owner = torch.cat([torch.arange(p.triggers, device=dev).expand(n, -1), extra], dim=1)
         owner = owner.gather(
             1, torch.rand(n, occurrences, generator=generator, device=dev).argsort(dim=1)
         )
@@ -149,3 +162,38 @@ class Induction(Task):
         else:  # only the last position
             asked = has_earlier & (torch.arange(L, device=inputs.device) == L - 1)
         return torch.where(asked, copied, IGNORE)
+
+    def shortcut_rules(self):
+        if not self.params.dense:
+            return []
+        keys = self.params.keys
+
+        def open_successor(latest: bool):
+            def predict(inputs: torch.Tensor) -> torch.Tensor:
+                # an open key: its first occurrence is before i and it has not recurred
+                # before i (its repeat at i is the current token), whichever key i reads
+                n, L = inputs.shape
+                same = inputs.unsqueeze(2) == inputs.unsqueeze(1)  # (n, p, q)
+                order = torch.arange(L, device=inputs.device)
+                later = same & (order.view(1, 1, L) > order.view(1, L, 1))
+                first = ~(same & (order.view(1, 1, L) < order.view(1, L, 1))).any(dim=2)
+                recur = torch.where(later.any(dim=2), later.long().argmax(dim=2), L)  # (n, p)
+                i = order.view(1, L, 1)
+                p = order.view(1, 1, L)
+                candidate = (
+                    (first & (inputs < keys)).unsqueeze(1) & (p < i) & (recur.unsqueeze(1) >= i)
+                )
+                score = torch.where(candidate, p if latest else L - p, -1)
+                chosen = score.argmax(dim=2)
+                successor = inputs.gather(1, (chosen + 1).clamp(max=L - 1))
+                return torch.where(candidate.any(dim=2), successor, 0)
+
+            return predict
+
+        description = (
+            "the successor of an open key (seen once, not yet repeated), not the current one's"
+        )
+        return [
+            ShortcutRule("earliest open key's successor", description, open_successor(False)),
+            ShortcutRule("latest open key's successor", description, open_successor(True)),
+        ]

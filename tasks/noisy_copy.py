@@ -6,6 +6,11 @@ and x again without the noise (the answers). Noise tokens come from a vocabulary
 own. Data tokens are 0..vocab-1, noise tokens vocab..vocab+noise_vocab-1, SEP is
 ``vocab + noise_vocab``.
 
+Why rate 1 (suite v3): with half as many noise tokens as data tokens the first data tokens
+sit at nearly fixed places, and copying, for answer j, the prompt token at the place where
+answer j was found most often in training scored 0.25 against chance 0.004 (the audit's
+fixed-positions family); at rate 1 it scores 0.15. Suite v2's layout is ``rate=0.5``.
+
 Known solution: as in selective_copy, x_j sits at a position that varies per example
 (j plus the noise before it), so no fixed offset works. A first head at each data token
 finds the previous data token (skipping noise) and writes it there; at the answer position
@@ -27,12 +32,13 @@ from .selective_copy import nth_marked
 
 @dataclass(frozen=True)
 class NoisyCopyParams:
-    # 32 tokens over 256 values with 16 noise tokens among them, where linear attention and
-    # cosFormer fall behind at the quick model's width (tuned on seed 100: softmax 0.99,
-    # linear 0.90, cosFormer 0.86) at two thirds of the length of 48 tokens over 128; at
-    # n 32 over 32 values with rate 0.25 all reach 0.98 (docs/TASKS.md)
+    # 32 tokens over 256 values, where linear attention and cosFormer fall behind at the
+    # quick model's width (suite v2, rate 0.5, seed 100: softmax 0.99, linear 0.90,
+    # cosFormer 0.86); at n 32 over 32 values with rate 0.25 all reach 0.98. Suite v3 put
+    # as many noise tokens as data tokens (rate 1): at 0.5 the first answers sat at nearly
+    # fixed places (docs/TASKS.md)
     n: int = 32  # length of x
-    rate: float = 0.5  # noise tokens per data token (m = round(rate * n))
+    rate: float = 1.0  # noise tokens per data token (m = round(rate * n))
     vocab: int = 256  # number of data tokens
     noise_vocab: int = 4  # number of noise tokens
 
@@ -54,7 +60,7 @@ class NoisyCopyParams:
 class NoisyCopy(Task):
     Params = NoisyCopyParams
     difficulties = {
-        "easy": {"n": 32, "rate": 0.25, "vocab": 32},
+        "easy": {"vocab": 32},
         "hard": {"n": 128, "rate": 0.5},
     }
     # n: more to carry; rate: more noise to skip; vocab: more values (measured: harder for

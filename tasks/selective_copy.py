@@ -1,8 +1,15 @@
 """selective_copy: copy the data tokens scattered among blanks, in order.
 
-Layout ``p_1 .. p_length SEP x_1 .. x_k``: a prompt of ``length`` positions of which k, chosen
-at random, hold the data tokens x_1..x_k and the rest BLANK; then SEP and x_1..x_k (the
-answers). Data tokens are 0..vocab-1, BLANK is ``vocab``, SEP is ``vocab + 1``.
+Layout ``p_1 .. p_length SEP x_1 .. x_k``: a prompt of ``length`` positions of which k +
+``tail``, chosen at random, hold the data tokens x_1..x_{k+tail} in order and the rest BLANK;
+then SEP and the first k of them, x_1..x_k (the answers). Data tokens are 0..vocab-1, BLANK
+is ``vocab``, SEP is ``vocab + 1``.
+
+Why the tail (suite v3): when every data token is copied, the next answer is one of the data
+tokens not yet emitted, and guessing the most frequent of those (a bag of counts, no order:
+the audit's elimination family) scored 0.42 against chance 0.06; the last answer was always
+the one token left. With tail tokens after the copied ones the bag never runs out of wrong
+candidates. ``tail=0`` is suite v2's layout, which the audit flags.
 
 Known solution: x_j sits at a position that varies per example, so no fixed offset works. A
 first head at each data token finds the previous non-blank token (skipping blanks) and writes
@@ -16,20 +23,22 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.core.task import TASKS, Batch, Task, batch_from_parts, targets_at
+from synthbench.core.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
 
 
 @dataclass(frozen=True)
 class SelectiveCopyParams:
-    length: int = 32  # prompt length, blanks included
-    k: int = 8  # data tokens in the prompt
+    length: int = 48  # prompt length, blanks included
+    k: int = 8  # data tokens to copy (the answers)
     vocab: int = 16  # number of data tokens
+    tail: int = 12  # data tokens after the k copied ones, not copied (0: suite v2's layout)
 
     def __post_init__(self):
-        if not 1 <= self.k <= self.length or self.vocab < 2:
+        require_at_least("selective_copy", self, tail=0)
+        if not 1 <= self.k <= self.length - self.tail or self.vocab < 2:
             raise ValueError(
-                f"selective_copy needs 1 <= k <= length and vocab >= 2, got "
-                f"k={self.k}, length={self.length}, vocab={self.vocab}"
+                f"selective_copy needs 1 <= k <= length - tail and vocab >= 2, got "
+                f"k={self.k}, tail={self.tail}, length={self.length}, vocab={self.vocab}"
             )
 
 
@@ -49,10 +58,14 @@ def nth_marked(tokens: torch.Tensor, marked: torch.Tensor, k: int, fill: int) ->
 )
 class SelectiveCopy(Task):
     Params = SelectiveCopyParams
-    difficulties = {"easy": {"length": 32, "k": 4}, "hard": {"length": 256, "k": 16}}
+    difficulties = {
+        "easy": {"length": 32, "k": 4, "tail": 8},
+        "hard": {"length": 256, "k": 16, "tail": 16},
+    }
     # length: more blanks to skip; k: more tokens to carry in order (at k = length no
-    # blank is left and it is copy); vocab: more values, as noisy_copy measured
-    harder = {"length": "larger", "k": "larger", "vocab": "larger"}
+    # blank is left and it is copy); vocab: more values, as noisy_copy measured; tail:
+    # more data tokens that are not answers (a weaker elimination rule)
+    harder = {"length": "larger", "k": "larger", "vocab": "larger", "tail": "larger"}
     length_param = "length"
 
     @property
@@ -73,13 +86,13 @@ class SelectiveCopy(Task):
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p, dev = self.params, generator.device
-        data = torch.randint(p.vocab, (n, p.k), generator=generator, device=dev)
+        data = torch.randint(p.vocab, (n, p.k + p.tail), generator=generator, device=dev)
         slots = torch.rand(n, p.length, generator=generator, device=dev).argsort(dim=1)
         filled = torch.zeros(n, p.length, dtype=torch.bool, device=dev)
-        filled.scatter_(1, slots[:, : p.k], True)
+        filled.scatter_(1, slots[:, : p.k + p.tail], True)
         rank = (filled.long().cumsum(dim=1) - 1).clamp(min=0)  # the j-th filled slot gets x_j
         prompt = torch.where(filled, data.gather(1, rank), self.blank)
-        return batch_from_parts([prompt, self.sep], [data], device)
+        return batch_from_parts([prompt, self.sep], [data[:, : p.k]], device)
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
         p = self.params

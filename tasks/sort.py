@@ -42,6 +42,10 @@ class Sort(SepTask):
     # docstring: vocab 2n let y and the position alone score 0.50)
     harder = {"n": "larger", "vocab": "larger"}
     length_param = "n"
+    computes = {
+        "elimination": "the next answer is the smallest token of x not yet emitted: sorting "
+        "is that elimination"
+    }
 
     @property
     def seq_len(self) -> int:

@@ -1,10 +1,14 @@
-"""The task audit: count tables against a plain-Python reference, baselines on toy tasks whose
-shortcut is known by construction, task rules, every built-in task, the command."""
+"""The task audit: count tables and features against plain-Python references, every shortcut
+family on a toy task whose shortcut is known by construction, task rules, suite v2's leaky
+layouts (flagged by the generic families alone), every built-in task, the command."""
 
 from __future__ import annotations
 
 import functools
+import json
 import random
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +19,8 @@ import torch
 from typer.testing import CliRunner
 
 from synthbench.cli import app
-from synthbench.core.task import TASKS, ShortcutRule, Task, teacher_forced
-from synthbench.integrity import audit
+from synthbench.core.task import IGNORE, TASKS, Batch, ShortcutRule, Task, teacher_forced
+from synthbench.integrity import audit, shortcuts
 
 SMALL = {"train_answers": 20_000, "test_answers": 4_000}
 
@@ -25,13 +29,13 @@ def test_fit_is_the_most_frequent_answer_per_key_smallest_on_ties():
     rng = random.Random(0)
     keys = [rng.randrange(30) for _ in range(2000)]
     answers = [rng.randrange(4) for _ in range(2000)]
-    table_keys, table_answers = audit._fit(np.array(keys), np.array(answers))
+    table_keys, table_answers = shortcuts.fit(np.array(keys), np.array(answers))
     counts: dict[int, Counter] = {}
     for k, a in zip(keys, answers, strict=True):
         counts.setdefault(k, Counter())[a] += 1
     expected = {k: min(c, key=lambda a: (-c[a], a)) for k, c in counts.items()}
     assert dict(zip(table_keys.tolist(), table_answers.tolist(), strict=True)) == expected
-    answer, found = audit._lookup((table_keys, table_answers), np.array([3, 99]))
+    answer, found = shortcuts.lookup((table_keys, table_answers), np.array([3, 99]))
     assert found.tolist() == [3 in expected, False]
 
 
@@ -127,11 +131,179 @@ def test_a_task_rule_is_scored_at_the_answers():
 
 
 def test_a_window_before_the_sequence_start_is_a_pad_not_a_token():
-    inputs = torch.tensor([[5, 6, 7]])
-    targets = torch.tensor([[1, 1, 1]])
-    answers = audit._Answers.of(inputs, targets)
-    base = 9  # 8 token ids and the pad; the token just read is the leading digit
-    assert answers.window(2, base).tolist() == [5 * base + 8, 6 * base + 5, 7 * base + 6]
+    answers = shortcuts.Answers.of(Batch(torch.tensor([[5, 6, 7]]), torch.tensor([[1, 1, 1]])))
+    pad = shortcuts.PAD
+    assert answers.window(3).tolist() == [[5, pad, pad], [6, 5, pad], [7, 6, 5]]
+    assert answers.index.tolist() == [0, 1, 2]
+    assert answers.is_answer.tolist() == [[False, True, True]]  # 6 and 7 were answers
+
+
+# -- the generic families, each on a toy built for it -----------------------------------------
+
+
+@dataclass(frozen=True)
+class BlockParams:
+    rule: str = "first"
+    vocab: int = 64
+    blocks: int = 6
+
+
+class Blocks(Task):
+    """Blocks of 4 random tokens, each followed by one answer: 'first' the sequence's first
+    token (a fixed position, at a lag that grows), 'count' how often the block's last token
+    has occurred so far (as a token id), 'duplicate' the one value the block shows twice
+    (in random slots: only its equality pattern tells), 'smallest' the smallest token of
+    the sequence not yet answered (an elimination)."""
+
+    Params = BlockParams
+
+    @property
+    def vocab_size(self):
+        return self.params.vocab
+
+    @property
+    def seq_len(self):
+        return 5 * self.params.blocks - 1
+
+    def generate(self, n, generator, device="cpu"):
+        p = self.params
+        # distinct prompt tokens (but for the duplicate the rule plants)
+        distinct = torch.rand(n, p.vocab, generator=generator).argsort(dim=1)[:, : 4 * p.blocks]
+        blocks = distinct.view(n, p.blocks, 4).clone()
+        if p.rule == "duplicate":  # one slot repeats another, both at random
+            slots = torch.rand(n, p.blocks, 4, generator=generator).argsort(dim=2)
+            source = blocks.gather(2, slots[:, :, :1])
+            blocks.scatter_(2, slots[:, :, 1:2], source)
+        s = torch.zeros(n, p.blocks, 5, dtype=torch.long)
+        s[:, :, :4] = blocks
+        flat = s.view(n, -1)
+        for b in range(p.blocks):
+            prefix = flat[:, : 5 * b + 4]
+            if p.rule == "first":
+                answer = flat[:, 0]
+            elif p.rule == "count":
+                answer = (prefix == prefix[:, -1:]).sum(dim=1)
+            elif p.rule == "duplicate":
+                answer = source[:, b, 0]
+            else:  # smallest token of the prompt blocks not yet answered
+                answered = flat[:, 4 : 5 * b : 5]
+                prompt = torch.cat([flat[:, 5 * c : 5 * c + 4] for c in range(b + 1)], dim=1)
+                done = (prompt.unsqueeze(2) == answered.unsqueeze(1)).any(2)
+                left = prompt.masked_fill(done, p.vocab)
+                answer = left.min(dim=1).values
+            flat[:, 5 * b + 4] = answer
+        mask = torch.zeros_like(flat, dtype=torch.bool)
+        mask[:, 4::5] = True
+        return teacher_forced(flat, mask)
+
+    def solve(self, inputs):  # not needed by the audit
+        raise NotImplementedError
+
+
+@pytest.mark.parametrize(
+    ("rule", "family"),
+    [
+        ("first", "fixed positions"),
+        ("count", "counts"),
+        ("duplicate", "relabelled"),
+        ("smallest", "elimination"),
+    ],
+)
+def test_each_family_finds_the_shortcut_it_is_built_for(rule, family):
+    chance, found = scores(Blocks(rule=rule))
+    best = {f: max(b.score for b in found.values() if b.family == f) for f in audit.FAMILIES[:-1]}
+    assert best[family] > 0.95, best
+    if rule in ("first", "count"):  # what no raw window holds
+        assert best["windows"] < chance + 0.2, best
+
+
+def test_the_best_fixed_lag_is_chosen_on_training_data():
+    chance, found = scores(Toy(rule="back2"))  # the answer is the token read before last
+    assert found["lag 1"].score == 1.0 and found["lag 1"].family == "fixed positions"
+
+
+def test_occurrence_counts_against_python():
+    rng = np.random.default_rng(0)
+    inputs = rng.integers(0, 5, size=(7, 30))
+    expected = [[list(row[: i + 1]).count(row[i]) for i in range(30)] for row in inputs]
+    assert shortcuts.occurrences(inputs).tolist() == expected
+
+
+def test_elimination_against_python():
+    """The remaining multiset: prompt tokens read so far minus the answers given, among the
+    answer vocabulary; argmax (smallest id on ties) and the share of the answer in it."""
+    rng = np.random.default_rng(1)
+    n, L = 40, 16
+    inputs = torch.from_numpy(rng.integers(0, 6, size=(n, L)))
+    targets = torch.where(torch.from_numpy(rng.random((n, L)) < 0.4), inputs.roll(-1, 1), IGNORE)
+    targets[:, -1] = IGNORE
+    train = test = shortcuts.Answers.of(Batch(inputs, targets))
+    streams = shortcuts.Streams(train, test, np.zeros(len(test), dtype=np.int64))
+    argmax, draw = shortcuts.elimination(streams, 6)
+    vocab = set(test.answer.tolist())
+    rights, shares = [], []
+    for e, i, a in zip(test.example, test.position, test.answer, strict=True):
+        bag = Counter()
+        for p in range(i + 1):
+            given = p > 0 and targets[e, p - 1] != IGNORE
+            bag[int(inputs[e, p])] += -1 if given else 1
+        bag = {t: max(c, 0) for t, c in bag.items() if t in vocab and c > 0}
+        total = sum(bag.values())
+        guess = min(bag, key=lambda t: (-bag[t], t)) if total else 0
+        rights.append(guess == a)
+        shares.append(bag.get(int(a), 0) / total if total else float(a == 0))
+    assert argmax.score == pytest.approx(test.score(np.array(rights)))
+    assert draw.score == pytest.approx(test.score(np.array(shares)))
+
+
+def test_row_keys_tell_every_distinct_context_apart():
+    rng = np.random.default_rng(2)
+    rows = np.unique(rng.integers(-2, 300, size=(200_000, 8)), axis=0)
+    assert len(np.unique(shortcuts.row_keys(rows))) == len(rows)
+
+
+def test_a_family_a_task_computes_is_shown_but_is_no_shortcut():
+    result = audit.audit("copy", **SMALL)  # copy is a fixed-offset copy by definition
+    assert result.best("fixed positions").score == 1.0 and result.passed
+    assert "1.00*" in audit.markdown_table([result])
+
+    class Claims(Toy):
+        computes = {"magic": "no such family"}
+
+    with pytest.raises(
+        ValueError, match=r"Claims declares computes \['magic'\], .* \(families: windows"
+    ):
+        audit.shortcut_baselines(Claims(), **SMALL)
+
+
+LEAKY_FIXTURES = Path(__file__).parent / "fixtures" / "leaky_tasks.py"
+
+
+def test_suite_v2s_leaky_layouts_are_flagged_by_the_generic_families():
+    """Each fixture is flagged by the generic family that finds its rule, not only by the
+    task's own rules (a plugin has none), with a line naming family, score and chance."""
+    code = (
+        "import runpy, json\n"
+        "from synthbench.core.task import TASKS\n"
+        "from synthbench.integrity.audit import audit\n"
+        f"runpy.run_path({str(LEAKY_FIXTURES)!r})\n"
+        "out = {}\n"
+        "for e in TASKS.entries():\n"
+        "    if e.name.startswith('leaky-'):\n"
+        "        a = audit(e.name, train_answers=100_000, test_answers=20_000)\n"
+        "        out[e.name] = [e.metadata['leaky_family'], [b.family for b in a.shortcuts],"
+        " a.findings()]\n"
+        "print(json.dumps(out))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True
+    )
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(found) == 5
+    for name, (family, flagged, lines) in found.items():
+        assert family in flagged, (name, flagged)
+        assert any(line.startswith(f"{name} (default): {family}, ") for line in lines)
+        assert all("> chance" in line for line in lines)
 
 
 # -- every built-in task ---------------------------------------------------------------------
@@ -184,7 +356,8 @@ def test_audit_command():
     assert result.exit_code == 0 and "| sort | default |" in result.output
     v1_sort = ["audit", "sort", "--difficulty", "default", "--param", "vocab=32", "--check"]
     result = cli_runner.invoke(app, v1_sort)  # suite v1's sort: y + 1 after y
-    assert result.exit_code == 1 and "shortcut: token" in result.output
+    assert result.exit_code == 1 and "shortcut: windows (token)" in result.output
+    assert "sort (default): windows, token: 0.5" in result.output  # a finding per line
     result = cli_runner.invoke(app, ["audit", "srot"])
     assert result.exit_code == 2 and "did you mean sort" in result.output
     result = cli_runner.invoke(app, ["audit", "sort", "--difficulty", "medium"])

@@ -38,6 +38,8 @@ ZERO_ALLOWED = {
     ("histogram", "queries"): "0 answers every x_i (suite v1, as slay-paper pins it)",
     ("distant_match", "probes"): "0: the one-answer layout of suite v1 (slay-paper)",
     ("kv_recall", "queries"): "0 queries every key once (suite v1, as slay-paper pins it)",
+    ("selective_copy", "tail"): "0 copies every data token (suite v2, as slay-paper pins it)",
+    ("compression", "max_pad"): "0 pads nothing (suite v2, as slay-paper pins it)",
 }
 # what stands for the mechanism's own size, not a parameter of it
 MODEL_GIVEN = ("self", "head_dim", "n_heads")

@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 from synthbench.report import reference
+from synthbench.run.spec import SUITE_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,5 +105,8 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
     )
     where, problem, mechanisms = result.stdout.splitlines()
     assert where == str(target / "synthbench" / "data" / "reference" / "quick.parquet")
-    assert problem == "None"
-    assert "softmax" in mechanisms
+    # found and read; stale only between a layout change and its one rebuild (then it is
+    # never shown, and says why)
+    stale = problem.endswith(f"this synthbench runs suite v{SUITE_VERSION}")
+    assert problem == "None" or stale, problem
+    assert stale or "softmax" in mechanisms

@@ -164,7 +164,7 @@ def test_induction_smallest():
 
 
 def test_induction_dense_layout():
-    task = TASKS.get("induction")(n=20, vocab=12, keys=4, triggers=2, repeats=3)
+    task = TASKS.get("induction")(n=20, vocab=12, keys=4, triggers=2, repeats=3, fixed_repeats=True)
     assert task.vocab_size == 12 and task.seq_len == 19
     for row, target in rows(task, n=300):
         full = row + [target[-1]]  # the last token is known where it is an answer
@@ -183,6 +183,26 @@ def test_induction_dense_layout():
                 expected[i] = full[i + 1]
             successor[full[i]] = full[i + 1]
         assert answered(target) == expected and len(expected) == 4
+
+
+def test_induction_random_occurrences():
+    """Suite v3: every key once, the other occurrences to keys drawn at random, so counts
+    vary; every repeat is still answered with the successor of the key's first occurrence."""
+    task = TASKS.get("induction")(n=40, vocab=16, keys=6, triggers=4, repeats=2)
+    counts = Counter()
+    for row, target in rows(task, n=300):
+        full = row + [target[-1]]
+        keys = Counter(t for t in full if 0 <= t < 6)
+        assert len(keys) == 4 and sum(keys.values()) == 8
+        counts.update(keys.values())
+        successor, expected = {}, {}
+        for i, t in enumerate(full[:-1]):
+            if 0 <= t < 6:
+                if t in successor:
+                    expected[i] = successor[t]
+                successor.setdefault(t, full[i + 1])
+        assert answered(target) == expected and len(expected) == 4
+    assert {1, 2, 3} <= set(counts)  # some keys once, some twice, some more
 
 
 def test_induction_dense_needs_room():
@@ -223,8 +243,8 @@ def test_pattern_presets():
     cls = TASKS.get("pattern")
     default = cls().params
     assert (default.n, default.min_period, default.max_period, default.k) == (64, 20, 32, 16)
-    easy = cls.from_difficulty("easy").params  # suite v2's first default
-    assert (easy.n, easy.min_period, easy.max_period, easy.k, easy.vocab) == (32, 5, 8, 8, 16)
+    easy = cls.from_difficulty("easy").params  # suite v2's first default, longer periods
+    assert (easy.n, easy.min_period, easy.max_period, easy.k, easy.vocab) == (32, 9, 16, 8, 16)
     hard = cls.from_difficulty("hard").params
     assert (hard.min_period, hard.max_period, hard.vocab, hard.n) == (40, 64, 128, 128)
     assert cls.length_param == "n" and cls().at_length(2).params.n == 128

@@ -113,18 +113,68 @@ def test_retrieval_one_needle_layout():
 
 
 def test_selective_copy_layout():
-    task = TASKS.get("selective_copy")(length=12, k=3, vocab=4)
+    task = TASKS.get("selective_copy")(length=12, k=3, vocab=4, tail=2)
     assert task.vocab_size == 6 and task.seq_len == 15
     assert (task.blank, task.sep) == (4, 5)
     for row, target in rows(task):
-        data = [t for t in row[:12] if t != task.blank]
-        assert len(data) == 3 and all(0 <= t < 4 for t in data) and row[12] == task.sep
+        data = [t for t in row[:12] if t != task.blank]  # the first 3 copied, 2 more not
+        assert len(data) == 5 and all(0 <= t < 4 for t in data) and row[12] == task.sep
         assert answered(target) == {12: data[0], 13: data[1], 14: data[2]}
         assert row[13:] == data[:2]
 
 
 def test_stack_layout():
-    task = TASKS.get("stack")(ops=8, values=5)
+    """Suite v3: a climb, then an unwinding; asked are the POPs whose value was pushed
+    before a dip (a POP that a PUSH followed) with at least 4 values on the stack."""
+    task = TASKS.get("stack")(ops=24, values=5)
+    assert task.vocab_size == 7 and task.seq_len == 47 and (task.push, task.pop) == (5, 6)
+    pushes_first_half, pushes_second_half, asked, deepest = 0, 0, 0, 0
+    for row, target in rows(task, 300):
+        full = row + [target[-1]]
+        stack, expected, previous, dip = [], {}, None, -1
+        for i in range(24):
+            op, operand = full[2 * i], full[2 * i + 1]
+            if op == task.push:
+                assert i < 23 or not stack
+                if previous == task.pop:
+                    dip = i - 1
+                stack.append((operand, i))
+                if i < 12:
+                    pushes_first_half += 1
+                else:
+                    pushes_second_half += 1
+            else:
+                assert op == task.pop and stack
+                depth = len(stack)
+                popped, pushed_at = stack.pop()
+                if previous == task.pop and dip > pushed_at and depth >= 4:
+                    expected[2 * i] = popped
+                # (the last operand is no input: known only where it is asked)
+                assert operand == popped or (i == 23 and 2 * i not in expected)
+            previous = op
+            deepest = max(deepest, len(stack))
+        assert answered(target) == expected and expected
+        asked += len(expected)
+    assert deepest >= 8 and asked > 300
+    # PUSH with p 0.7 in the first half and 0.3 in the second (less the forced ops)
+    assert 0.62 < pushes_first_half / (300 * 12) < 0.8
+    assert 0.2 < pushes_second_half / (300 * 12) < 0.42
+
+
+def test_stack_refuses_a_layout_that_asks_nothing():
+    with pytest.raises(ValueError, match="stack needs ops >= 16"):
+        TASKS.get("stack")(ops=12)
+    with pytest.raises(ValueError, match=r"climb in \[0.5, 0.9\]"):
+        TASKS.get("stack")(climb=0.95)
+    task = TASKS.get("stack")(ops=16, climb=0.9)  # allowed, and rare: one stream in many
+    try:
+        task.generate(64, torch.Generator().manual_seed(0))
+    except ValueError as error:  # a clear error, never an endless redraw
+        assert "asks a POP too rarely" in str(error)
+
+
+def test_stack_v2_layout():
+    task = TASKS.get("stack")(ops=8, values=5, climb=0, nested=False)
     assert task.vocab_size == 7 and task.seq_len == 15 and (task.push, task.pop) == (5, 6)
     deepest, asked, given_pops, repeats, changes = 0, 0, 0, 0, 0
     for row, target in rows(task, 300):
@@ -157,7 +207,7 @@ def test_stack_layout():
 
 
 def test_stack_oracle_on_garbage():
-    task = TASKS.get("stack")(ops=6, values=3)
+    task = TASKS.get("stack")(ops=6, values=3, climb=0, nested=False)
     push, pop = task.push, task.pop
     # POP on an empty stack: no answer; a value as op: no-op; PUSH of the POP token: pushed;
     # a POP after a PUSH is not asked, a POP after a POP is
@@ -165,6 +215,12 @@ def test_stack_oracle_on_garbage():
     assert task.solve(inputs).tolist() == [[IGNORE] * 10 + [pop]]
     inputs = torch.tensor([[push, 1, push, 2, pop, 2, pop, 1, pop]])
     assert task.solve(inputs).tolist() == [[IGNORE] * 6 + [1, IGNORE, IGNORE]]
+    # suite v3: asked only past a dip with 4 values on the stack (the popped one included)
+    task = TASKS.get("stack")(ops=16, values=9)
+    push, pop = task.push, task.pop
+    ops = [push, 1, push, 2, push, 3, push, 4, push, 5, pop, 5, push, 6, pop, 6, pop, 4, pop]
+    targets = task.solve(torch.tensor([ops]))[0].tolist()
+    assert [t for t in targets if t != IGNORE] == [4]  # not 3: only 3 values left on it
 
 
 def test_multihop_oracle_on_garbage():
@@ -191,7 +247,23 @@ def test_noisy_copy_layout():
 
 
 def test_compression_layout():
-    task = TASKS.get("compression")(k=3, n=7, vocab=5)
+    task = TASKS.get("compression")(k=3, n=12, vocab=5, max_pad=2)
+    assert (task.vocab_size, task.seq_len, task.sep, task.blank) == (7, 15, 5, 6)
+    leads, trails = set(), set()
+    for row, target in rows(task, 400):
+        prompt = row[:12]
+        lead = next(i for i, t in enumerate(prompt) if t != task.blank)
+        trail = next(i for i, t in enumerate(reversed(prompt)) if t != task.blank)
+        leads.add(lead)
+        trails.add(trail)
+        runs = [v for v, _ in groupby(prompt[lead : 12 - trail])]
+        assert task.blank not in runs and len(runs) == 3 and len(set(runs)) == 3
+        assert answered(target) == {12: runs[0], 13: runs[1], 14: runs[2]}
+    assert leads == trails == {0, 1, 2}
+
+
+def test_compression_v2_layout():
+    task = TASKS.get("compression")(k=3, n=7, vocab=5, max_pad=0)
     assert task.vocab_size == 6 and task.seq_len == 10 and task.sep == 5
     compositions = set()
     for row, target in rows(task, 400):
@@ -224,7 +296,8 @@ def test_token_names():
         "NOISE1",
         "SEP",
     ]
-    assert names(TASKS.get("compression")(k=2, vocab=2)) == ["0", "1", "SEP"]
+    assert names(TASKS.get("compression")(k=2, vocab=2)) == ["0", "1", "SEP", "BLANK"]
+    assert names(TASKS.get("compression")(k=2, vocab=2, max_pad=0)) == ["0", "1", "SEP"]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -313,9 +386,11 @@ def test_retrieval_property(n, vocab, needles, seed):
 @st.composite
 def selective_copy_params(draw):
     length = draw(st.integers(1, 30))
+    k = draw(st.integers(1, length))
     return {
         "length": length,
-        "k": draw(st.integers(1, length)),
+        "k": k,
+        "tail": draw(st.integers(0, length - k)),
         "vocab": draw(st.integers(2, 10)),
     }
 
@@ -331,14 +406,15 @@ def test_selective_copy_property(params, seed):
 
 
 @settings(max_examples=20, deadline=None)
-@given(ops=st.integers(4, 24), values=st.integers(2, 10), seed=seeds)
+@given(ops=st.integers(16, 40), values=st.integers(2, 10), seed=seeds)
 def test_stack_property(ops, values, seed):
     task = TASKS.get("stack")(ops=ops, values=values)
     batch = task.generate(8, generator(seed))
     check_batch(task, batch, 8)
     after_pop = torch.zeros_like(batch.answer_mask)
     after_pop[:, 2:] = batch.inputs[:, :-2] == task.pop
-    assert torch.equal(batch.answer_mask, (batch.inputs == task.pop) & after_pop)
+    # every answer is a POP after a POP (suite v3 asks only some of them)
+    assert not (batch.answer_mask & ~((batch.inputs == task.pop) & after_pop)).any()
 
 
 @settings(max_examples=20, deadline=None)
@@ -362,7 +438,13 @@ def test_noisy_copy_property(n, rate, vocab, noise_vocab, seed):
 def compression_params(draw):
     vocab = draw(st.integers(2, 12))
     k = draw(st.integers(1, vocab))
-    return {"vocab": vocab, "k": k, "n": draw(st.integers(k, k + 15))}
+    max_pad = draw(st.integers(0, 6))
+    return {
+        "vocab": vocab,
+        "k": k,
+        "n": draw(st.integers(k + 2 * max_pad, k + 15 + 2 * max_pad)),
+        "max_pad": max_pad,
+    }
 
 
 @settings(max_examples=20, deadline=None)

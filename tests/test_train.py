@@ -69,7 +69,7 @@ def _protocol_variants():
     """Each config-relevant protocol field changed to another valid value."""
     changed = {
         "name": "smoke-2",
-        "version": 2,
+        "version": SMOKE.version + 1,
         "arch": "transformer",
         "pos": "sinusoidal",
         "d_model": 64,
@@ -217,7 +217,7 @@ def free_running_reference(model, inputs, targets):
     [
         ("copy", {"n": 6}, True),
         ("sort", {"n": 6, "vocab": 48}, True),
-        ("stack", {"ops": 12}, False),
+        ("stack", {"ops": 16, "values": 8}, False),
     ],
 )
 def test_free_running_matches_greedy_generation_one_position_at_a_time(

@@ -24,7 +24,7 @@ from synthbench.core.mechanism import (
 )
 from synthbench.core.params import parse_assignments
 from synthbench.core.task import CATEGORIES, IGNORE, TASKS
-from synthbench.integrity.audit import MARGIN, MIN_SEEN, TRAIN_ANSWERS, audit, markdown_table
+from synthbench.integrity.audit import MARGIN, TRAIN_ANSWERS, audit, markdown_table
 from synthbench.run.grid import task_defaults
 from synthbench.run.limits import check_length
 from synthbench.run.protocols import PROTOCOLS
@@ -243,12 +243,16 @@ def audit_command(
             )
     out.print(markdown_table(audits), highlight=False, markup=False)
     out.print(
-        f"chance: the best constant answer per position; a cell is a baseline's token accuracy "
-        f"on fresh data, (u): fewer than {MIN_SEEN:.0%} of its test contexts seen in training; "
-        f"shortcut: above chance + {MARGIN}.",
+        f"chance: the best constant answer per position; a cell is the best token accuracy "
+        f'of a family of shortcut baselines on fresh data (docs/TASKS.md, "Shortcut '
+        f'audit"); *: the family is the computation the task tests; shortcut: another '
+        f"family above chance + {MARGIN}.",
         highlight=False,
         markup=False,
     )
+    for a in audits:
+        for line in a.findings() if not a.control else ():
+            out.print(line, highlight=False, markup=False)
     flagged = [a for a in audits if not a.passed]
     if flagged:
         out.print(f"{len(flagged)} of {len(audits)} audited tasks and presets have a shortcut")

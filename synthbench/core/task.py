@@ -147,6 +147,11 @@ class Task:
     # count depends on it (number tokens) come last, so a longer task keeps every id of the
     # shorter one with the same meaning.
     length_param: ClassVar[str | None] = None
+    # The audit's shortcut families (synthbench/integrity/shortcuts.py) that are the very
+    # computation the task tests, each with why: copy *is* a copy from a fixed offset, so
+    # the fixed-positions family solving it is no shortcut. The audit still shows their
+    # scores; any other family above chance + 0.2 is a shortcut.
+    computes: ClassVar[dict[str, str]] = {}
 
     def __init__(self, **overrides: Any) -> None:
         defaults = {

@@ -123,7 +123,7 @@ def _add(protocol: Protocol) -> None:
 _add(
     Protocol(
         name="smoke",
-        version=1,
+        version=2,
         description="seconds per run, for tests and wiring checks; numbers mean nothing",
         d_model=32,
         n_heads=2,
@@ -138,7 +138,7 @@ _add(
 _add(
     Protocol(
         name="quick",
-        version=4,
+        version=5,
         description="the default, sized for a 2-core CPU: 1000 steps at each mechanism's "
         "own best lr (grown from 3e-3 and 1e-2 until it is inside the grid), stopping a "
         "training once it has solved the task",
@@ -153,7 +153,7 @@ _add(
 _add(
     Protocol(
         name="standard",
-        version=3,
+        version=4,
         description="sized for one GPU: a larger model trained longer, with a learning-rate "
         "sweep selected on the validation set",
         d_model=128,
@@ -190,7 +190,7 @@ _add(
         # with like
         task_params=(
             ("addition", (("streamed", False),)),
-            ("compression", (("k", 8), ("n", 32), ("vocab", 16))),
+            ("compression", (("k", 8), ("n", 32), ("vocab", 16), ("max_pad", 0))),
             ("counting", (("queries", 0), ("n", 32), ("vocab", 16))),
             ("distant_match", (("probes", 0), ("n", 128))),
             ("histogram", (("queries", 0), ("n", 16), ("vocab", 8))),
@@ -205,6 +205,7 @@ _add(
                     ("values", 32),
                 ),
             ),
+            ("majority", (("n", 32),)),
             ("modular", (("dense", False),)),
             ("multihop", (("walk", False), ("walks", 1))),
             ("noisy_copy", (("n", 32), ("rate", 0.25), ("vocab", 32))),
@@ -215,9 +216,9 @@ _add(
             ),
             ("retrieval", (("needles", 1), ("vocab", 32))),
             ("reverse", (("n", 32),)),
-            ("selective_copy", (("length", 64),)),
+            ("selective_copy", (("length", 64), ("tail", 0))),
             ("sort", (("vocab", 32),)),
-            ("stack", (("every_pop", True),)),
+            ("stack", (("every_pop", True), ("ops", 16), ("values", 16))),
         ),
     )
 )

@@ -1,0 +1,401 @@
+"""Shortcut families: generic rules that answer a task without the computation it tests.
+
+Each family is a set of baselines fitted on one generated stream of a task and scored on
+another with the task's metric (token accuracy per example, averaged over examples). None
+knows anything about the task: they see the inputs, which positions are answers, and the
+answers of the training stream, so they run on every task, plugins included.
+
+- ``windows``: count tables on the last tokens read: the token alone, jointly with its
+  position, and windows of 2, 4 and 8 tokens, each backing off to shorter windows.
+- ``fixed positions``: copy the token at a fixed place: a table from the answer's index
+  (its rank among its example's answers) to the source position, or to the lag behind the
+  answer, that held the answer most often in training; and the one best lag d for every
+  answer (d = 0 is the token just read).
+- ``counts``: tables on how often the token read (or the one before it) has occurred so far,
+  alone and jointly with the token or the position.
+- ``relabelled``: count tables on windows of up to 8 tokens whose data tokens (those of
+  the answer vocabulary) are renamed by their order of first appearance in the window,
+  latest first, so that a pattern is counted whatever its values; a table predicts which
+  slot of the window holds the answer. This finds rules about where, among the last tokens,
+  the answer sits (the value of the PUSH two ops back), which raw windows are too sparse
+  to learn.
+- ``elimination``: the multiset of prompt tokens read so far (the answer vocabulary's) minus
+  the answers already given: its most frequent token (ties: the smallest id), and a draw
+  from it in proportion to the counts (scored by its expected accuracy).
+
+Every table predicts, for a context, the answer seen most often with it in training (ties:
+the smallest code). A context never seen in training backs off along its chain, and finally
+to the position's constant, so no baseline scores below chance for want of data. ``seen`` is
+the share of test answers whose longest context occurs in training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from synthbench.core.task import IGNORE, Batch
+
+PAD = -1  # a token before the sequence start, in a window key
+MAX_COUNT = 63  # counts above this share a key
+CHUNK = 1 << 22  # answers x positions per block of the fixed-position tables (memory)
+LONG_WINDOWS = (8, 6, 4, 3, 2, 1)  # the back-off chain of the 8-token windows
+
+
+MARGIN = 0.2  # a baseline above chance + MARGIN is a shortcut
+MIN_SEEN = 0.9  # below this share of seen test contexts a table cannot show a baseline weak
+
+
+@dataclass(frozen=True)
+class Baseline:
+    family: str
+    name: str
+    score: float  # token accuracy on the test stream
+    seen: float | None  # share of test answers whose full context was seen (None: a rule)
+
+    def verdict(self, chance: float) -> str:
+        if self.score > chance + MARGIN:
+            return "shortcut"
+        if self.seen is not None and self.seen < MIN_SEEN:
+            return "undersampled"
+        return "weak"
+
+
+@dataclass
+class Answers:
+    """The answers of a generated batch, flattened in (example, position) order."""
+
+    example: np.ndarray
+    position: np.ndarray  # the input position whose next token is the answer
+    answer: np.ndarray
+    index: np.ndarray  # the answer's rank among its example's answers (0, 1, ...)
+    inputs: np.ndarray  # (n, L)
+    is_answer: np.ndarray  # (n, L): inputs[:, p] holds an earlier answer (teacher forced)
+
+    @classmethod
+    def of(cls, batch: Batch) -> Answers:
+        mask = batch.targets != IGNORE
+        example, position = mask.nonzero(as_tuple=True)
+        example, position = example.numpy(), position.numpy()
+        first = np.searchsorted(example, example)  # each example's first answer
+        is_answer = np.zeros(mask.shape, dtype=bool)
+        is_answer[:, 1:] = mask[:, :-1].numpy()
+        return cls(
+            example,
+            position,
+            batch.targets[mask].numpy(),
+            np.arange(len(example)) - first,
+            batch.inputs.numpy(),
+            is_answer,
+        )
+
+    def __len__(self) -> int:
+        return len(self.answer)
+
+    def token_at(self, position: np.ndarray) -> np.ndarray:
+        """The input token at ``position`` of each answer's example (PAD before the start)."""
+        token = self.inputs[self.example, np.maximum(position, 0)]
+        return np.where(position >= 0, token, PAD)
+
+    def window(self, width: int) -> np.ndarray:
+        """(N, width): the last ``width`` tokens read at each answer, the latest first."""
+        return np.stack([self.token_at(self.position - back) for back in range(width)], axis=1)
+
+    def score(self, right: np.ndarray) -> float:
+        """Token accuracy: the mean over examples of the share of right answers; ``right``
+        is a boolean, or a probability of being right, per answer."""
+        return float(self._per_example(right).mean())
+
+    def exact_match(self, predicted: np.ndarray) -> float:
+        """The share of examples whose every answer is right."""
+        return float((self._per_example(predicted == self.answer) == 1).mean())
+
+    def _per_example(self, right: np.ndarray) -> np.ndarray:
+        n_examples = self.inputs.shape[0]
+        hits = np.bincount(self.example, right.astype(float), minlength=n_examples)
+        total = np.bincount(self.example, minlength=n_examples)
+        answered = total > 0
+        return hits[answered] / total[answered]
+
+
+# -- count tables ----------------------------------------------------------------------------
+
+
+def fit(keys: np.ndarray, answers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The most frequent answer of every key (ties: the smallest answer), keys sorted."""
+    order = np.lexsort((answers, keys))
+    k, a = keys[order], answers[order]
+    starts = np.flatnonzero(np.r_[True, (k[1:] != k[:-1]) | (a[1:] != a[:-1])])
+    counts = np.diff(np.r_[starts, len(k)])
+    pair_keys, pair_answers = k[starts], a[starts]
+    best = np.lexsort((pair_answers, -counts, pair_keys))  # per key: most counts first
+    pair_keys, pair_answers = pair_keys[best], pair_answers[best]
+    first = np.r_[True, pair_keys[1:] != pair_keys[:-1]]
+    return pair_keys[first], pair_answers[first]
+
+
+def lookup(table: tuple[np.ndarray, np.ndarray], keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(answer, found) for every key; answer is meaningless where not found."""
+    table_keys, table_answers = table
+    if len(table_keys) == 0:
+        return np.zeros_like(keys), np.zeros(len(keys), dtype=bool)
+    index = np.minimum(np.searchsorted(table_keys, keys), len(table_keys) - 1)
+    return table_answers[index], table_keys[index] == keys
+
+
+def row_keys(columns: np.ndarray) -> np.ndarray:
+    """One 64-bit key per row of an (N, w) context, any width and any token ids (a base-V
+    number would overflow): an FNV-style hash of the columns; with at most a few million
+    distinct contexts a collision has a chance of about 1e-7."""
+    key = np.full(len(columns), 0xCBF29CE484222325, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for column in columns.reshape(len(columns), -1).T:
+            key ^= (column + 3).astype(np.uint64)  # PAD and NEW are negative
+            key *= np.uint64(0x100000001B3)
+            key ^= key >> np.uint64(29)
+    return key.view(np.int64)
+
+
+@dataclass(frozen=True)
+class Context:
+    """A context's columns at the training and at the test answers."""
+
+    train: np.ndarray  # (N_train, w)
+    test: np.ndarray  # (N_test, w)
+
+
+def backed_off(
+    chain: Sequence[Context], train_codes: np.ndarray, fallback: np.ndarray
+) -> tuple[np.ndarray, float]:
+    """(predicted codes at the test answers, seen): each answer takes the table of the
+    longest context of ``chain`` that was seen in training, else ``fallback``."""
+    predicted, decided = fallback.copy(), np.zeros(len(fallback), dtype=bool)
+    seen = 0.0
+    for depth, context in enumerate(chain):
+        table = fit(row_keys(context.train), train_codes)
+        answer, found = lookup(table, row_keys(context.test))
+        take = found & ~decided
+        predicted[take] = answer[take]
+        decided |= found
+        if depth == 0:
+            seen = float(found.mean()) if len(found) else 0.0
+    return predicted, seen
+
+
+def _columns(*arrays: np.ndarray) -> np.ndarray:
+    """The arrays side by side as the columns of one (N, w) context."""
+    return np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1)
+
+
+# -- the families ----------------------------------------------------------------------------
+
+
+@dataclass
+class Streams:
+    """The audit's two streams and the position constant every baseline falls back to."""
+
+    train: Answers
+    test: Answers
+    constant: np.ndarray  # the best constant answer per position, at every test answer
+
+    def baseline(self, family: str, name: str, predicted: np.ndarray, seen: float | None):
+        return Baseline(family, name, self.test.score(predicted == self.test.answer), seen)
+
+    def table(self, family: str, name: str, chain: Sequence[Callable[[Answers], np.ndarray]]):
+        """The baseline of a back-off chain of contexts on the raw answers."""
+        contexts = [Context(context(self.train), context(self.test)) for context in chain]
+        predicted, seen = backed_off(contexts, self.train.answer, self.constant)
+        return self.baseline(family, name, predicted, seen)
+
+
+def windows(s: Streams) -> list[Baseline]:
+    def window(width):
+        return lambda a: a.window(width)
+
+    return [
+        s.table("windows", "token", [window(1)]),
+        s.table("windows", "position x token", [lambda a: _columns(a.position, a.window(1)[:, 0])]),
+        s.table("windows", "last 2", [window(2), window(1)]),
+        s.table("windows", "last 4", [window(w) for w in (4, 3, 2, 1)]),
+        s.table("windows", "last 8", [window(w) for w in LONG_WINDOWS]),
+    ]
+
+
+def _hits_by_place(answers: Answers, rows: np.ndarray) -> np.ndarray:
+    """(len(rows), L): where, at or before each answer's position, its example holds the
+    answer token."""
+    L = answers.inputs.shape[1]
+    tokens = answers.inputs[answers.example[rows]]
+    before = np.arange(L) <= answers.position[rows, None]
+    return (tokens == answers.answer[rows, None]) & before
+
+
+def fixed_positions(s: Streams) -> list[Baseline]:
+    train, test = s.train, s.test
+    L = train.inputs.shape[1]
+    n_index = int(max(train.index.max(initial=0), test.index.max(initial=0))) + 1
+    by_place = np.zeros((n_index, L))  # answer index x source position: hits in training
+    by_lag = np.zeros((n_index, L))  # answer index x lag behind the answer
+    rows_per_block = max(1, CHUNK // L)
+    for start in range(0, len(train), rows_per_block):
+        rows = np.arange(start, min(start + rows_per_block, len(train)))
+        e, p = _hits_by_place(train, rows).nonzero()
+        index, lag = train.index[rows][e], train.position[rows][e] - p
+        by_place += np.bincount(index * L + p, minlength=n_index * L).reshape(n_index, L)
+        by_lag += np.bincount(index * L + lag, minlength=n_index * L).reshape(n_index, L)
+
+    def copied(place: np.ndarray, known: np.ndarray) -> np.ndarray:
+        ok = known & (place >= 0) & (place <= test.position)
+        return np.where(ok, test.token_at(np.clip(place, 0, None)), s.constant)
+
+    index_seen = by_place.sum(axis=1)[test.index] > 0
+    best_lag = int(by_lag.sum(axis=0).argmax())
+    return [
+        s.baseline(
+            "fixed positions",
+            "index -> position",
+            copied(by_place.argmax(axis=1)[test.index], index_seen),
+            float(index_seen.mean()),
+        ),
+        s.baseline(
+            "fixed positions",
+            "index -> lag",
+            copied(test.position - by_lag.argmax(axis=1)[test.index], index_seen),
+            float(index_seen.mean()),
+        ),
+        s.baseline(
+            "fixed positions",
+            f"lag {best_lag}",
+            copied(test.position - best_lag, np.ones(len(test), dtype=bool)),
+            1.0,
+        ),
+    ]
+
+
+def occurrences(inputs: np.ndarray) -> np.ndarray:
+    """(n, L): how often each position's token has occurred in its row up to there (1 at
+    its first occurrence)."""
+    n, L = inputs.shape
+    row = np.repeat(np.arange(n), L)
+    token = inputs.reshape(-1)
+    order = np.lexsort((np.tile(np.arange(L), n), token, row))  # by row, token, position
+    group_start = np.r_[
+        True, (row[order][1:] != row[order][:-1]) | (token[order][1:] != token[order][:-1])
+    ]
+    start_of = np.maximum.accumulate(np.where(group_start, np.arange(n * L), 0))
+    counts = np.empty(n * L, dtype=np.int64)
+    counts[order] = np.arange(n * L) - start_of + 1
+    return counts.reshape(n, L)
+
+
+def counts(s: Streams) -> list[Baseline]:
+    occurred = {id(a): np.minimum(occurrences(a.inputs), MAX_COUNT) for a in (s.train, s.test)}
+
+    def count(back: int):
+        def of(a: Answers) -> np.ndarray:
+            place = a.position - back
+            value = occurred[id(a)][a.example, np.maximum(place, 0)]
+            return np.where(place >= 0, value, 0)
+
+        return of
+
+    return [
+        s.table("counts", "count", [count(0)]),
+        s.table(
+            "counts",
+            "token x count",
+            [lambda a: _columns(a.window(1)[:, 0], count(0)(a)), count(0)],
+        ),
+        s.table(
+            "counts", "position x count", [lambda a: _columns(a.position, count(0)(a)), count(0)]
+        ),
+        s.table(
+            "counts",
+            "previous token x count",
+            [lambda a: _columns(a.window(2)[:, 1], count(1)(a)), count(1)],
+        ),
+    ]
+
+
+def _equality_pattern(window: np.ndarray, is_data: np.ndarray) -> np.ndarray:
+    """(N, w): each data token of the window renamed by the first slot that holds it (the
+    latest token first); every other token keeps its id, shifted past the slots."""
+    width = window.shape[1]
+    codes = np.empty_like(window)
+    for k in range(width):
+        first_slot = (window[:, : k + 1] == window[:, k : k + 1]).argmax(axis=1)
+        codes[:, k] = np.where(is_data[:, k], first_slot, width + window[:, k] + 3)
+    return codes
+
+
+def relabelled(s: Streams, vocab: int) -> list[Baseline]:
+    """Count tables on windows whose data tokens (the answer vocabulary's) are renamed by
+    the order in which the window shows them, latest first: value-independent patterns,
+    well sampled where raw windows are not. A table predicts the slot of the window that
+    holds the answer, or an answer token outside the window (another token's id)."""
+    answer_vocab = np.zeros(vocab + 1, dtype=bool)
+    answer_vocab[np.unique(s.train.answer)] = True
+
+    def pattern(a: Answers, width: int) -> np.ndarray:
+        window = a.window(width)
+        return _equality_pattern(window, answer_vocab[window])  # PAD reads answer_vocab[-1]
+
+    def code(a: Answers) -> np.ndarray:
+        """The first slot of the last 8 tokens that holds the answer, or 8 + its id."""
+        window = a.window(8)
+        holds = window == a.answer[:, None]
+        return np.where(holds.any(axis=1), holds.argmax(axis=1), 8 + a.answer)
+
+    def read_back(codes: np.ndarray) -> np.ndarray:
+        window = s.test.window(8)
+        slot = np.clip(codes, 0, 7)
+        token = np.where(codes < 8, window[np.arange(len(codes)), slot], codes - 8)
+        return np.where((codes >= 0) & (token >= 0), token, s.constant)
+
+    def baseline(name: str, chain: Sequence[Callable[[Answers], np.ndarray]]) -> Baseline:
+        contexts = [Context(c(s.train), c(s.test)) for c in chain]
+        predicted, seen = backed_off(contexts, code(s.train), np.full(len(s.test), -1))
+        return s.baseline("relabelled", name, read_back(predicted), seen)
+
+    def last(width: int) -> Callable[[Answers], np.ndarray]:
+        return lambda a: pattern(a, width)
+
+    return [
+        baseline("relabelled last 8", [last(w) for w in LONG_WINDOWS]),
+        baseline(
+            "relabelled index x last 4",
+            [lambda a: _columns(a.index, pattern(a, 4)), last(4), last(2), last(1)],
+        ),
+    ]
+
+
+def elimination(s: Streams, vocab: int) -> list[Baseline]:
+    """The remaining multiset of prompt tokens at each test answer (the answer vocabulary's:
+    the tokens that are answers in training), its argmax and a proportional draw."""
+    test = s.test
+    n, L = test.inputs.shape
+    answer_vocab = np.zeros(vocab, dtype=bool)
+    answer_vocab[np.unique(s.train.answer)] = True
+    remaining = np.zeros((n, vocab))
+    rows = np.arange(n)
+    argmax = np.empty(len(test), dtype=np.int64)
+    right_share = np.empty(len(test))
+    for p in range(L):
+        token = test.inputs[:, p]
+        # a prompt token adds to the multiset, an answer given (teacher forced) takes away
+        np.add.at(remaining, (rows, token), np.where(test.is_answer[:, p], -1.0, 1.0))
+        at = np.flatnonzero(test.position == p)
+        if not len(at):
+            continue
+        bag = np.clip(remaining[test.example[at]], 0, None) * answer_vocab
+        total = bag.sum(axis=1)
+        argmax[at] = np.where(total > 0, bag.argmax(axis=1), s.constant[at])
+        own = bag[np.arange(len(at)), test.answer[at]]
+        fallback_right = (s.constant[at] == test.answer[at]).astype(float)
+        right_share[at] = np.where(total > 0, own / np.maximum(total, 1), fallback_right)
+    return [
+        s.baseline("elimination", "elimination argmax", argmax, None),
+        Baseline("elimination", "elimination draw", test.score(right_share), None),
+    ]
