@@ -32,7 +32,8 @@ the share of test answers whose longest context occurs in training.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -42,8 +43,6 @@ PAD = -1  # a token before the sequence start, in a window key
 MAX_COUNT = 63  # counts above this share a key
 CHUNK = 1 << 22  # answers x positions per block of the fixed-position tables (memory)
 LONG_WINDOWS = (8, 6, 4, 3, 2, 1)  # the back-off chain of the 8-token windows
-
-
 MARGIN = 0.2  # a baseline above chance + MARGIN is a shortcut
 MIN_SEEN = 0.9  # below this share of seen test contexts a table cannot show a baseline weak
 
@@ -103,6 +102,11 @@ class Answers:
         """(N, width): the last ``width`` tokens read at each answer, the latest first."""
         return np.stack([self.token_at(self.position - back) for back in range(width)], axis=1)
 
+    @cached_property
+    def occurred(self) -> np.ndarray:
+        """(n, L): how often each position's token has occurred so far (MAX_COUNT at most)."""
+        return np.minimum(occurrences(self.inputs), MAX_COUNT)
+
     def score(self, right: np.ndarray) -> float:
         """Token accuracy: the mean over examples of the share of right answers; ``right``
         is a boolean, or a probability of being right, per answer."""
@@ -152,36 +156,10 @@ def row_keys(columns: np.ndarray) -> np.ndarray:
     key = np.full(len(columns), 0xCBF29CE484222325, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for column in columns.reshape(len(columns), -1).T:
-            key ^= (column + 3).astype(np.uint64)  # PAD and NEW are negative
+            key ^= (column + 3).astype(np.uint64)  # PAD is negative
             key *= np.uint64(0x100000001B3)
             key ^= key >> np.uint64(29)
     return key.view(np.int64)
-
-
-@dataclass(frozen=True)
-class Context:
-    """A context's columns at the training and at the test answers."""
-
-    train: np.ndarray  # (N_train, w)
-    test: np.ndarray  # (N_test, w)
-
-
-def backed_off(
-    chain: Sequence[Context], train_codes: np.ndarray, fallback: np.ndarray
-) -> tuple[np.ndarray, float]:
-    """(predicted codes at the test answers, seen): each answer takes the table of the
-    longest context of ``chain`` that was seen in training, else ``fallback``."""
-    predicted, decided = fallback.copy(), np.zeros(len(fallback), dtype=bool)
-    seen = 0.0
-    for depth, context in enumerate(chain):
-        table = fit(row_keys(context.train), train_codes)
-        answer, found = lookup(table, row_keys(context.test))
-        take = found & ~decided
-        predicted[take] = answer[take]
-        decided |= found
-        if depth == 0:
-            seen = float(found.mean()) if len(found) else 0.0
-    return predicted, seen
 
 
 def _columns(*arrays: np.ndarray) -> np.ndarray:
@@ -192,6 +170,11 @@ def _columns(*arrays: np.ndarray) -> np.ndarray:
 # -- the families ----------------------------------------------------------------------------
 
 
+# A context: its name (a table is fitted once per name and set of codes) and its (N, w)
+# columns at each answer of a stream
+Chain = Sequence[tuple[str, Callable[[Answers], np.ndarray]]]
+
+
 @dataclass
 class Streams:
     """The audit's two streams and the position constant every baseline falls back to."""
@@ -199,27 +182,55 @@ class Streams:
     train: Answers
     test: Answers
     constant: np.ndarray  # the best constant answer per position, at every test answer
+    # (context name, codes) -> (predicted code, found) at every test answer
+    looked_up: dict = field(default_factory=dict)
+
+    def answer_vocab(self, size: int) -> np.ndarray:
+        """(size,): which token ids are answers in the training stream."""
+        vocab = np.zeros(size, dtype=bool)
+        vocab[np.unique(self.train.answer)] = True
+        return vocab
+
+    def backed_off(
+        self, chain: Chain, codes: str, train_codes: np.ndarray, fallback: np.ndarray
+    ) -> tuple[np.ndarray, float]:
+        """(predicted codes at the test answers, seen): each answer takes the table of the
+        longest context of ``chain`` seen in training, else ``fallback``. ``codes`` names
+        what the tables predict (``train_codes``), so that a table is fitted once."""
+        predicted, decided = fallback.copy(), np.zeros(len(fallback), dtype=bool)
+        seen = 0.0
+        for depth, (name, context) in enumerate(chain):
+            if (name, codes) not in self.looked_up:
+                table = fit(row_keys(context(self.train)), train_codes)
+                self.looked_up[name, codes] = lookup(table, row_keys(context(self.test)))
+            answer, found = self.looked_up[name, codes]
+            take = found & ~decided
+            predicted[take] = answer[take]
+            decided |= found
+            if depth == 0:
+                seen = float(found.mean()) if len(found) else 0.0
+        return predicted, seen
 
     def baseline(self, family: str, name: str, predicted: np.ndarray, seen: float | None):
         return Baseline(family, name, self.test.score(predicted == self.test.answer), seen)
 
-    def table(self, family: str, name: str, chain: Sequence[Callable[[Answers], np.ndarray]]):
+    def table(self, family: str, name: str, chain: Chain) -> Baseline:
         """The baseline of a back-off chain of contexts on the raw answers."""
-        contexts = [Context(context(self.train), context(self.test)) for context in chain]
-        predicted, seen = backed_off(contexts, self.train.answer, self.constant)
+        predicted, seen = self.backed_off(chain, "answers", self.train.answer, self.constant)
         return self.baseline(family, name, predicted, seen)
 
 
 def windows(s: Streams) -> list[Baseline]:
-    def window(width):
-        return lambda a: a.window(width)
+    def last(width: int):
+        return f"last {width}", lambda a: a.window(width)
 
+    position_x_token = ("position x token", lambda a: _columns(a.position, a.window(1)[:, 0]))
     return [
-        s.table("windows", "token", [window(1)]),
-        s.table("windows", "position x token", [lambda a: _columns(a.position, a.window(1)[:, 0])]),
-        s.table("windows", "last 2", [window(2), window(1)]),
-        s.table("windows", "last 4", [window(w) for w in (4, 3, 2, 1)]),
-        s.table("windows", "last 8", [window(w) for w in LONG_WINDOWS]),
+        s.table("windows", "token", [last(1)]),
+        s.table("windows", "position x token", [position_x_token]),
+        s.table("windows", "last 2", [last(2), last(1)]),
+        s.table("windows", "last 4", [last(w) for w in (4, 3, 2, 1)]),
+        s.table("windows", "last 8", [last(w) for w in LONG_WINDOWS]),
     ]
 
 
@@ -291,30 +302,32 @@ def occurrences(inputs: np.ndarray) -> np.ndarray:
 
 
 def counts(s: Streams) -> list[Baseline]:
-    occurred = {id(a): np.minimum(occurrences(a.inputs), MAX_COUNT) for a in (s.train, s.test)}
+    def count(a: Answers, back: int) -> np.ndarray:
+        """How often the token ``back`` places before the answer has occurred so far."""
+        place = a.position - back
+        return np.where(place >= 0, a.occurred[a.example, np.maximum(place, 0)], 0)
 
-    def count(back: int):
-        def of(a: Answers) -> np.ndarray:
-            place = a.position - back
-            value = occurred[id(a)][a.example, np.maximum(place, 0)]
-            return np.where(place >= 0, value, 0)
-
-        return of
-
+    current = ("count", lambda a: count(a, 0))
+    previous = ("previous count", lambda a: count(a, 1))
     return [
-        s.table("counts", "count", [count(0)]),
+        s.table("counts", "count", [current]),
         s.table(
             "counts",
             "token x count",
-            [lambda a: _columns(a.window(1)[:, 0], count(0)(a)), count(0)],
+            [("token x count", lambda a: _columns(a.window(1)[:, 0], count(a, 0))), current],
         ),
         s.table(
-            "counts", "position x count", [lambda a: _columns(a.position, count(0)(a)), count(0)]
+            "counts",
+            "position x count",
+            [("position x count", lambda a: _columns(a.position, count(a, 0))), current],
         ),
         s.table(
             "counts",
             "previous token x count",
-            [lambda a: _columns(a.window(2)[:, 1], count(1)(a)), count(1)],
+            [
+                ("previous token x count", lambda a: _columns(a.window(2)[:, 1], count(a, 1))),
+                previous,
+            ],
         ),
     ]
 
@@ -335,39 +348,35 @@ def relabelled(s: Streams, vocab: int) -> list[Baseline]:
     the order in which the window shows them, latest first: value-independent patterns,
     well sampled where raw windows are not. A table predicts the slot of the window that
     holds the answer, or an answer token outside the window (another token's id)."""
-    answer_vocab = np.zeros(vocab + 1, dtype=bool)
-    answer_vocab[np.unique(s.train.answer)] = True
+    answer_vocab = s.answer_vocab(vocab + 1)  # and a False for PAD, at index -1
 
     def pattern(a: Answers, width: int) -> np.ndarray:
         window = a.window(width)
         return _equality_pattern(window, answer_vocab[window])  # PAD reads answer_vocab[-1]
 
-    def code(a: Answers) -> np.ndarray:
-        """The first slot of the last 8 tokens that holds the answer, or 8 + its id."""
-        window = a.window(8)
-        holds = window == a.answer[:, None]
-        return np.where(holds.any(axis=1), holds.argmax(axis=1), 8 + a.answer)
+    # what a table predicts: the first slot of the last 8 tokens that holds the answer, or
+    # 8 + the answer's id where none does
+    train_window = s.train.window(8)
+    holds = train_window == s.train.answer[:, None]
+    slots = np.where(holds.any(axis=1), holds.argmax(axis=1), 8 + s.train.answer)
+    test_window = s.test.window(8)
 
     def read_back(codes: np.ndarray) -> np.ndarray:
-        window = s.test.window(8)
         slot = np.clip(codes, 0, 7)
-        token = np.where(codes < 8, window[np.arange(len(codes)), slot], codes - 8)
+        token = np.where(codes < 8, test_window[np.arange(len(codes)), slot], codes - 8)
         return np.where((codes >= 0) & (token >= 0), token, s.constant)
 
-    def baseline(name: str, chain: Sequence[Callable[[Answers], np.ndarray]]) -> Baseline:
-        contexts = [Context(c(s.train), c(s.test)) for c in chain]
-        predicted, seen = backed_off(contexts, code(s.train), np.full(len(s.test), -1))
+    def baseline(name: str, chain: Chain) -> Baseline:
+        predicted, seen = s.backed_off(chain, "slots", slots, np.full(len(s.test), -1))
         return s.baseline("relabelled", name, read_back(predicted), seen)
 
-    def last(width: int) -> Callable[[Answers], np.ndarray]:
-        return lambda a: pattern(a, width)
+    def last(width: int):
+        return f"pattern {width}", lambda a: pattern(a, width)
 
+    index_x_last_4 = ("index x pattern 4", lambda a: _columns(a.index, pattern(a, 4)))
     return [
         baseline("relabelled last 8", [last(w) for w in LONG_WINDOWS]),
-        baseline(
-            "relabelled index x last 4",
-            [lambda a: _columns(a.index, pattern(a, 4)), last(4), last(2), last(1)],
-        ),
+        baseline("relabelled index x last 4", [index_x_last_4, last(4), last(2), last(1)]),
     ]
 
 
@@ -376,8 +385,7 @@ def elimination(s: Streams, vocab: int) -> list[Baseline]:
     the tokens that are answers in training), its argmax and a proportional draw."""
     test = s.test
     n, L = test.inputs.shape
-    answer_vocab = np.zeros(vocab, dtype=bool)
-    answer_vocab[np.unique(s.train.answer)] = True
+    answer_vocab = s.answer_vocab(vocab)
     remaining = np.zeros((n, vocab))
     rows = np.arange(n)
     argmax = np.empty(len(test), dtype=np.int64)
