@@ -3,11 +3,15 @@ followed its first occurrence.
 
 Dense layout (the default): n tokens over 0..vocab-1 with no special tokens. The first
 ``keys`` ids are key tokens, the others filler. Each example picks ``triggers`` distinct
-keys A_i, gives each a successor B_i (a filler token), and places each key ``repeats``
-times, always followed by its B_i, at random non-overlapping places; every other token is
-filler, uniform. The answers are the B_i after every occurrence of A_i but its first: the
-token that followed A_i before, as an induction head copies it. ``triggers * (repeats - 1)``
-answers per sequence (20 at the defaults).
+keys A_i, gives each a successor B_i (a filler token), and places triggers x ``repeats``
+key occurrences, each followed by its B_i, at random non-overlapping places: every key
+once, each other occurrence to a key drawn uniformly (``fixed_repeats``: every key exactly
+``repeats`` times, suite v2's layout); every other token is filler, uniform. The answers
+are the B_i after every occurrence of A_i but its first: the token that followed A_i
+before, as an induction head copies it. ``triggers * (repeats - 1)``
+answers per sequence (20 at the defaults). Suite v2 placed every key exactly twice with no
+filler, so the keys still open were known, and the successor of any open key, whichever
+key was current, scored 0.23 against chance 0.02; that rule is the task's own audit rule.
 
 ``dense=False`` is suite v1's one-answer layout: A occurs exactly twice, at a uniform place
 p in [0, n-3] and as the last token; B = x_{p+1} differs from A; every other token is
@@ -173,17 +177,19 @@ class Induction(Task):
                 # an open key: its first occurrence is before i and it has not recurred
                 # before i (its repeat at i is the current token), whichever key i reads
                 n, L = inputs.shape
-                same = inputs.unsqueeze(2) == inputs.unsqueeze(1)  # (n, p, q)
                 order = torch.arange(L, device=inputs.device)
-                later = same & (order.view(1, 1, L) > order.view(1, L, 1))
-                first = ~(same & (order.view(1, 1, L) < order.view(1, L, 1))).any(dim=2)
+                row, column = order.view(1, L, 1), order.view(1, 1, L)
+                same = inputs.unsqueeze(2) == inputs.unsqueeze(1)  # (n, row, column)
+                later = same & (column > row)
+                first = ~(same & (column < row)).any(dim=2)
                 recur = torch.where(later.any(dim=2), later.long().argmax(dim=2), L)  # (n, p)
-                i = order.view(1, L, 1)
-                p = order.view(1, 1, L)
+                # at answer position i (a row), the candidates p (columns)
                 candidate = (
-                    (first & (inputs < keys)).unsqueeze(1) & (p < i) & (recur.unsqueeze(1) >= i)
+                    (first & (inputs < keys)).unsqueeze(1)
+                    & (column < row)
+                    & (recur.unsqueeze(1) >= row)
                 )
-                score = torch.where(candidate, p if latest else L - p, -1)
+                score = torch.where(candidate, column if latest else L - column, -1)
                 chosen = score.argmax(dim=2)
                 successor = inputs.gather(1, (chosen + 1).clamp(max=L - 1))
                 return torch.where(candidate.any(dim=2), successor, 0)
@@ -191,7 +197,7 @@ class Induction(Task):
             return predict
 
         description = (
-            "the successor of an open key (seen once, not yet repeated), not the current one's"
+            "the successor of an open key (seen once, not yet repeated), whichever key is current"
         )
         return [
             ShortcutRule("earliest open key's successor", description, open_successor(False)),

@@ -124,7 +124,8 @@ class Stack(Task):
         )
 
     def _draw(self, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-        """n op streams and the mask of their asked tokens (the a of a POP after a POP)."""
+        """n op streams and the mask of their asked tokens (the a of the POPs ``_asked``
+        picks)."""
         p, dev = self.params, generator.device
         rows = torch.arange(n, device=dev)
         stack = torch.zeros(n, p.ops, dtype=torch.long, device=dev)  # depth <= ops - 1 at a push
@@ -163,8 +164,8 @@ class Stack(Task):
         # Re-simulates the stack from the tokens. Even positions hold ops, odd ones operands.
         # On garbage input: a value token where an op should be is a no-op (its operand is
         # skipped); a POP on an empty stack has no answer (IGNORE) and changes nothing; PUSH
-        # pushes whatever token follows it, PUSH and POP ids included. A POP is asked when the
-        # op token before it is a POP.
+        # pushes whatever token follows it, PUSH and POP ids included. Which POPs are asked:
+        # ``_asked``, a dip read from the op tokens alone (a POP token before a PUSH token).
         n, L = inputs.shape
         rows = torch.arange(n, device=inputs.device)
         stack = torch.zeros(n, self.params.ops, dtype=torch.long, device=inputs.device)
