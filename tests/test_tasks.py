@@ -10,7 +10,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from synthbench.core.task import CATEGORIES, IGNORE, TASKS, Batch, Task, markdown_table
+from synthbench.core.task import (
+    CATEGORIES,
+    IGNORE,
+    TASKS,
+    Batch,
+    Task,
+    markdown_table,
+    teacher_forced,
+)
 
 N = 64
 seeds = st.integers(0, 2**31 - 1)  # generator seeds for the property tests
@@ -49,6 +57,13 @@ def check_batch(task: Task, batch: Batch, n: int) -> None:
     shifted = targets[:, :-1]
     assert torch.equal(shifted[answers[:, :-1]], inputs[:, 1:][answers[:, :-1]])
     assert torch.equal(task.solve(inputs), targets)
+    if batch.practice is not None:  # labels a training learns from and no metric scores
+        practice = batch.practice
+        assert practice.dtype == torch.int64 and practice.shape == targets.shape
+        assert bool((practice[answers] == IGNORE).all()), "a practice label at an answer"
+        shown = practice[:, :-1] != IGNORE
+        assert torch.equal(practice[:, :-1][shown], inputs[:, 1:][shown])
+        assert bool((practice[practice != IGNORE] < task.vocab_size).all())
 
 
 # -- every task, every difficulty ---------------------------------------------------------
@@ -149,6 +164,22 @@ def test_registry_aliases():
 
 
 # -- task-specific ------------------------------------------------------------------------
+
+
+def test_practice_labels_are_trained_on_and_never_scored():
+    """teacher_forced's practice mask: labels beside the answers (never at one), which a
+    training's loss takes (``training_targets``) and the metrics, reading ``targets``, do
+    not."""
+    sequences = torch.tensor([[7, 1, 2, 3, 4, 5]])
+    answers = torch.tensor([[0, 0, 0, 1, 0, 1]], dtype=torch.bool)
+    practice = torch.tensor([[0, 1, 0, 1, 1, 0]], dtype=torch.bool)  # one overlaps an answer
+    batch = teacher_forced(sequences, answers, practice)
+    assert batch.targets.tolist() == [[IGNORE, IGNORE, 3, IGNORE, 5]]
+    assert batch.practice.tolist() == [[1, IGNORE, IGNORE, 4, IGNORE]]
+    assert batch.training_targets.tolist() == [[1, IGNORE, 3, 4, 5]]
+    assert torch.equal(batch.to("cpu").practice, batch.practice)
+    plain = teacher_forced(sequences, answers)
+    assert plain.practice is None and torch.equal(plain.training_targets, plain.targets)
 
 
 def test_copy_vocab_and_layout():

@@ -161,6 +161,29 @@ def test_stack_layout():
     assert 0.2 < pushes_second_half / (300 * 12) < 0.42
 
 
+def test_stack_practices_every_pop_and_scores_the_asked_ones():
+    """Batch.practice: the value of every POP that is not asked (a training learns it, no
+    metric scores it); none with practice=false, nor where every POP is asked (suite v1)."""
+    task = TASKS.get("stack")(ops=24, values=5)
+    batch = task.generate(300, torch.Generator().manual_seed(0))
+    inputs, targets, practice = batch.inputs, batch.targets, batch.practice
+    pops = torch.zeros_like(inputs, dtype=torch.bool)
+    pops[:, 0::2] = inputs[:, 0::2] == task.pop  # the POP tokens; each is followed by its value
+    assert bool((practice[batch.answer_mask] == IGNORE).all())
+    assert torch.equal(practice != IGNORE, pops & ~batch.answer_mask)
+    assert torch.equal(batch.training_targets != IGNORE, pops)
+    # each label is the popped value: the next input token wherever that is an input
+    shown = practice[:, :-1] != IGNORE
+    assert torch.equal(practice[:, :-1][shown], inputs[:, 1:][shown])
+    assert 2 * int(batch.answer_mask.sum()) < int(shown.sum())  # most POPs are the easy ones
+    for params in ({"practice": False}, {"every_pop": True}):
+        other = TASKS.get("stack")(ops=24, values=5, **params)
+        assert other.generate(8, torch.Generator().manual_seed(0)).practice is None
+    unpractised = TASKS.get("stack")(ops=24, values=5, practice=False)
+    again = unpractised.generate(300, torch.Generator().manual_seed(0))
+    assert torch.equal(again.inputs, inputs) and torch.equal(again.targets, targets)
+
+
 def test_stack_refuses_a_layout_that_asks_nothing():
     with pytest.raises(ValueError, match="stack needs ops >= 16"):
         TASKS.get("stack")(ops=12)

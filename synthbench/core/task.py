@@ -35,13 +35,26 @@ TASKS: Registry[type[Task]] = Registry(
 class Batch:
     inputs: torch.Tensor  # (n, L) int64 token ids
     targets: torch.Tensor  # (n, L) int64: next-token labels at answer positions, IGNORE elsewhere
+    # (n, L) next-token labels a training also learns from but no metric scores (IGNORE
+    # elsewhere, and at every answer): easier steps of the same computation that a task
+    # supervises so that the scored ones can be learnt (stack: every POP, only the nested
+    # ones scored). None: a training learns the answers alone.
+    practice: torch.Tensor | None = None
 
     @property
     def answer_mask(self) -> torch.Tensor:
         return self.targets != IGNORE
 
+    @property
+    def training_targets(self) -> torch.Tensor:
+        """The labels a training's loss is taken on: the answers and the practice labels."""
+        if self.practice is None:
+            return self.targets
+        return torch.where(self.answer_mask, self.targets, self.practice)
+
     def to(self, device: torch.device | str) -> Batch:
-        return Batch(self.inputs.to(device), self.targets.to(device))
+        practice = None if self.practice is None else self.practice.to(device)
+        return Batch(self.inputs.to(device), self.targets.to(device), practice)
 
 
 @dataclass(frozen=True)
@@ -55,10 +68,17 @@ class ShortcutRule:
     predict: Callable[[torch.Tensor], torch.Tensor]
 
 
-def teacher_forced(sequences: torch.Tensor, answer_mask: torch.Tensor) -> Batch:
-    """Turn full sequences (n, T) and their answer-token mask (n, T) into a Batch of length T-1."""
+def teacher_forced(
+    sequences: torch.Tensor, answer_mask: torch.Tensor, practice_mask: torch.Tensor | None = None
+) -> Batch:
+    """Turn full sequences (n, T) and their answer-token mask (n, T) into a Batch of length T-1;
+    with ``practice_mask``, the tokens a training also learns from (``Batch.practice``)."""
     targets = sequences[:, 1:].masked_fill(~answer_mask[:, 1:], IGNORE)
-    return Batch(sequences[:, :-1].contiguous(), targets.contiguous())
+    practice = None
+    if practice_mask is not None:
+        practice_only = practice_mask[:, 1:] & ~answer_mask[:, 1:]
+        practice = sequences[:, 1:].masked_fill(~practice_only, IGNORE).contiguous()
+    return Batch(sequences[:, :-1].contiguous(), targets.contiguous(), practice)
 
 
 def batch_from_parts(

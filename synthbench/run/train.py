@@ -203,7 +203,8 @@ def _train_and_evaluate(
     for step in range(last_step):
         batch = task.generate(p.batch_size, train_gen, device)
         logits = model(batch.inputs)
-        loss = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
+        labels = batch.training_targets.flatten()
+        loss = F.cross_entropy(logits.flatten(0, 1), labels, ignore_index=IGNORE)
         row["steps_done"] = step
         if not torch.isfinite(loss):
             raise Diverged(f"non-finite loss at step {step}")
