@@ -30,7 +30,7 @@ from synthbench.core.task import TASKS, Batch, Task, batch_from_parts, require_a
 class SelectiveCopyParams:
     length: int = 48  # prompt length, blanks included
     k: int = 8  # data tokens to copy (the answers)
-    vocab: int = 16  # number of data tokens
+    vocab: int = 32  # number of data tokens
     tail: int = 12  # data tokens after the k copied ones, not copied (0: suite v2's layout)
 
     def __post_init__(self):

@@ -20,7 +20,7 @@ from synthbench.run.train import (
     answer_metrics,
     build_model,
     evaluate,
-    free_running_token_acc,
+    held_out_metrics,
     lr_schedule,
     train_eval,
 )
@@ -246,9 +246,16 @@ def test_free_running_matches_greedy_generation_one_position_at_a_time(
     if fed_back_matters:  # some examples generate differently from their teacher-forced run
         assert (expected != teacher_forced).any()
     for batch_size in (7, 64):
-        got, se = free_running_token_acc(model, data, batch_size)
-        assert got == pytest.approx(expected.mean().item(), abs=1e-6)
-        assert se == pytest.approx(expected.std().item() / len(expected) ** 0.5, rel=1e-5)
+        got = held_out_metrics(model, data, batch_size)
+        assert got["free_token_acc"] == pytest.approx(expected.mean().item(), abs=1e-6)
+        se = expected.std().item() / len(expected) ** 0.5
+        assert got["free_token_acc_se"] == pytest.approx(se, rel=1e-5)
+        # its first pass is the teacher-forced one: evaluate's metrics, and their errors
+        plain = evaluate(model, data, batch_size)
+        for metric, per_example in (("token_acc", teacher_forced), ("exact_match", all_right)):
+            assert got[metric] == pytest.approx(plain[metric], abs=1e-6)
+            se = per_example.std().item() / len(per_example) ** 0.5
+            assert got[f"{metric}_se"] == pytest.approx(se, rel=1e-5)
     # an example all right free-running is all right teacher-forced, and the other way round
     assert torch.equal(all_right.bool(), expected == 1.0)
 

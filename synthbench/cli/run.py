@@ -37,6 +37,7 @@ from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
 from synthbench.run.grid import load_sweep_file
 from synthbench.run.limits import MAX_RUNS, MAX_SEEDS, check_runs
 from synthbench.run.lr_selection import run_status
+from synthbench.run.phases import phase
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.runner import Unit
 from synthbench.run.schema import LEAKY
@@ -287,7 +288,7 @@ def run_grid(
         )
     if size > LARGE_PLAN:  # said before the planning, which takes a while at this size
         out.print(f"planning {size:,} runs", highlight=False)
-    with out.status(f"planning {plural(size, 'run')}"):  # in a terminal: before the bar
+    with out.status(f"planning {plural(size, 'run')}"), phase("planning"):
         specs = runner.plan(
             tasks,
             mechs,
@@ -306,7 +307,8 @@ def run_grid(
         check_runs(specs, dev)  # sequence lengths, the memory a run needs
     names = list(dict.fromkeys(s.mechanism for s in specs))
     names = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    with out.status(f"checking {names} for causality (no position may see a later one)"):
+    checking = f"checking {names} for causality (no position may see a later one)"
+    with out.status(checking), phase("leak guard"):
         refusal = leak_guard(specs, ResultStore(results), dev)  # synthbench/integrity/guard.py
     if refusal:  # a mechanism that sees later positions never trains; its runs say leaky
         raise fail(refusal, 1)

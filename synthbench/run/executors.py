@@ -40,6 +40,7 @@ from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.registry import PluginWarning, load_plugin_file
 from synthbench.core.task import TASKS
 from synthbench.core.text import noun
+from synthbench.run import phases
 from synthbench.run.allocator import reuse_freed_memory
 from synthbench.run.train import failed_row, train_eval
 
@@ -118,14 +119,18 @@ def _worker_main(conn: Connection, device: str, plugin_files: list[str], parent:
     except Exception as exc:
         conn.send(("fatal", f"a worker could not load the plugins: {exc}"))
         return
-    while True:
-        try:
-            unit = conn.recv()
-        except EOFError:  # the driver is gone
-            return
-        if unit is None:
-            return
-        conn.send(("row", train_eval(unit.spec, unit.lr, torch.device(device), unit.budget)))
+    try:
+        while True:
+            try:
+                unit = conn.recv()
+            except EOFError:  # the driver is gone
+                return
+            if unit is None:
+                return
+            row = train_eval(unit.spec, unit.lr, torch.device(device), unit.budget)
+            conn.send(("row", row))
+    finally:
+        phases.write()  # a worker's exit skips atexit
 
 
 class _Worker:

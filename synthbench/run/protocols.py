@@ -216,7 +216,7 @@ _add(
             ),
             ("retrieval", (("needles", 1), ("vocab", 32))),
             ("reverse", (("n", 32),)),
-            ("selective_copy", (("length", 64), ("tail", 0))),
+            ("selective_copy", (("length", 64), ("tail", 0), ("vocab", 16))),
             ("sort", (("vocab", 32),)),
             ("stack", (("every_pop", True), ("ops", 16), ("values", 16))),
         ),

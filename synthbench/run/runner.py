@@ -41,6 +41,7 @@ from synthbench.run.lr_selection import (
     run_status,
     sweep_state,
 )
+from synthbench.run.phases import phase
 from synthbench.run.protocols import Protocol
 from synthbench.run.schema import LEAKY, lr_key
 from synthbench.run.spec import RunSpec
@@ -355,7 +356,8 @@ def _save(
     never replaced by a failure); the run's state after that, or None if it is refused."""
     spec = run.spec
     try:
-        saved = store.save(run.sweep.sorted_rows(), replace=force, settle=run.sweep.settle)
+        with phase("writing"):
+            saved = store.save(run.sweep.sorted_rows(), replace=force, settle=run.sweep.settle)
     except NewerSchemaError as exc:  # such a file appeared at the run's path since the plan
         outcome.refused += 1
         events.notice(spec, f"refused: {exc}")

@@ -25,6 +25,7 @@ from synthbench.integrity.causality import BATCH as CHECK_BATCH
 from synthbench.integrity.causality import Leaky, check_model_causality
 from synthbench.run import provenance
 from synthbench.run.lr_selection import Budget
+from synthbench.run.phases import phase
 from synthbench.run.protocols import Protocol, curve_points
 from synthbench.run.schema import LEAKY, RESULT_METRICS
 from synthbench.run.spec import TEST_SEED, VAL_SEED, RunSpec
@@ -68,9 +69,9 @@ def mean_and_se(per_example: torch.Tensor) -> tuple[float, float]:
 
 
 @torch.no_grad()
-def evaluate(model: Model, data: Batch, batch_size: int, with_se: bool = False) -> dict[str, float]:
-    """Token accuracy and exact match (and with ``with_se`` their standard errors over the
-    examples, as ``<metric>_se``)."""
+def evaluate(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
+    """Token accuracy and exact match, teacher-forced (``held_out_metrics`` adds their standard
+    errors and free-running generation)."""
     model.eval()
     token_acc, exact = [], []
     for start in range(0, data.inputs.shape[0], batch_size):
@@ -81,28 +82,27 @@ def evaluate(model: Model, data: Batch, batch_size: int, with_se: bool = False) 
         token_acc.append(acc)
         exact.append(em)
     model.train()
-    metrics = {}
-    for name, per_example in (("token_acc", token_acc), ("exact_match", exact)):
-        metrics[name], se = mean_and_se(torch.cat(per_example))
-        if with_se:
-            metrics[f"{name}_se"] = se
-    return metrics
+    return {
+        name: mean_and_se(torch.cat(per_example))[0]
+        for name, per_example in (("token_acc", token_acc), ("exact_match", exact))
+    }
 
 
 @torch.no_grad()
-def free_running_token_acc(model: Model, data: Batch, batch_size: int) -> tuple[float, float]:
-    """Token accuracy of answers generated free-running (greedy): every answer token is fed
-    back to the model as the model produced it, not as the data has it.
+def held_out_metrics(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
+    """``evaluate``'s metrics with their standard errors, and the token accuracy of answers
+    generated free-running (greedy), ``free_token_acc`` (and its ``_se``): every answer token
+    is fed back to the model as the model produced it, not as the data has it.
 
     Exact: a forward pass over the whole sequence decides every answer up to the first one
     whose fed-back token disagrees with the prediction (their prefixes are final); that token
     is replaced by the prediction and the pass repeated, for the examples that changed only.
     One pass per wrong answer, one in all for an example answered right (whose free-running
-    and teacher-forced answers coincide: so exact match is the same either way). Returns the
-    mean over examples and its standard error.
+    and teacher-forced answers coincide: so exact match is the same either way). The first
+    pass is the teacher-forced one, and gives ``evaluate``'s metrics: one pass less.
     """
     model.eval()
-    accuracy = []
+    token_acc, exact, free = [], [], []
     for start in range(0, data.inputs.shape[0], batch_size):
         inputs = data.inputs[start : start + batch_size].clone()
         targets = data.targets[start : start + batch_size]
@@ -114,8 +114,17 @@ def free_running_token_acc(model: Model, data: Batch, batch_size: int) -> tuple[
         done_up_to = torch.full((len(inputs),), -1, device=inputs.device)
         active = torch.arange(len(inputs), device=inputs.device)
         positions = torch.arange(inputs.shape[1], device=inputs.device)
+        first_pass = True
         while len(active):
-            guess = model(inputs[active]).argmax(dim=-1)
+            logits = model(inputs[active])
+            if first_pass:  # teacher-forced: every input as the data has it
+                if not torch.isfinite(logits).all():
+                    raise Diverged("non-finite logits at evaluation")
+                acc, em = answer_metrics(logits, targets)
+                token_acc.append(acc)
+                exact.append(em)
+                first_pass = False
+            guess = logits.argmax(dim=-1)
             predicted[active] = guess
             read_back = torch.zeros_like(guess)
             read_back[:, :-1] = inputs[active, 1:]
@@ -131,9 +140,16 @@ def free_running_token_acc(model: Model, data: Batch, batch_size: int) -> tuple[
             done_up_to[rows] = cols
             active = rows
         correct = ((predicted == targets) & answer).sum(dim=1)
-        accuracy.append(correct / answer.sum(dim=1).clamp(min=1))
+        free.append(correct / answer.sum(dim=1).clamp(min=1))
     model.train()
-    return mean_and_se(torch.cat(accuracy))
+    metrics = {}
+    for name, per_example in (
+        ("token_acc", token_acc),
+        ("exact_match", exact),
+        ("free_token_acc", free),
+    ):
+        metrics[name], metrics[f"{name}_se"] = mean_and_se(torch.cat(per_example))
+    return metrics
 
 
 @functools.lru_cache(maxsize=64)
@@ -181,46 +197,55 @@ def _train_and_evaluate(
     last_step = min(p.steps, budget.steps or p.steps)  # the lr schedule still spans p.steps
     task = spec.make_task()
     long_task = task.at_length(spec.eval_length_mult) if spec.eval_length_mult else None
-    torch.manual_seed(spec.seed)  # model init and any random features of the mechanism
-    model = build_model(spec, task, *([long_task] if long_task else [])).to(device)
-    row["n_params"] = sum(t.numel() for t in model.parameters())
-    optimizer = torch.optim.AdamW(
-        parameter_groups(model, p.weight_decay),
-        lr=lr,
-        betas=p.betas,
-        weight_decay=p.weight_decay,
-        # one kernel for all parameters: 3x less optimizer time on these small models
-        fused=device.type in FUSED_ADAMW_DEVICES or None,
-    )
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(p))
+    with phase("model build"):
+        torch.manual_seed(spec.seed)  # model init and any random features of the mechanism
+        model = build_model(spec, task, *([long_task] if long_task else [])).to(device)
+        row["n_params"] = sum(t.numel() for t in model.parameters())
+        optimizer = torch.optim.AdamW(
+            parameter_groups(model, p.weight_decay),
+            lr=lr,
+            betas=p.betas,
+            weight_decay=p.weight_decay,
+            # one kernel for all parameters: 3x less optimizer time on these small models
+            fused=device.type in FUSED_ADAMW_DEVICES or None,
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(p))
     train_gen = torch.Generator().manual_seed(spec.seed)
-    val = task.generate(p.val_examples, torch.Generator().manual_seed(VAL_SEED), device)
-    test = task.generate(p.test_examples, torch.Generator().manual_seed(TEST_SEED), device)
+    with phase("evaluation data"):
+        val = task.generate(p.val_examples, torch.Generator().manual_seed(VAL_SEED), device)
+        test = task.generate(p.test_examples, torch.Generator().manual_seed(TEST_SEED), device)
+        long_test = None
+        if long_task is not None:
+            gen = torch.Generator().manual_seed(TEST_SEED)
+            long_test = long_task.generate(p.test_examples, gen, device)
 
     recent: list[float] = []
     row["curve_steps"], row["curve_val_token_acc"] = [], []
     measure_at = set(curve_points(p.steps)) | {last_step}
     for step in range(last_step):
-        batch = task.generate(p.batch_size, train_gen, device)
-        logits = model(batch.inputs)
-        labels = batch.training_targets.flatten()
-        loss = F.cross_entropy(logits.flatten(0, 1), labels, ignore_index=IGNORE)
-        row["steps_done"] = step
-        if not torch.isfinite(loss):
-            raise Diverged(f"non-finite loss at step {step}")
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grads = [q.grad for q in model.parameters() if q.grad is not None]
-        grad_norm = torch.nn.utils.get_total_norm(grads)
-        if not torch.isfinite(grad_norm):
-            raise Diverged(f"non-finite gradient at step {step}")
-        if p.grad_clip:
-            torch.nn.utils.clip_grads_with_norm_(model.parameters(), p.grad_clip, grad_norm)
-        optimizer.step()
-        scheduler.step()
-        recent = (recent + [loss.item()])[-20:]
+        with phase("training batches"):
+            batch = task.generate(p.batch_size, train_gen, device)
+        with phase("training steps"):
+            logits = model(batch.inputs)
+            labels = batch.training_targets.flatten()
+            loss = F.cross_entropy(logits.flatten(0, 1), labels, ignore_index=IGNORE)
+            row["steps_done"] = step
+            if not torch.isfinite(loss):
+                raise Diverged(f"non-finite loss at step {step}")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grads = [q.grad for q in model.parameters() if q.grad is not None]
+            grad_norm = torch.nn.utils.get_total_norm(grads)
+            if not torch.isfinite(grad_norm):
+                raise Diverged(f"non-finite gradient at step {step}")
+            if p.grad_clip:
+                torch.nn.utils.clip_grads_with_norm_(model.parameters(), p.grad_clip, grad_norm)
+            optimizer.step()
+            scheduler.step()
+            recent = (recent + [loss.item()])[-20:]
         if step + 1 in measure_at:
-            val_metrics = evaluate(model, val, p.eval_batch_size)
+            with phase("curve points"):
+                val_metrics = evaluate(model, val, p.eval_batch_size)
             row["curve_steps"].append(step + 1)
             row["curve_val_token_acc"].append(val_metrics["token_acc"])
             if p.stop_at and val_metrics[p.select_metric] >= p.stop_at:
@@ -229,30 +254,26 @@ def _train_and_evaluate(
                 break  # too far behind the edge it was grown past to be selected
     row["steps_done"] = step + 1
     row["final_loss"] = sum(recent) / len(recent)
-    long_test = None
-    if long_task is not None:
-        gen = torch.Generator().manual_seed(TEST_SEED)
-        long_test = long_task.generate(p.test_examples, gen, device)
     # a leak can be switched on by a learned parameter: the trained model is checked too,
     # on test sequences at every length it is evaluated at, before any result is kept
-    for data in (test, long_test):
-        if data is not None:
-            verdict = check_model_causality(model, data.inputs[:CHECK_BATCH])
-            if verdict.leaks:
-                raise Leaky(f"not causal after training: {verdict.detail}")
+    with phase("causality after training"):
+        for data in (test, long_test):
+            if data is not None:
+                verdict = check_model_causality(model, data.inputs[:CHECK_BATCH])
+                if verdict.leaks:
+                    raise Leaky(f"not causal after training: {verdict.detail}")
 
-    # val_metrics: the last point of the curve, at the end of training
-    row.update(evaluate(model, test, p.eval_batch_size, with_se=True))
-    row["free_token_acc"], row["free_token_acc_se"] = free_running_token_acc(
-        model, test, p.eval_batch_size
-    )
-    task_chance = task_chance_of(spec)
+    with phase("test evaluation"):
+        # val_metrics: the last point of the curve, at the end of training
+        row.update(held_out_metrics(model, test, p.eval_batch_size))
+        if long_test is not None:
+            long_metrics = evaluate(model, long_test, p.eval_batch_size)
+            row.update({f"long_{k}": v for k, v in long_metrics.items()})
+    with phase("chance"):
+        task_chance = task_chance_of(spec)
     row["chance_token_acc"] = task_chance.token_acc
     row["chance_exact_match"] = task_chance.exact_match
     row.update({f"val_{k}": v for k, v in val_metrics.items()})
-    if long_test is not None:
-        long_metrics = evaluate(model, long_test, p.eval_batch_size)
-        row.update({f"long_{k}": v for k, v in long_metrics.items()})
     row["status"] = "ok"
 
 
