@@ -95,9 +95,9 @@ def main() -> None:
     for name in [*ORDER, *sorted(set(seconds) - set(ORDER))]:
         if name in seconds:
             print(f"{name:<28}{seconds[name]:>10.1f}{seconds[name] / total:>8.1%}")
-    overhead = 1 - seconds.get(TRAINING_STEPS, 0.0) / total
-    print(f"{'overhead (all but steps)':<28}{total - seconds.get(TRAINING_STEPS, 0.0):>10.1f}"
-          f"{overhead:>8.1%}")  # fmt: skip
+    steps = seconds.get(TRAINING_STEPS, 0.0)
+    overhead = 1 - steps / total
+    print(f"{'overhead (all but steps)':<28}{total - steps:>10.1f}{overhead:>8.1%}")
     report = {"command": vars(args) | {"out": str(args.out)}, "wall_seconds": wall,
               "trainings": trainings, "rows_wall_seconds": float(rows["wall_seconds"].sum()),
               "seconds": seconds, "overhead_share": overhead}  # fmt: skip

@@ -68,6 +68,15 @@ def mean_and_se(per_example: torch.Tensor) -> tuple[float, float]:
     return per_example.mean().item(), se
 
 
+def teacher_forced_metrics(
+    logits: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``answer_metrics`` of an evaluation pass, whose logits must be finite."""
+    if not torch.isfinite(logits).all():
+        raise Diverged("non-finite logits at evaluation")
+    return answer_metrics(logits, targets)
+
+
 @torch.no_grad()
 def evaluate(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
     """Token accuracy and exact match, teacher-forced (``held_out_metrics`` adds their standard
@@ -76,14 +85,12 @@ def evaluate(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
     token_acc, exact = [], []
     for start in range(0, data.inputs.shape[0], batch_size):
         logits = model(data.inputs[start : start + batch_size])
-        if not torch.isfinite(logits).all():
-            raise Diverged("non-finite logits at evaluation")
-        acc, em = answer_metrics(logits, data.targets[start : start + batch_size])
+        acc, em = teacher_forced_metrics(logits, data.targets[start : start + batch_size])
         token_acc.append(acc)
         exact.append(em)
     model.train()
     return {
-        name: mean_and_se(torch.cat(per_example))[0]
+        name: torch.cat(per_example).mean().item()
         for name, per_example in (("token_acc", token_acc), ("exact_match", exact))
     }
 
@@ -118,9 +125,7 @@ def held_out_metrics(model: Model, data: Batch, batch_size: int) -> dict[str, fl
         while len(active):
             logits = model(inputs[active])
             if first_pass:  # teacher-forced: every input as the data has it
-                if not torch.isfinite(logits).all():
-                    raise Diverged("non-finite logits at evaluation")
-                acc, em = answer_metrics(logits, targets)
+                acc, em = teacher_forced_metrics(logits, targets)
                 token_acc.append(acc)
                 exact.append(em)
                 first_pass = False
