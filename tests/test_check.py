@@ -362,6 +362,59 @@ def test_cuts_cover_every_position_up_to_the_threshold_and_both_ends_beyond():
         assert probed[:2] == [0, 1] and probed[-2:] == [length - 3, length - 2]
 
 
+class CountsCalls(Mechanism):
+    """Causal; counts its calls and the largest batch it was called with."""
+
+    calls, largest = 0, 0
+
+    def forward(self, q, k, v, causal=True):
+        CountsCalls.calls += 1
+        CountsCalls.largest = max(CountsCalls.largest, q.shape[0])
+        return attend(q, k, v)
+
+
+class NoisePerItem(Mechanism):
+    """Causal, with noise drawn per item at each call (as attention dropout would): a larger
+    batch draws other noise for the same items, so the at-once probes cannot pass it."""
+
+    def forward(self, q, k, v, causal=True):
+        return attend(q, k, v) * (1 + 0.1 * torch.rand(q.shape, dtype=q.dtype))
+
+
+class NoisePerItemLeaks(NoisePerItem):
+    def forward(self, q, k, v, causal=True):
+        return super().forward(q, k, v) + 1e-3 * v.roll(-1, dims=2)
+
+
+def test_the_cuts_of_a_causal_mechanism_are_probed_at_once(register):
+    name = register(CountsCalls)
+    CountsCalls.calls = CountsCalls.largest = 0
+    assert failures(check_leaks(subject(name), [20])) == {}
+    # per mode: one call for the gradient probes (its backward passes reuse it) and one for
+    # all the forward probes, besides the base and batch-item calls; one by one, each of the
+    # 19 cuts would be a call
+    assert CountsCalls.largest == 2 * 19
+    assert CountsCalls.calls < 19
+
+
+def test_a_mechanism_the_at_once_probes_cannot_pass_is_decided_one_cut_at_a_time(register):
+    assert failures(check_leaks(subject(register(NoisePerItem)), [7, 20])) == {}
+    caught = failures(check_leaks(subject(register(NoisePerItemLeaks)), [7, 20]))
+    assert set(caught) == BOTH
+    assert "depend on v at position 1" in caught["causality"]
+
+
+def test_the_model_check_after_training_finds_a_gate_opened_in_the_first_block(leaky):
+    """As the learned gate above, opened in the first block: still found and named."""
+    torch.manual_seed(0)
+    model = Model(12, 40, lambda: LearnedGate(HEAD_DIM, N_HEADS), d_model=16, n_heads=N_HEADS)
+    tokens = torch.randint(12, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        model.blocks[0].attn.mechanism.gate.fill_(1e-3)
+    verdict = check_model_causality(model, tokens)
+    assert not verdict.passed and "position 1" in verdict.detail
+
+
 def test_the_checks_leave_the_global_random_state_alone():
     before = torch.random.get_rng_state()
     check_mechanism(subject("performer"), [7])
