@@ -20,6 +20,13 @@ once in __init__ (seed None: torch's global RNG; an int: a private generator) an
 buffers. The tensor product is formed explicitly (no sketch S of 001 eq. 10): its dimension
 R * poly_dim * M is small at the defaults (2 * 8 * 16 = 256).
 
+A causal sequence up to feature_dim never forms it: its scores factorise, phi(u) . phi(v) =
+(poly(u) . poly(v)) (prf(u) . prf(v)) (``score_factors``), which the core's
+``attend_to_factored_scores`` takes a block of batch rows at a time; the features come from
+one matrix product and exp2 with hand-written backwards (``unit_features``,
+``score_factors_vjp``). The plain formulas' values to float rounding, in less time
+(benchmarks/slay_step.py).
+
 Bias worth knowing (see docs): with eps = 1e-3 the R-point quadrature does not resolve the
 1/eps peak at x = 1 (at R = 2 the discretised kernel reaches about 3 there, not 1000), and
 anchor features estimate 1 + 2 (u.v)^2, not (u.v)^2.
@@ -32,12 +39,15 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
-from synthbench.core.linear_attention import compute_dtype
+from synthbench.core.linear_attention import compute_dtype, factored_scores, functorch_active
 from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism, random_generator
 from synthbench.core.params import check_int, check_positive
 
 MAX_QUAD_NODES = 64  # beyond this Gauss-Laguerre weights underflow and add nothing
+LOG2E = 1 / math.log(2)
+NORM_EPS = 1e-12  # F.normalize's: x / max(|x|, NORM_EPS)
 REFERENCE = "Luna, Bouhsine & Choromanski 2026, SLAY"
 
 
@@ -103,6 +113,7 @@ class _SLAYBase(FeatureMapMechanism):
         generator = random_generator(seed)
         self.register_buffer("omega", _gaussian((head_dim, prf_features), generator))
         self._draw_polynomial(generator)
+        self._feature_weights: dict[torch.dtype, tuple] = {}  # feature_weights' cache
 
     # -- the polynomial factor (subclasses) ------------------------------------------------
 
@@ -121,23 +132,55 @@ class _SLAYBase(FeatureMapMechanism):
 
     @staticmethod
     def unit(x: torch.Tensor) -> torch.Tensor:
-        """x / |x| in at least float32 (a zero vector stays zero)."""
+        """x / |x| in at least float32 (a zero vector stays zero): ``unit_features``' u."""
         return F.normalize(x.to(compute_dtype(x)), dim=-1)
 
-    def projection(self, u: torch.Tensor) -> torch.Tensor:
-        """(..., d) -> (..., M): w_i . u."""
-        return u @ self.omega.to(u.dtype)
+    def squared_projection(self) -> torch.Tensor | None:
+        """(d, n) W of a polynomial factor built on (u W)^2, which ``unit_features`` forms in
+        the PRF's matrix product (``polynomial_of`` uses it); None for another form."""
+        return None
 
-    def prf(self, projection: torch.Tensor) -> torch.Tensor:
-        """(..., M) projections -> (..., R, M): sqrt(w_r) exp(sqrt(2 s_r) w.u - s_r) / sqrt(M)."""
-        coef = self.prf_coef.to(projection.dtype).unsqueeze(-1)  # (R, 1)
-        log_scale = self.prf_log_scale.to(projection.dtype).unsqueeze(-1)
-        return torch.exp(projection.unsqueeze(-2) * coef + log_scale)
+    def polynomial_of(self, u: torch.Tensor, sq: torch.Tensor) -> torch.Tensor:
+        """``polynomial(u)``, given ``unit_features``' squared projections ``sq`` of u."""
+        return self.polynomial(u)
+
+    def feature_weights(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``unit_features``' weight (d, n + R*M) and bias in ``dtype``: W (bias 0), then per
+        node the PRF's exponent in base 2, sqrt(2 s_r) log2(e) w_i and log_scale_r log2(e).
+        Formed in float64, kept until a buffer changes (storage or version)."""
+        stamp = None if functorch_active() else [(t.data_ptr(), t._version) for t in self.buffers()]
+        cached = self._feature_weights.get(dtype)
+        if stamp is not None and cached is not None and cached[0] == stamp:
+            return cached[1]
+        weight = (self.omega.unsqueeze(-2) * (self.prf_coef * LOG2E).unsqueeze(-1)).flatten(-2)
+        bias = (self.prf_log_scale * LOG2E).repeat_interleave(self.prf_features)
+        poly = self.squared_projection()
+        if poly is not None:
+            weight = torch.cat([poly.to(weight.dtype), weight], dim=-1)
+            bias = torch.cat([bias.new_zeros(poly.shape[-1]), bias])
+        weights = (weight.to(dtype), bias.to(dtype))
+        if stamp is not None and not torch.is_inference_mode_enabled():  # else not reusable
+            self._feature_weights[dtype] = (stamp, weights)
+        return weights
+
+    def unit_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(..., d) -> (u, sq, prf), at least float32: the unit vectors (``unit``), (u W)^2
+        (``squared_projection``; (..., 0) without) and the PRF features (..., R*M), node
+        after node sqrt(w_r) exp(sqrt(2 s_r) w.u - s_r) / sqrt(M) as 2^((sqrt(2 s_r) w.u +
+        log_scale_r) log2(e)) (torch's exp2 is several times faster than its exp on a CPU)."""
+        dtype = compute_dtype(x)
+        weight, bias = self.feature_weights(dtype)
+        n = weight.shape[-1] - self.quad_nodes * self.prf_features
+        if not functorch_active():
+            return _UnitFeatures.apply(x.to(dtype), weight, bias, n)
+        u = self.unit(x)  # plain operations, which vmap can batch (the buffers too)
+        y = u @ weight + bias
+        return u, y[..., :n].square(), y[..., n:].exp2()
 
     def feature_map(self, x, is_query):
-        u = self.unit(x)
-        poly = self.polynomial(u)  # (..., P)
-        prf = self.prf(self.projection(u))  # (..., R, M)
+        u, sq, prf = self.unit_features(x)
+        poly = self.polynomial_of(u, sq)  # (..., P)
+        prf = prf.unflatten(-1, (self.quad_nodes, self.prf_features))  # (..., R, M)
         return (poly[..., None, :, None] * prf[..., :, None, :]).flatten(-3)  # (..., R*P*M)
 
     @property
@@ -146,21 +189,102 @@ class _SLAYBase(FeatureMapMechanism):
 
     # -- the factorised kernel, for short sequences (FeatureMapMechanism.forward) -----------
 
+    factored = True  # attend_to_factored_scores: blocks of scores from score_factors
+
+    @staticmethod
+    def stacked(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """(2, ..., L, d): q and k in one tensor (at least float32), each feature one call."""
+        dtype = compute_dtype(q, k)
+        return torch.stack([q.to(dtype), k.to(dtype)])
+
+    def factors_of(self, u, sq, prf) -> list[tuple[torch.Tensor, int]]:
+        """phi(u) . phi(v) without the R*P*M features, from ``unit_features``: per node they
+        are a tensor product, so phi(u) . phi(v) = (poly(u) . poly(v)) * sum_r prf_r(u) .
+        prf_r(v), the sum over the nodes one product of the flattened (R*M) PRF features."""
+        return [(self.polynomial_of(u, sq), 1), (prf, 1)]
+
+    hand_gradients: bool = False  # feature_gradients differentiates factors_of by hand
+
+    def feature_gradients(self, d_factors, u, sq, prf):
+        """The gradients (du, dsq, dprf; None for one not used) of ``factors_of``'s inputs
+        from its factors', by hand (``score_factors_vjp``), where ``hand_gradients``."""
+        raise NotImplementedError
+
+    def score_factors(self, q, k):
+        return self.factors_of(*self.unit_features(self.stacked(q, k)))
+
+    def score_factors_vjp(self, q, k):
+        """``score_factors`` with their backward by hand; None without ``hand_gradients``."""
+        if not self.hand_gradients or functorch_active():
+            return None
+        x = self.stacked(q, k)
+        weight, bias = self.feature_weights(x.dtype)
+        n = weight.shape[-1] - self.quad_nodes * self.prf_features
+        shape = x.shape[:-1]
+        u, norm, y = _unit_features(x.reshape(-1, x.shape[-1]), weight, bias, n)
+        sq, prf = y[:, :n].square().view(*shape, n), y[:, n:].view(*shape, y.shape[1] - n)
+        features = (u.view(x.shape), sq, prf)
+
+        def vjp(d_factors):
+            du, dsq, dprf = self.feature_gradients(d_factors, *features)
+            dx = _unit_features_backward(u, norm, y, weight, n, du, dsq, dprf).view(x.shape)
+            return dx[0], dx[1]
+
+        return self.factors_of(*features), vjp
+
     def scores(self, q, k):
-        """phi(q) . phi(k) without the R*P*M features: per node they are a tensor product, so
-        phi(u) . phi(v) = (poly(u) . poly(v)) * sum_r prf_r(u) . prf_r(v), and the sum over
-        the nodes is one product of the flattened (R*M) PRF features."""
-        u_q, u_k = self.unit(q), self.unit(k)
-        return self.polynomial_scores(u_q, u_k) * self.prf_scores(u_q, u_k)
+        return factored_scores(self.score_factors(q, k))
 
-    def polynomial_scores(self, u_q: torch.Tensor, u_k: torch.Tensor) -> torch.Tensor:
-        """poly(u_q) . poly(u_k), (..., L, L)."""
-        return self.polynomial(u_q) @ self.polynomial(u_k).mT
 
-    def prf_scores(self, u_q: torch.Tensor, u_k: torch.Tensor) -> torch.Tensor:
-        """sum_r prf_r(u_q) . prf_r(u_k), (..., L, L)."""
-        prf_q = self.prf(self.projection(u_q)).flatten(-2)
-        return prf_q @ self.prf(self.projection(u_k)).flatten(-2).mT
+def _unit_features(x, weight, bias, n):
+    """(N, d) -> u, norm, y: u = x / norm, norm = max(|x|, 1e-12) (F.normalize's), y = u
+    weight + bias, 2^ in place past column n (the PRF); the squared projections y[:, :n]^2."""
+    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min_(NORM_EPS)
+    u = x / norm
+    y = torch.addmm(bias, u, weight)
+    y[:, n:].exp2_()
+    return u, norm, y
+
+
+def _unit_features_backward(u, norm, y, weight, n, du, dsq, dprf):
+    """dx (N, d) of _unit_features from the gradients (or None) of u, y[:, :n]^2 and the
+    PRF features: dy = [2 y[:n] dsq, ln(2) prf dprf], du' = du + dy weight^T,
+    dx = (du' - u (u . du')) / norm (without the second term where |x| <= 1e-12)."""
+    N = u.shape[0]
+    dy = torch.zeros_like(y) if dsq is None or dprf is None else torch.empty_like(y)
+    if dsq is not None and n:
+        torch.mul(y[:, :n], dsq.reshape(N, n), out=dy[:, :n])
+    if dprf is not None:
+        torch.mul(y[:, n:], dprf.reshape(N, y.shape[1] - n), out=dy[:, n:])
+    # d sq / dy = 2 y and d prf / dy = ln(2) prf: folded into the weight's columns
+    scale = torch.full_like(weight[0], math.log(2))
+    scale[:n] = 2
+    weight = weight * scale
+    du = dy @ weight.mT if du is None else torch.addmm(du.reshape(N, -1), dy, weight.mT)
+    dot = torch.linalg.vecdot(u, du).unsqueeze(-1).masked_fill_(norm <= NORM_EPS, 0)
+    return torch.addcmul(du, u, dot, value=-1).div_(norm)
+
+
+class _UnitFeatures(torch.autograd.Function):
+    """_unit_features as one node (autograd's dozen nodes for these narrow tensors cost more
+    than their arithmetic): x (..., d), weight, bias, n -> (u, sq, prf)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, n):
+        shape, d = x.shape[:-1], x.shape[-1]
+        u, norm, y = _unit_features(x.reshape(-1, d), weight, bias, n)
+        ctx.save_for_backward(u, norm, y, weight)
+        ctx.n, ctx.x_shape = n, x.shape
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None
+        sq, prf = y[:, :n].square(), y[:, n:]
+        return u.view(*shape, d), sq.view(*shape, n), prf.view(*shape, prf.shape[-1])
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, du, dsq, dprf):
+        u, norm, y, weight = ctx.saved_tensors
+        dx = _unit_features_backward(u, norm, y, weight, ctx.n, du, dsq, dprf)
+        return dx.view(ctx.x_shape), None, None, None
 
 
 @MECHANISMS.register(
@@ -189,6 +313,18 @@ class SLAY(_SLAYBase):
 
     def polynomial(self, u):
         return (u @ self.anchors.to(u.dtype).T).square() / math.sqrt(self.poly_features)
+
+    def squared_projection(self):  # (u . a_i / P^(1/4))^2 = (a_i . u)^2 / sqrt(P)
+        return self.anchors.T * self.poly_features**-0.25
+
+    def polynomial_of(self, u, sq):
+        return sq
+
+    hand_gradients = True
+
+    def feature_gradients(self, d_factors, u, sq, prf):
+        d_poly, d_prf = d_factors
+        return None, d_poly, d_prf
 
 
 class _SLAYWithoutPolySize(_SLAYBase):
@@ -247,8 +383,14 @@ class SLAYExactPoly(_SLAYWithoutPolySize):
     def polynomial(self, u):
         return u[..., self.poly_rows] * u[..., self.poly_cols] * self.poly_scale.to(u.dtype)
 
-    def polynomial_scores(self, u_q, u_k):
-        return (u_q @ u_k.mT).square()  # the d(d+1)/2 features' inner product, directly
+    def factors_of(self, u, sq, prf):
+        return [(u, 2), (prf, 1)]  # the d(d+1)/2 features' inner product is (u.v)^2
+
+    hand_gradients = True
+
+    def feature_gradients(self, d_factors, u, sq, prf):
+        du, d_prf = d_factors
+        return du, None, d_prf
 
 
 @MECHANISMS.register(
@@ -271,10 +413,15 @@ class SLAYLaplace(_SLAYWithoutPolySize):
         return 1
 
     def feature_map(self, x, is_query):
-        return self.prf(self.projection(self.unit(x))).flatten(-2)  # (..., R*M)
+        return self.unit_features(x)[2]  # (..., R*M)
 
-    def scores(self, q, k):
-        return self.prf_scores(self.unit(q), self.unit(k))
+    def factors_of(self, u, sq, prf):
+        return [(prf, 1)]
+
+    hand_gradients = True
+
+    def feature_gradients(self, d_factors, u, sq, prf):
+        return None, None, d_factors[0]
 
 
 @MECHANISMS.register(
@@ -302,10 +449,21 @@ class SLAYHadamard(_SLAYWithoutPolySize):
         return 1  # fused elementwise: R * M features
 
     def feature_map(self, x, is_query):
-        projection = self.projection(self.unit(x))  # (..., M)
-        return (self.prf(projection) * projection.square().unsqueeze(-2)).flatten(-2)
+        return self.factors_of(*self.unit_features(x))[0][0]
 
-    scores = FeatureMapMechanism.scores  # the fusion is elementwise: no factorisation
+    def squared_projection(self):
+        return self.omega
+
+    def factors_of(self, u, sq, prf):  # the fusion is elementwise: its features are the factor
+        nodes = prf.unflatten(-1, (self.quad_nodes, self.prf_features))  # (..., R, M)
+        return [((nodes * sq.unsqueeze(-2)).flatten(-2), 1)]  # sq: (w_i . u)^2
+
+    hand_gradients = True
+
+    def feature_gradients(self, d_factors, u, sq, prf):
+        d_nodes = d_factors[0].unflatten(-1, (self.quad_nodes, self.prf_features))
+        nodes = prf.unflatten(-1, (self.quad_nodes, self.prf_features))
+        return None, (d_nodes * nodes).sum(-2), (d_nodes * sq.unsqueeze(-2)).flatten(-2)
 
 
 @MECHANISMS.register(
@@ -359,6 +517,25 @@ class SLAYNystrom(SLAY):
     def polynomial(self, u):
         return (u @ self.anchors.to(u.dtype).T).square() @ self.whitening.to(u.dtype)
 
+    def squared_projection(self):
+        return self.anchors.T
+
+    def polynomial_of(self, u, sq):
+        return sq @ self.whitening.to(sq.dtype)
+
+    def feature_gradients(self, d_factors, u, sq, prf):
+        d_poly, d_prf = d_factors
+        return None, d_poly @ self.whitening.to(d_poly.dtype).mT, d_prf
+
+
+class _SketchedPolynomial:
+    """Before SLAY in the bases of its variants without anchors: their polynomial factor
+    comes from u by autograd, not from the anchors' squared projection."""
+
+    squared_projection = _SLAYBase.squared_projection
+    polynomial_of = _SLAYBase.polynomial_of
+    hand_gradients = False
+
 
 @MECHANISMS.register(
     "slay-tensorsketch",
@@ -367,7 +544,7 @@ class SLAYNystrom(SLAY):
     family="slay",
     reference=REFERENCE,
 )
-class SLAYTensorSketch(SLAY):
+class SLAYTensorSketch(_SketchedPolynomial, SLAY):
     """SLAY with a degree-2 TensorSketch (Pham & Pagh 2013) as polynomial factor:
     TS(u) = IFFT(FFT(CS_1 u) * FFT(CS_2 u)), two independent count sketches to P buckets
     (hash h_j: [d] -> [P], signs s_j: [d] -> +-1), i.e. a count sketch of u (x) u with hash
@@ -397,7 +574,7 @@ class SLAYTensorSketch(SLAY):
     family="slay",
     reference=REFERENCE,
 )
-class SLAYMaclaurin(SLAY):
+class SLAYMaclaurin(_SketchedPolynomial, SLAY):
     """SLAY with degree-2 Random Maclaurin features (Kar & Karnick 2012, 001 App. C):
     phi(u) = [(r_i . u)(s_i . u)]_i / sqrt(P), r_i, s_i Rademacher in {+-1}^d. Unbiased for
     (u.v)^2. Features and scores can be negative: signed core."""

@@ -1,13 +1,18 @@
 """The chunked causal linear-attention core (both strategies) against its quadratic
-reference, the signed denominator guard, and the scan's partial gradients."""
+reference, the signed denominator guard, and the scan's partial gradients; attention on
+factored scores, block by block, against attend_to_scores."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from synthbench.core import linear_attention as linear_attention_module
 from synthbench.core.linear_attention import (
+    attend_to_factored_scores,
+    attend_to_scores,
     chunking,
+    factored_scores,
     linear_attention,
     linear_attention_reference,
     normalise,
@@ -228,3 +233,125 @@ def test_chunking_gives_as_few_equal_chunks_as_chunk_size_allows():
             n, c = chunking(length, chunk_size)
             assert n == -(-length // chunk_size), (length, chunk_size)
             assert c <= chunk_size and 0 <= n * c - length < n, (length, chunk_size)
+
+
+# -- attention on factored scores, block by block (attend_to_factored_scores) --------------
+
+FACTORINGS = {  # (width, power) per factor: thin (< THIN) and wide, squared, three factors
+    "one-wide": [(20, 1)],
+    "thin-wide": [(3, 1), (17, 1)],
+    "squared-thin": [(D, 2), (4, 1)],
+    "three": [(2, 1), (16, 1), (3, 2)],
+}
+LAYOUTS = {  # module constants: blocks of batch rows, query rows per chunk in the backward
+    "defaults": {},
+    "row-by-row": {"BLOCK_BYTES": 1},
+    "chunks-of-7": {"BLOCK_BYTES": 1, "ROW_CHUNK": 7, "ROW_CHUNK_FROM": 7},
+}
+
+
+def make_factors(factoring, signed, seed=0):
+    """factors(q, k) -> [(x (2, B, H, L, K), power)]: fixed random maps of q and k, positive
+    (elu + 1) unless ``signed``; and scores(q, k), their factored_scores."""
+    g = torch.Generator().manual_seed(seed)
+    maps = [
+        (torch.randn(D, width, generator=g, dtype=torch.float64), power)
+        for width, power in factoring
+    ]
+
+    def factors(q, k):
+        def side(x, w):
+            y = x @ w.to(x.dtype)
+            return y if signed else torch.nn.functional.elu(y) + 1
+
+        return [(torch.stack([side(q, w), side(k, w)]), power) for w, power in maps]
+
+    return factors, lambda q, k: factored_scores(factors(q, k))
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("signed", [False, True], ids=["positive", "signed"])
+@pytest.mark.parametrize("factoring", sorted(FACTORINGS))
+@pytest.mark.parametrize("length", [1, 7, 8, 64, 97, 130])
+def test_factored_scores_match_attend_to_scores(length, factoring, signed, layout, monkeypatch):
+    """The blocked forward and the hand-written backward equal autograd through
+    attend_to_scores on the whole batch's scores, float64: lengths around a chunk's edge
+    (7, 8 at chunks of 7) and past the default chunking (97, 130), every batch row a block
+    of its own, signed scores (and denominators) through the guard."""
+    for attribute, value in LAYOUTS[layout].items():
+        monkeypatch.setattr(linear_attention_module, attribute, value)
+    factors, scores = make_factors(FACTORINGS[factoring], signed, seed=length)
+    g = torch.Generator().manual_seed(length)
+    inputs = [
+        torch.randn(3, H, length, D, generator=g, dtype=torch.float64).requires_grad_()
+        for _ in range(3)
+    ]
+    weight = torch.randn(3, H, length, D, generator=g, dtype=torch.float64)
+    out, grads = output_and_grads(
+        lambda q, k, v: attend_to_factored_scores(q, k, v, scores, factors, 1e-6, signed),
+        inputs,
+        weight,
+    )
+    ref, ref_grads = output_and_grads(
+        lambda q, k, v: attend_to_scores(scores(q, k), v, True, 1e-6, signed), inputs, weight
+    )
+    if signed and length > 1 and factoring != "squared-thin":
+        den = scores(*inputs[:2]).tril().sum(-1)
+        assert bool((den < 0).any()), "the inputs should exercise negative denominators"
+    torch.testing.assert_close(out, ref, **TIGHT)
+    for name, grad, ref_grad in zip("qkv", grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, ref_grad, **TIGHT, msg=f"gradient w.r.t. {name}")
+
+
+@pytest.mark.parametrize("wanted", ["q", "k", "v", "qk", "kv"])
+def test_factored_scores_gradients_for_a_subset_of_inputs(wanted, monkeypatch):
+    """Only the inputs that require a gradient get one, and it is the reference's."""
+    monkeypatch.setattr(linear_attention_module, "BLOCK_BYTES", 1)
+    factors, scores = make_factors(FACTORINGS["thin-wide"], signed=False)
+    g = torch.Generator().manual_seed(9)
+    tensors = {n: torch.randn(B, H, 40, D, generator=g, dtype=torch.float64) for n in "qkv"}
+    for name, t in tensors.items():
+        t.requires_grad_(name in wanted)
+    chosen = [tensors[name] for name in wanted]
+    weight = torch.randn(B, H, 40, D, generator=g, dtype=torch.float64)
+    out = attend_to_factored_scores(*tensors.values(), scores, factors)
+    ref = attend_to_scores(scores(tensors["q"], tensors["k"]), tensors["v"])
+    grads = torch.autograd.grad((out * weight).sum(), chosen)
+    ref_grads = torch.autograd.grad((ref * weight).sum(), chosen)
+    for grad, ref_grad in zip(grads, ref_grads, strict=True):
+        torch.testing.assert_close(grad, ref_grad, **TIGHT)
+
+
+def test_factored_scores_dtypes_and_no_grad():
+    """float32 in, float32 out; bfloat16 values, bfloat16 out (sums in float32); under
+    no_grad nothing is kept for a backward; non-contiguous q, k, v as a model's heads."""
+    factors, scores = make_factors(FACTORINGS["thin-wide"], signed=False)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (
+        torch.randn(B, 30, H, D, generator=g, dtype=torch.float64).transpose(1, 2) for _ in range(3)
+    )
+    assert not v.is_contiguous()
+    ref = attend_to_scores(scores(q, k), v)
+    torch.testing.assert_close(attend_to_factored_scores(q, k, v, scores, factors), ref, **TIGHT)
+    out32 = attend_to_factored_scores(q.float(), k.float(), v.float(), scores, factors)
+    assert out32.dtype == torch.float32
+    torch.testing.assert_close(out32.double(), ref, rtol=1e-4, atol=1e-5)
+    out16 = attend_to_factored_scores(q.float(), k.float(), v.bfloat16(), scores, factors)
+    assert out16.dtype == torch.bfloat16
+    torch.testing.assert_close(out16.double(), ref, rtol=2e-2, atol=2e-2)
+    with torch.no_grad():
+        out = attend_to_factored_scores(q.requires_grad_(), k, v, scores, factors)
+    assert not out.requires_grad
+
+
+def test_factored_scores_are_the_product_of_the_factors_kernels():
+    """Two factors' scores are those of their row-wise tensor product (the features
+    phi = x_1 (x) x_2, as SLAY's poly (x) PRF); a squared factor's are those of x (x) x."""
+    g = torch.Generator().manual_seed(4)
+    x1, x2 = (torch.randn(2, B, H, 9, n, generator=g, dtype=torch.float64) for n in (3, 5))
+    product = (x1.unsqueeze(-1) * x2.unsqueeze(-2)).flatten(-2)
+    expected = product[0] @ product[1].mT
+    torch.testing.assert_close(factored_scores([(x1, 1), (x2, 1)]), expected, **TIGHT)
+    square = (x1.unsqueeze(-1) * x1.unsqueeze(-2)).flatten(-2)
+    expected = square[0] @ square[1].mT
+    torch.testing.assert_close(factored_scores([(x1, 2)]), expected, **TIGHT)

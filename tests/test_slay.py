@@ -13,6 +13,8 @@ import pytest
 import torch
 from test_mechanisms import assert_matches_reference
 
+from synthbench.core import linear_attention
+from synthbench.core.linear_attention import attend_to_scores
 from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism, mechanism_params
 
 B, H, L, D = 2, 2, 21, 6
@@ -298,6 +300,169 @@ def test_matches_explicit_kernel_attention(name, causal):
     )
 
 
+# -- the blocked short path (attend_to_factored_scores) ------------------------------------
+
+BLOCKINGS = {
+    "one-block": {},  # the defaults: all 3 batch rows in a block, rows 64 at a time past 96
+    "row-by-row": {"BLOCK_BYTES": 1},  # one batch row per block
+    "chunked": {"BLOCK_BYTES": 1, "ROW_CHUNK": 8, "ROW_CHUNK_FROM": 16},  # rows 8 at a time
+}
+
+
+def blocking(monkeypatch, layout):
+    for attribute, value in BLOCKINGS[layout].items():
+        monkeypatch.setattr(linear_attention, attribute, value)
+
+
+@pytest.mark.parametrize("layout", sorted(BLOCKINGS))
+@pytest.mark.parametrize("length", [1, 2, 16, 17, 47, 97, 130])
+@pytest.mark.parametrize("name", ALL)
+def test_blocked_short_path_matches_explicit_kernel(name, length, layout, monkeypatch):
+    """The causal short path, block by block of batch rows and (in the backward) chunk by
+    chunk of query rows, equals attention with the kernel built from the formulas, forward
+    and backward, float64: lengths on both sides of a chunk's edge (16, 17), a last chunk
+    of 1 row (17 at chunks of 8) and lengths past the default chunking (97, 130: 64 + 33,
+    64 + 64 + 2), with 3 batch rows split into blocks of one."""
+    blocking(monkeypatch, layout)
+    m = build(name, seed=7, quad_nodes=3, prf_features=48)  # feature_dim >= 144
+    assert length <= m.feature_dim
+    g = torch.Generator().manual_seed(length)
+    inputs = tuple(
+        torch.randn(3, H, length, D, generator=g, dtype=torch.float64).requires_grad_()
+        for _ in range(3)
+    )
+    assert_matches_reference(
+        m,
+        lambda q, k, v, causal: explicit_attention(name, m, q, k, v, causal),
+        True,
+        inputs=inputs,
+        weight=torch.randn(3, H, length, D, generator=g, dtype=torch.float64),
+        tol=CLOSE,
+    )
+
+
+@pytest.mark.parametrize("wanted", ["q", "k", "v", "qk", "kv"])
+@pytest.mark.parametrize("name", ["slay", "slay-exact-poly", "slay-laplace", "slay-maclaurin"])
+def test_blocked_short_path_equals_the_plain_scores_path(name, wanted, monkeypatch):
+    """The previous short path, autograd through ``attend_to_scores(scores(q, k), ...)``
+    on the whole batch's (L x L) scores, and the blocked one agree in float64, forward and
+    for any subset of the inputs asking for a gradient."""
+    blocking(monkeypatch, "chunked")
+    m = build(name, seed=3)
+    q, k, v = qkv(length=37, seed=11)
+    inputs = {
+        n: t.clone().requires_grad_(n in wanted) for n, t in zip("qkv", (q, k, v), strict=True)
+    }
+    leaves = [inputs[n] for n in wanted]
+    weight = torch.randn(B, H, 37, D, generator=torch.Generator().manual_seed(1), dtype=q.dtype)
+    blocked = m(*inputs.values())
+    plain = attend_to_scores(m.scores(inputs["q"], inputs["k"]), inputs["v"], True, m.eps, m.signed)
+    torch.testing.assert_close(blocked, plain, **CLOSE)
+    for a, b in zip(
+        torch.autograd.grad((blocked * weight).sum(), leaves),
+        torch.autograd.grad((plain * weight).sum(), leaves),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, **CLOSE)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_hand_written_factor_gradients_equal_autograd(name, monkeypatch):
+    """The blocked backward takes the factors' gradient to q and k by hand where a variant
+    has it (``score_factors_vjp``; not Maclaurin's or TensorSketch's polynomial), else by
+    autograd through ``score_factors``: both give the same gradients, float64."""
+    blocking(monkeypatch, "row-by-row")
+    m = build(name, seed=9)
+    assert (m.score_factors_vjp(*qkv(length=3)[:2]) is not None) == m.hand_gradients
+    assert m.hand_gradients == (name not in ("slay-maclaurin", "slay-tensorsketch"))
+    inputs = qkv(length=29, seed=12, requires_grad=True)
+    weight = torch.randn(
+        B, H, 29, D, generator=torch.Generator().manual_seed(3), dtype=torch.float64
+    )
+    hand = torch.autograd.grad((m(*inputs) * weight).sum(), inputs)
+    monkeypatch.setattr(m, "score_factors_vjp", lambda q, k: None)
+    by_autograd = torch.autograd.grad((m(*inputs) * weight).sum(), inputs)
+    for a, b in zip(hand, by_autograd, strict=True):
+        torch.testing.assert_close(a, b, **CLOSE)
+
+
+@pytest.mark.parametrize("offset", [-1, 0, 1], ids=["F-1", "F", "F+1"])
+@pytest.mark.parametrize("name", ALL)
+def test_both_sides_of_the_feature_count_match_explicit_kernel(name, offset):
+    """Up to L = feature_dim the blocked short path, past it the chunked core on the
+    explicit features: both equal the kernel from the formulas, forward and backward."""
+    m = build(name, seed=5)
+    length = m.feature_dim + offset
+    g = torch.Generator().manual_seed(2)
+    inputs = tuple(
+        torch.randn(1, 1, length, D, generator=g, dtype=torch.float64).requires_grad_()
+        for _ in range(3)
+    )
+    assert_matches_reference(
+        m,
+        lambda q, k, v, causal: explicit_attention(name, m, q, k, v, causal),
+        True,
+        inputs=inputs,
+        tol=CLOSE,
+    )
+
+
+def plain_unit_features(m, x):
+    """unit_features written with autograd's own operations: F.normalize, exp."""
+    u = torch.nn.functional.normalize(x, dim=-1)
+    s, w = quadrature(m.quad_nodes, m.kernel_eps)
+    projection = u @ m.omega
+    prf = torch.cat(
+        [torch.exp(math.sqrt(2 * s_r) * projection - s_r) * math.sqrt(w_r / m.prf_features)
+         for s_r, w_r in zip(s, w, strict=True)],
+        dim=-1,
+    )  # fmt: skip
+    poly = m.squared_projection()
+    sq = (u @ poly) ** 2 if poly is not None else u[..., :0]
+    return u, sq, prf
+
+
+@pytest.mark.parametrize("name", ["slay", "slay-nystrom", "slay-hadamard", "slay-laplace"])
+def test_unit_features_match_autograd_of_the_plain_formulas(name):
+    """unit_features' hand-written backward equals autograd through F.normalize, the
+    projections and exp (the PRF in base e), float64, with a zero row (F.normalize's clamp:
+    there the gradient is du / 1e-12) and rows of very different norms."""
+    m = build(name, seed=4)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(2, 3, 9, D, generator=g, dtype=torch.float64)
+    x[0, 0, 0] = 0
+    x[0, 1, 2] *= 1e-6
+    x[1, 2, 3] *= 1e6
+    poly = m.squared_projection()
+    widths = [D, 0 if poly is None else poly.shape[-1], m.quad_nodes * m.prf_features]
+    weights = [torch.randn(2, 3, 9, n, generator=g, dtype=torch.float64) for n in widths]
+    results = []
+    for features in (m.unit_features, lambda x: plain_unit_features(m, x)):
+        leaf = x.clone().requires_grad_()
+        outputs = features(leaf)
+        total = sum((o * w).sum() for o, w in zip(outputs, weights, strict=True))
+        results.append((outputs, torch.autograd.grad(total, leaf)[0]))
+    (ours, our_grad), (plain, plain_grad) = results
+    for a, b in zip(ours, plain, strict=True):
+        torch.testing.assert_close(a, b, **CLOSE)
+    scale = plain_grad.abs().amax(-1, keepdim=True)  # rows from 1e-6 to 1e12 in size
+    assert scale[0, 0, 0].item() > 1e10  # the zero row: du / 1e-12
+    torch.testing.assert_close(our_grad / scale, plain_grad / scale, **CLOSE)
+
+
+def test_feature_weights_follow_the_buffers():
+    """unit_features keeps its weights between calls: loading another draw's buffers (in
+    place) or moving to float64 must not reuse stale ones."""
+    q, k, v = (t.float() for t in qkv(seed=13))
+    a, b = build("slay", seed=1), build("slay", seed=2)
+    before = a(q, k, v)
+    a.load_state_dict(b.state_dict())
+    torch.testing.assert_close(a(q, k, v), b(q, k, v), rtol=0, atol=0)
+    assert not torch.allclose(a(q, k, v), before)
+    q64, k64, v64 = qkv(seed=13)
+    torch.testing.assert_close(a.double()(q64, k64, v64), b.double()(q64, k64, v64), **CLOSE)
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_feature_dim_state_size_and_flags(name):
     m = build(name)
@@ -552,3 +717,31 @@ def test_cuda_matches_cpu(name):
     torch.testing.assert_close(out.cpu(), expected, **tol)
     bf16 = m(*(t.cuda().to(torch.bfloat16) for t in (q, k, v)), causal=True)
     assert bf16.dtype == torch.bfloat16 and bf16.isfinite().all()
+
+
+def test_factored_mechanism_with_learnable_parameter_takes_the_plain_path():
+    """The blocked short path differentiates q, k and v only. A factored mechanism that
+    learns a parameter (a plugin subclassing SLAY with a learned query scale) must take the
+    plain scores path, so that the parameter gets its gradient, equal in float64 to autograd
+    through ``attend_to_scores``."""
+
+    class ScaledSLAY(type(build("slay", seed=3))):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.scale = torch.nn.Parameter(torch.tensor(1.5, dtype=torch.float64))
+
+        def score_factors(self, q, k):
+            return super().score_factors(q * self.scale, k)
+
+        def scores(self, q, k):
+            return super().scores(q * self.scale, k)
+
+    m = ScaledSLAY(D, H, seed=3)
+    q, k, v = qkv(length=19, seed=5)
+    out = m(q, k, v)
+    plain = attend_to_scores(m.scores(q, k), v, True, m.eps, m.signed)
+    torch.testing.assert_close(out, plain, **CLOSE)
+    (grad,) = torch.autograd.grad(out.sum(), [m.scale])
+    (expected,) = torch.autograd.grad(plain.sum(), [m.scale])
+    assert grad.abs() > 0
+    torch.testing.assert_close(grad, expected, **CLOSE)

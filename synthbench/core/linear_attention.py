@@ -19,7 +19,11 @@ chunks. Two exact strategies compute it; ``strategy="auto"`` picks by device:
 Neither builds an L x L matrix nor an (L, features, head_dim) cumulative tensor. Sums run in
 at least float32. ``linear_attention_reference`` is the readable quadratic form the tests
 compare against; ``attend_to_scores`` is its second half, which feature-map mechanisms use
-directly on short sequences (synthbench/core/mechanism.py).
+directly on short sequences (synthbench/core/mechanism.py). ``attend_to_factored_scores``
+computes the same from scores that factorise into thin products (SLAY's), a block of batch
+rows at a time, with a hand-written backward that recomputes them: no (B, H, L, L) tensor,
+and no fresh memory per block (on a CPU the page faults of fresh memory cost more than the
+arithmetic at these sizes).
 
 Features that can be negative (``signed=True``: random Fourier features, the signed
 polynomial sketches of SLAY) can drive the denominator to 0 or below. There the
@@ -28,6 +32,8 @@ instead of adding ``eps``, which would not stop a division by a near-zero negati
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -208,6 +214,275 @@ def attend_to_scores(
     if causal:
         scores = scores.tril()  # zero every score of a key after its query
     return normalise(scores @ v.to(dtype), scores.sum(dim=-1), eps, signed).to(v.dtype)
+
+
+# attend_to_factored_scores on a CPU: the bytes of one block's (L x L) scores (a few such
+# buffers stay in a 1 MiB L2 cache), the query rows the backward takes at a time past
+# ROW_CHUNK_FROM, and the width under which a factor's gradient is formed as its transpose
+# (MKL's (L x L) @ (L x K) is several times slower at K 8 than (K x L) @ (L x L))
+BLOCK_BYTES = 2**20
+ROW_CHUNK, ROW_CHUNK_FROM = 64, 96
+THIN = 16
+
+
+def functorch_active() -> bool:
+    """Whether a torch.func transform (vmap, grad, ...) is tracing the call: the blocked
+    path's autograd.Functions have no rule for them, so a mechanism then takes its plain
+    operations (packed training vmaps a model: synthbench/run/packed.py)."""
+    active = getattr(torch._C, "_are_functorch_transforms_active", None)
+    return bool(active()) if active is not None else False
+
+
+def factored_scores(factors: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+    """The scores of ``factors``: prod_f (x_f[0] x_f[1]^T) ** power_f, (..., L, L).
+
+    Each factor ``(x, power)`` stacks its query and key sides, x (2, ..., L, K_f), and
+    ``power`` is 1 or 2: the kernel of a product of feature maps is the product of their
+    kernels, so scores of R x P x M tensor-product features come from two thin products."""
+    in_place = not torch.is_grad_enabled() and not functorch_active()  # no graph to keep
+    scores = None
+    for x, power in factors:
+        product = x[0] @ x[1].mT
+        if power == 2:
+            product = product.square_() if in_place else product.square()
+        if scores is None:
+            scores = product
+        else:  # in place where autograd allows: one (L x L) allocation fewer
+            scores = scores.mul_(product) if in_place else scores * product
+    return scores
+
+
+def attend_to_factored_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scores,
+    factors,
+    eps: float = 1e-6,
+    signed: bool = False,
+    block_bytes: int | None = None,
+    factors_vjp=None,
+) -> torch.Tensor:
+    """``attend_to_scores(scores(q, k), v, causal=True, eps=eps, signed=signed)``, the
+    same values, without ever holding the (B, H, L, L) scores of the whole batch.
+
+    ``scores(q, k)`` gives the scores of a block of batch rows (B', H, L, L), in at least
+    float32, as a new tensor (it is masked in place); ``factors(q, k)`` the same scores as
+    differentiable factors of ``factored_scores``. The forward takes a block of rows at a
+    time and keeps none of its scores; the backward, block by block, evaluates the factors
+    again, recomputes their thin products, forms the gradient of the scores (``ROW_CHUNK``
+    query rows at a time past L ``ROW_CHUNK_FROM``, so that the keys after the last row
+    are skipped), multiplies it back onto the factors and lets autograd take it from the
+    factors to q and k. Every (L x L) temporary is the size of a block and reused: whole,
+    at L 256, batch 32 and 4 heads, each would be 32 MB of fresh memory, and on a CPU the
+    page faults of fresh memory cost more than the arithmetic on it.
+
+    ``factors_vjp(q, k)``, optional, gives the factors with their own backward instead:
+    (factors, vjp) with vjp(d_factors) -> (dq, dk), or None where it has none (then
+    autograd through ``factors``): a few narrow feature maps differentiated by hand cost
+    less than autograd's pass over their graph, block after block.
+
+    The factors must not depend on learnable parameters (q, k and v alone get gradients).
+    On a CPU a block is as many batch rows as fit ``block_bytes`` (default ``BLOCK_BYTES``)
+    of scores, at least one; elsewhere the whole batch, one block (a loop would be bound by
+    kernel launches)."""
+    B, H, L, _ = q.shape
+    chunk = L if L <= ROW_CHUNK_FROM else ROW_CHUNK
+    if q.device.type == "cpu":
+        block_bytes = block_bytes or BLOCK_BYTES
+        row = H * L * compute_dtype(q, k, v).itemsize  # bytes of one batch row's score row
+        blocks = (max(1, block_bytes // (row * L)), max(1, block_bytes // (row * chunk)))
+    else:
+        blocks = (B, B)
+    return _FactoredScores.apply(
+        q, k, v, scores, factors, factors_vjp, float(eps), signed, blocks, chunk
+    )
+
+
+class _FactoredScores(torch.autograd.Function):
+    """out = normalise(tril(S) v, tril(S) 1), S = scores(q, k), block after block of batch
+    rows (attend_to_factored_scores). With T = tril(S), den' the guarded denominator, g the
+    output gradient, gn = g / den' and gd = -(gn . out) (0 where the guard clamps):
+        dv = T^T gn,    dT = tril(gn v^T + gd 1^T),
+    and per factor f with products A_f = x_f[0] x_f[1]^T, S = prod_f A_f^p_f:
+        dA_f = dT * p_f A_f^(p_f - 1) prod_{f' != f} A_f'^p_f',
+        dx_f[0] = dA_f x_f[1],    dx_f[1] = dA_f^T x_f[0],
+    then autograd from the factors to q and k."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scores, factors, factors_vjp, eps, signed, blocks, chunk):
+        B, H, L, D = v.shape
+        dtype = compute_dtype(q, k, v)
+        values = v.to(dtype).contiguous()
+        num = torch.empty(B, H, L, D, dtype=dtype, device=v.device)
+        den = torch.empty(B, H, L, dtype=dtype, device=v.device)
+        for start in range(0, B, blocks[0]):
+            rows = slice(start, start + blocks[0])
+            block = scores(q[rows], k[rows]).to(dtype).tril_().flatten(0, 1)
+            torch.bmm(block, values[rows].flatten(0, 1), out=num[rows].flatten(0, 1))
+            torch.sum(block, dim=-1, out=den[rows].flatten(0, 1))
+        if signed:
+            guarded = torch.where(den < 0, den.clamp(max=-eps), den.clamp(min=eps))
+            ctx.unclamped = guarded == den
+            den = guarded
+        else:
+            den.add_(eps)
+        out = num.div_(den.unsqueeze(-1))
+        ctx.save_for_backward(q, k, values, out, den)
+        ctx.factors, ctx.factors_vjp = factors, factors_vjp or (lambda q, k: None)
+        ctx.signed, ctx.v_dtype = signed, v.dtype
+        ctx.group, ctx.chunk = blocks[1], chunk
+        return out.to(v.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        q, k, values, out, den = ctx.saved_tensors
+        need_q, need_k, need_v = ctx.needs_input_grad[:3]
+        need_factors = need_q or need_k
+        grad_num = grad.to(values.dtype) / den.unsqueeze(-1)
+        grad_den = torch.linalg.vecdot(grad_num, out).neg_()
+        if ctx.signed:
+            grad_den.mul_(ctx.unclamped)
+        grad_den = grad_den.unsqueeze(-1)
+        grads = {
+            "q": torch.empty_like(q, memory_format=torch.contiguous_format) if need_q else None,
+            "k": torch.empty_like(k, memory_format=torch.contiguous_format) if need_k else None,
+        }
+        dv = torch.empty_like(values) if need_v else None
+        scratch: list[torch.Tensor | None] = []
+        for start in range(0, values.shape[0], ctx.group):
+            rows = slice(start, start + ctx.group)
+            leaves = {"q": q[rows].detach(), "k": k[rows].detach()}
+            # the factors with their own backward where the mechanism has one, else autograd's
+            with_vjp = ctx.factors_vjp(*leaves.values()) if need_factors else None
+            if with_vjp is not None:
+                factors, vjp = with_vjp
+            else:
+                for name, leaf in leaves.items():
+                    leaf.requires_grad_(grads[name] is not None)
+                with torch.set_grad_enabled(need_factors):
+                    factors = ctx.factors(leaves["q"], leaves["k"])
+            d_factors = _factored_block_backward(
+                [(x.detach().flatten(1, 2), power) for x, power in factors],
+                grad_num[rows].flatten(0, 1),
+                grad_den[rows].flatten(0, 1),
+                values[rows].flatten(0, 1),
+                dv[rows].flatten(0, 1) if need_v else None,
+                need_factors,
+                scratch,
+                ctx.chunk,
+            )
+            if not need_factors:
+                continue
+            d_factors = [d.view_as(x) for (x, _), d in zip(factors, d_factors, strict=True)]
+            wanted = [name for name, full in grads.items() if full is not None]
+            if with_vjp is not None:
+                found = dict(zip("qk", vjp(d_factors), strict=True))
+                found = [found[name] for name in wanted]
+            else:
+                roots = [(x, d) for (x, _), d in zip(factors, d_factors, strict=True)]
+                roots = [(x, d) for x, d in roots if x.requires_grad]
+                found = [None] * len(wanted)
+                if roots:
+                    found = torch.autograd.grad(
+                        [x for x, _ in roots],
+                        [leaves[name] for name in wanted],
+                        [d for _, d in roots],
+                        allow_unused=True,
+                    )
+            for name, g in zip(wanted, found, strict=True):
+                if g is None:
+                    grads[name][rows].zero_()
+                else:
+                    grads[name][rows] = g
+        if need_v:
+            dv = dv.to(ctx.v_dtype)
+        return grads["q"], grads["k"], dv, None, None, None, None, None, None, None
+
+
+def _factored_block_backward(factors, grad_num, grad_den, values, dv, need_factors, scratch, chunk):
+    """One block of _FactoredScores' backward on (G', L, .) tensors: writes dv (if given) and
+    returns the gradient of each factor (2, G', L, K) (if ``need_factors``), ``chunk``
+    query rows at a time: rows r0:r1 meet keys :r1 only, so that below the diagonal
+    nothing is computed twice and above it little is computed at all (at 4 chunks 5/8 of
+    the full products). Its temporaries and the factors' gradients live in ``scratch``,
+    buffers reused from block to block: fresh memory for each would cost page faults, on a
+    CPU more than the products at L 256."""
+    n = len(factors)
+    G, L = grad_num.shape[:2]
+    whole = chunk >= L  # one chunk: every result written once, nothing accumulated
+
+    def buffer(i, *shape):
+        size = math.prod(shape)
+        if len(scratch) <= i:
+            scratch.extend([None] * (i + 1 - len(scratch)))
+        if scratch[i] is None or scratch[i].numel() < size:
+            scratch[i] = grad_num.new_empty(size)
+        return scratch[i][:size].view(shape)
+
+    # (L x L) @ (L x K) is slow for a thin K: there the gradient is formed as its transpose
+    thin = [x.shape[-1] < THIN for x, _ in factors]
+    d_factors = []
+    if need_factors:
+        for f, (x, _) in enumerate(factors):
+            K = x.shape[-1]
+            dx = buffer(n + 2 + f, 2, G, K, L).mT if thin[f] else buffer(n + 2 + f, 2, G, L, K)
+            if not whole:
+                dx[1].zero_()  # the key side accumulates over the chunks
+            d_factors.append(dx)
+    if dv is not None and not whole:
+        dv.zero_()
+    for r0 in range(0, L, chunk):
+        r1 = min(L, r0 + chunk)
+        C = r1 - r0
+        products = [
+            torch.bmm(x[0, :, r0:r1], x[1, :, :r1].mT, out=buffer(f, G, C, r1))
+            for f, (x, _) in enumerate(factors)
+        ]
+        terms = [a.square() if p == 2 else a for a, (_, p) in zip(products, factors, strict=True)]
+        gn = grad_num[:, r0:r1]
+        if dv is not None:
+            if n == 1:  # in place: dA needs only the raw product, kept apart at power 2
+                block = terms[0]
+            else:
+                block = torch.mul(terms[0], terms[1], out=buffer(n, G, C, r1))
+            for term in terms[2:]:
+                block.mul_(term)
+            block.tril_(r0)
+            if whole:
+                torch.bmm(block.mT, gn, out=dv)
+            else:
+                dv[:, :r1].baddbmm_(block.mT, gn)
+        if not need_factors:
+            continue
+        # dT = tril(gn v^T + gd), then per factor dA_f (the last one in dT's place)
+        d_scores = torch.baddbmm(
+            grad_den[:, r0:r1], gn, values[:, :r1].mT, out=buffer(n + 1, G, C, r1)
+        ).tril_(r0)
+        for f, ((x, p), a, dx) in enumerate(zip(factors, products, d_factors, strict=True)):
+            others = terms[:f] + terms[f + 1 :]
+            if f == n - 1:  # dT is not needed after the last factor
+                d_a = d_scores
+            else:
+                d_a, others = torch.mul(d_scores, others[0], out=buffer(n, G, C, r1)), others[1:]
+            for term in others:
+                d_a.mul_(term)
+            if p == 2:
+                d_a.mul_(a).mul_(2)
+            if thin[f]:  # dx is the transpose of a (2, G', K, L) buffer
+                torch.bmm(x[1, :, :r1].mT, d_a.mT, out=dx[0, :, r0:r1].mT)
+                if whole:
+                    torch.bmm(x[0].mT, d_a, out=dx[1].mT)
+                else:
+                    dx[1, :, :r1].mT.baddbmm_(x[0, :, r0:r1].mT, d_a)
+            else:
+                torch.bmm(d_a, x[1, :, :r1], out=dx[0, :, r0:r1])
+                if whole:
+                    torch.bmm(d_a.mT, x[0], out=dx[1])
+                else:
+                    dx[1, :, :r1].baddbmm_(d_a.mT, x[0, :, r0:r1])
+    return d_factors if need_factors else None
 
 
 def linear_attention_reference(

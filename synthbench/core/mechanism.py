@@ -15,8 +15,10 @@ from torch import nn
 
 from synthbench.core.interrupts import caught, describe
 from synthbench.core.linear_attention import (
+    attend_to_factored_scores,
     attend_to_scores,
     compute_dtype,
+    functorch_active,
     linear_attention,
     normalise,
 )
@@ -103,6 +105,13 @@ class FeatureMapMechanism(Mechanism):
     scores, then the same normalisation (``attend_to_scores``). There the scores are
     smaller than the (features x head_dim) state of the core, and a mechanism whose kernel
     factorises overrides ``scores`` to compute them without forming the features at all.
+    One that sets ``factored = True`` also gives ``score_factors`` (the same scores as
+    thin differentiable factors, ``factored_scores``) and gets
+    ``attend_to_factored_scores``: the same output from ``scores`` a block of batch rows at
+    a time, never the (B, H, L, L) of the whole batch, recomputed from the factors in the
+    backward. A mechanism with learnable parameters, or a call under a torch.func transform,
+    takes the plain ``attend_to_scores`` instead (the blocked backward gives gradients to q,
+    k and v only, and has no vmap rule).
 
     **Recurrent form.** Every subclass decodes token by token with the state (S, z),
     S = sum_j phi(k_j)^T v_j (batch, heads, features, head_dim) and z = sum_j phi(k_j)
@@ -117,6 +126,7 @@ class FeatureMapMechanism(Mechanism):
 
     signed: ClassVar[bool] = False
     recurrent: ClassVar[bool] = True  # False: features depend on the position or the sequence
+    factored: ClassVar[bool] = False  # True: the short path goes through score_factors
 
     def __init__(self, head_dim: int, n_heads: int, eps: float = 1e-6, chunk_size: int = 64):
         super().__init__(head_dim, n_heads)
@@ -142,8 +152,33 @@ class FeatureMapMechanism(Mechanism):
         dtype = compute_dtype(phi_q, phi_k)
         return phi_q.to(dtype) @ phi_k.to(dtype).mT
 
+    def score_factors(self, q: torch.Tensor, k: torch.Tensor) -> list[tuple[torch.Tensor, int]]:
+        """``scores`` as factors for ``factored_scores``: [(x, power)], x (2, batch, heads, L,
+        K) stacking the query side and the key side. By default the features themselves."""
+        phi_q, phi_k = self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)
+        dtype = compute_dtype(phi_q, phi_k)
+        return [(torch.stack([phi_q.to(dtype), phi_k.to(dtype)]), 1)]
+
+    def score_factors_vjp(self, q: torch.Tensor, k: torch.Tensor):
+        """``score_factors`` with a hand-written backward: (factors, vjp), vjp(the factors'
+        gradients) -> (dq, dk); None (the default) to let autograd differentiate them."""
+        return None
+
     def forward(self, q, k, v, causal: bool = True):
         if causal and q.shape[-2] <= self.feature_dim:
+            # the blocked path gives gradients to q, k and v only: learnable factors go plain
+            learnable = any(t.requires_grad for t in self.parameters())
+            if self.factored and not learnable and not functorch_active():
+                return attend_to_factored_scores(
+                    q,
+                    k,
+                    v,
+                    self.scores,
+                    self.score_factors,
+                    self.eps,
+                    self.signed,
+                    factors_vjp=self.score_factors_vjp,
+                )
             return attend_to_scores(self.scores(q, k), v, causal, self.eps, self.signed)
         phi_q, phi_k = self.feature_map(q, is_query=True), self.feature_map(k, is_query=False)
         return linear_attention(
