@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 
+from synthbench.core import registry
 from synthbench.core.registry import DISABLE_AUTOLOAD
 
 os.environ[DISABLE_AUTOLOAD] = "1"  # before anything looks a name up, here and in subprocesses
@@ -18,6 +19,9 @@ os.environ[DISABLE_AUTOLOAD] = "1"  # before anything looks a name up, here and 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from clitools import SMOKE, invoke  # noqa: E402  (tests/clitools.py, beside this file)
+
+from synthbench.core.mechanism import MECHANISMS  # noqa: E402
+from synthbench.core.task import TASKS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +61,19 @@ def afile(tmp_path):
     path = tmp_path / "afile"
     path.write_text("not a folder\n")
     return path
+
+
+@pytest.fixture
+def forget_plugins():
+    """What a test's plugin files register in this process is forgotten afterwards (the
+    registries have no public way to unregister: their dicts are restored)."""
+    saved = [(r, dict(r._entries), dict(r._aliases)) for r in (TASKS, MECHANISMS)]
+    loaded = dict(registry._loaded_files)
+    yield
+    for r, entries, aliases in saved:
+        r._entries.clear()
+        r._entries.update(entries)
+        r._aliases.clear()
+        r._aliases.update(aliases)
+    registry._loaded_files.clear()
+    registry._loaded_files.update(loaded)

@@ -21,7 +21,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import synthbench.run.executors
+import synthbench.run.packed
 import synthbench.run.provenance
 from synthbench.cli import app
 from synthbench.run import provenance, runner
@@ -129,7 +129,7 @@ def test_a_failed_force_rerun_keeps_the_stored_result_and_exits_1(tmp_path, monk
     (path,) = ResultStore(root).files()
     before = path.read_bytes()
     monkeypatch.setattr(
-        synthbench.run.executors,
+        synthbench.run.packed,
         "train_eval",
         lambda spec, lr, device, budget: failed_row(spec, lr, device, "RuntimeError: boom"),
     )
@@ -378,13 +378,13 @@ def test_without_hard_links_a_claim_is_created_in_place(tmp_path, monkeypatch):
 
 # Gates every training of the command that loads it: records which process trained which
 # run, and waits for the test to open the gate (the built-in mechanism trains; only the
-# executor's entry point is wrapped, so the run ids are those of `--mech linear`).
+# trainings' entry point is wrapped, so the run ids are those of `--mech linear`).
 GATE = """
 import os, pathlib, time
-import synthbench.run.executors as executors
+import synthbench.run.packed as packed
 
 GATE = pathlib.Path({gate!r})
-_train = executors.train_eval
+_train = packed.train_eval
 
 
 def gated(spec, lr, device, budget=None):
@@ -394,7 +394,7 @@ def gated(spec, lr, device, budget=None):
     return _train(spec, lr, device, budget)
 
 
-executors.train_eval = gated
+packed.train_eval = gated
 """
 
 

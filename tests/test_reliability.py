@@ -41,9 +41,7 @@ from clitools import (
 )
 
 from synthbench.cli import catalog
-from synthbench.core import atomic, interrupts, registry
-from synthbench.core.mechanism import MECHANISMS
-from synthbench.core.task import TASKS
+from synthbench.core import atomic, interrupts
 from synthbench.run import limits
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.spec import RunSpec
@@ -250,19 +248,9 @@ def plugin(name: str):
 
 
 @pytest.fixture(autouse=True)
-def forget_plugins():
-    """What the rows' plugin files register in this process is forgotten after each (the
-    registries have no public way to unregister: their dicts are restored)."""
-    saved = [(r, dict(r._entries), dict(r._aliases)) for r in (TASKS, MECHANISMS)]
-    loaded = dict(registry._loaded_files)
+def _plugins_forgotten(forget_plugins):
+    """What the rows' plugin files register is forgotten after each (tests/conftest.py)."""
     yield
-    for r, entries, aliases in saved:
-        r._entries.clear()
-        r._entries.update(entries)
-        r._aliases.clear()
-        r._aliases.update(aliases)
-    registry._loaded_files.clear()
-    registry._loaded_files.update(loaded)
 
 
 # -- the faults ----------------------------------------------------------------------------

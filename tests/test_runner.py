@@ -367,6 +367,131 @@ def test_a_lost_worker_is_replaced_and_its_training_retried(tmp_path, executor):
     assert outcome.statuses == {"ok": 1, "error": 1}
 
 
+@pytest.mark.parametrize("executor", ["local", "ray"])
+def test_a_lost_worker_retries_its_whole_pack(tmp_path, executor):
+    """Packed trainings (two seeds of one run) whose worker is killed: the pack trains again
+    and each training is stored once; a pack that kills every worker it runs on ends as an
+    error row for each of its trainings."""
+    if executor == "ray":
+        pytest.importorskip("ray", reason='the Ray extra: pip install "synthbench[ray]"')
+    plugin, marker = tmp_path / "dies.py", tmp_path / "died"
+    suffix = f"-{executor}-pack-test"
+    plugin.write_text(DIES.format(marker=str(marker), suffix=suffix))
+    load_plugin_file(plugin, [TASKS, MECHANISMS])
+    specs = [
+        RunSpec.resolve("copy", f"{name}{suffix}", SMOKE, seed, {"n": 4})
+        for name in ("dies-once", "always-dies")
+        for seed in (0, 1)
+    ]
+    store = ResultStore(tmp_path / "results")
+    if executor == "local":
+        pool = LocalPool([CPU, CPU], [plugin])
+    else:
+        pool = RayPool(None, [plugin], cpus=1, jobs=2)
+    outcome = runner.execute(specs, store, lambda n: pool, pack=2)
+    assert marker.exists()
+    rows = stored_rows(tmp_path / "results")
+    assert len(rows) == 4  # one row per training: no duplicate from the retry
+    statuses = rows.groupby("mechanism")["status"].apply(sorted).to_dict()
+    assert statuses == {f"dies-once{suffix}": ["ok", "ok"], f"always-dies{suffix}": ["error"] * 2}
+    assert outcome.statuses == {"ok": 2, "error": 2}
+
+
+# -- packed training through the runner ------------------------------------------------------
+
+
+class PackRecorder:
+    """Trains nothing, like FakeExecutor, but takes packs too: records what each submission
+    held and how many were out at once."""
+
+    def __init__(self, accuracy, capacity=1):
+        self.accuracy, self.capacity = accuracy, capacity
+        self.submissions, self.queue, self.ready, self.most_out = [], [], [], 0
+
+    def submit(self, work):
+        units = list(getattr(work, "units", [work]))
+        self.submissions.append(units)
+        self.queue.append(list(units))
+        self.most_out = max(self.most_out, len(self.queue) + bool(self.ready))
+
+    def wait(self):
+        if not self.ready:
+            self.ready = self.queue.pop(0)
+        unit = self.ready.pop(0)
+        return unit, fake_row(unit.spec, unit.lr, self.accuracy(unit))
+
+    def close(self):
+        pass
+
+
+def test_trainings_that_differ_in_seed_and_lr_go_out_as_packs(tmp_path):
+    """pack=4: the six trainings of two seeds x three lrs of one run go out as a pack of
+    four then one of two; another task's trainings are never in the same pack; the
+    executor's capacity counts packs, not trainings; every row is stored and selected."""
+    accuracy = {1e-3: 0.2, 3e-3: 0.7, 1e-2: 0.4}
+    specs = [kv(GRID, seed=0), kv(GRID, seed=1), RunSpec.resolve("copy", "linear", GRID, 0)]
+    executor = PackRecorder(lambda u: accuracy[u.lr], capacity=1)
+    outcome = runner.execute(specs, ResultStore(tmp_path), lambda n: executor, pack=4)
+    sizes = [len(units) for units in executor.submissions]
+    assert sorted(sizes) == [2, 3, 4] and executor.most_out == 1
+    for units in executor.submissions:
+        assert len({(u.spec.task, u.spec.mechanism) for u in units}) == 1
+        assert len({u.key for u in units}) == len(units)
+    assert outcome.statuses == {"ok": 3} and outcome.trainings == 9
+    rows = stored_rows(tmp_path)
+    assert len(rows) == 9
+    assert sorted(rows.loc[rows["selected"], "lr"]) == [3e-3] * 3
+
+
+def test_pack_one_submits_single_trainings(tmp_path):
+    executor = PackRecorder(lambda u: 0.5)
+    runner.execute([kv(GRID, seed=0), kv(GRID, seed=1)], ResultStore(tmp_path),
+                   lambda n: executor, pack=1)  # fmt: skip
+    assert [len(units) for units in executor.submissions] == [1] * 6
+
+
+PACKED = [*MID[:-1], "2"]  # two seeds: a pack of the two trainings of each (task, mechanism)
+
+
+@pytest.fixture(scope="module")
+def unpacked_rows(plugin, tmp_path_factory):
+    root = tmp_path_factory.mktemp("unpacked")
+    result = invoke("run", *PACKED, "--plugin", plugin, "--results", root, "--jobs", 1)
+    assert result.exit_code == 0, result.output
+    return stored_rows(root).set_index("run_id").sort_index()
+
+
+@pytest.mark.parametrize("executor", ["in-process", "local", "ray"])
+def test_packed_runs_store_the_rows_of_separate_trainings(
+    plugin, unpacked_rows, tmp_path, executor
+):
+    """`run --pack 2` on every executor, with a built-in mechanism and a plugin's: the rows
+    of the trainings run one at a time, within float32 tolerance (a batched kernel sums in
+    another order), statuses and selections exactly."""
+    how = {"in-process": ["--jobs", 1], "local": ["--jobs", 2], "ray": ["--executor", "ray"]}
+    if executor == "ray":
+        pytest.importorskip("ray", reason='the Ray extra: pip install "synthbench[ray]"')
+    result = invoke(
+        "run", *PACKED, "--plugin", plugin, "--results", tmp_path, *how[executor], "--pack", 2
+    )
+    assert result.exit_code == 0, result.output
+    rows = stored_rows(tmp_path).set_index("run_id").sort_index()
+    assert len(rows) == len(unpacked_rows) == 8
+    exact = ["status", "selected", "n_params", "threads", "steps_done"]
+    pd.testing.assert_frame_equal(rows[exact], unpacked_rows[exact])
+    close = ["token_acc", "exact_match", "val_token_acc", "final_loss"]
+    pd.testing.assert_frame_equal(rows[close], unpacked_rows[close], rtol=1e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("value", ["0", "65"])
+def test_pack_out_of_range_is_refused_in_one_line(tmp_path, value):
+    result = invoke("run", "--task", "copy", "--mech", "linear", "--protocol", "smoke",
+                    "--results", tmp_path, "--pack", value)  # fmt: skip
+    assert result.exit_code == 2
+    assert "--pack must be in [1, 64]" in result.output
+    assert not list(tmp_path.rglob("*.parquet"))
+
+
 # -- SIGKILL of the driver -------------------------------------------------------------------
 
 SLOW = """

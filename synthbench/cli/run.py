@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
+import torch
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from synthbench.bench.common import DEFAULT_BENCH_RESULTS
 from synthbench.cli.common import (
     STDOUT,
     DeviceOption,
@@ -31,14 +34,16 @@ from synthbench.cli.progress import Eta, EtaColumn, RunningColumn
 from synthbench.core.params import parse_assignments
 from synthbench.core.text import plural
 from synthbench.integrity.guard import leak_guard
-from synthbench.run import grid, runner
+from synthbench.run import cost, grid, runner
 from synthbench.run.devices import default_jobs, resolve_device, worker_devices
 from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
 from synthbench.run.grid import load_sweep_file
 from synthbench.run.limits import MAX_RUNS, MAX_SEEDS, check_runs
 from synthbench.run.lr_selection import run_status
+from synthbench.run.packed import MAX_PACK, default_pack
 from synthbench.run.phases import phase
 from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.provenance import device_name
 from synthbench.run.runner import Unit
 from synthbench.run.schema import LEAKY
 from synthbench.run.spec import MAX_THREADS, RunSpec
@@ -73,6 +78,14 @@ CpusPerRunOption = Annotated[
 GpusPerRunOption = Annotated[
     float, typer.Option(help="Ray: GPUs a training asks for (a fraction shares one).")
 ]
+PackOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Train up to N trainings of one task and mechanism (its seeds and lrs) as one "
+        "batched model; 1: never. Default: 16 on a GPU, 1 on the CPU (measured slower "
+        "there: docs/BENCHMARKS.md)."
+    ),
+]
 ForceOption = Annotated[bool, typer.Option("--force", help="Run again even if already stored.")]
 YesOption = Annotated[
     bool,
@@ -94,6 +107,7 @@ def run_command(
     ] = "quick",
     device: DeviceOption = "auto",
     jobs: JobsOption = None,
+    pack: PackOption = None,
     threads: ThreadsOption = 1,
     executor: ExecutorOption = "local",
     ray_address: RayAddressOption = None,
@@ -159,6 +173,7 @@ def run_command(
         protocol=protocol,
         device=device,
         jobs=jobs,
+        pack=pack,
         threads=threads,
         executor=executor,
         ray_address=ray_address,
@@ -189,6 +204,7 @@ def sweep_command(
     ],
     device: DeviceOption = "auto",
     jobs: JobsOption = None,
+    pack: PackOption = None,
     threads: ThreadsOption = 1,
     executor: ExecutorOption = "local",
     ray_address: RayAddressOption = None,
@@ -209,6 +225,7 @@ def sweep_command(
         protocol=grid_options.get("protocol", "quick"),
         device=device,
         jobs=jobs,
+        pack=pack,
         threads=threads,
         executor=executor,
         ray_address=ray_address,
@@ -237,6 +254,7 @@ def run_grid(
     protocol: str,
     device: str,
     jobs: int | None,
+    pack: int | None,
     threads: int,
     executor: str,
     ray_address: str | None,
@@ -264,6 +282,8 @@ def run_grid(
         raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {threads}")
     if jobs is not None and jobs < 1:
         raise UsageError(f"--jobs must be >= 1, got {jobs}")
+    if pack is not None and not 1 <= pack <= MAX_PACK:
+        raise UsageError(f"--pack must be in [1, {MAX_PACK}], got {pack}")
     if cpus_per_run is not None and not 0 < cpus_per_run < math.inf:
         raise UsageError(f"--cpus-per-run must be > 0 and finite, got {cpus_per_run:g}")
     if not 0 <= gpus_per_run < math.inf:
@@ -275,6 +295,8 @@ def run_grid(
         raise UsageError(f"--seeds must be in [1, {MAX_SEEDS}], got {n_seeds}")
     check_writable_folder(results, "--results")
     dev = resolve_device(device) if executor == "local" else None
+    if pack is None:  # where it is measured to help (synthbench/run/packed.py)
+        pack = default_pack(dev or torch.device("cuda" if gpus_per_run else "cpu"))
     tasks, mechs = select_tasks(task, category), select_mechanisms(mech)
     difficulties = split(difficulty) if difficulty is not None else None
     size = runner.plan_size(
@@ -323,11 +345,26 @@ def run_grid(
         return LocalPool(worker_devices(dev, n), plugin or [], threads)
 
     where = f"device {dev}" if dev is not None else f"Ray at {ray_address or 'a local instance'}"
-    view = RunView(specs, results, where, bool(pos is not None or pos_params))
+    # the device a stored row names (a GPU's model); under Ray, --gpus-per-run's
+    row_device = device_name(dev) if dev is not None else None if gpus_per_run else "cpu"
+    presets = set(difficulties or ()) - {"default"}
+    resized = bool(task_params or mech_params or protocol_params or presets)
+
+    def estimate(units: list[Unit], capacity: int) -> list[str]:
+        """What the trainings will cost (synthbench/run/cost.py), said before they start."""
+        trainings = cost.trainings_of(units)
+        found = cost.plan_estimate(trainings, results, DEFAULT_BENCH_RESULTS, threads, row_device)
+        notes = ["; at the default sizes, which this grid changes"] if resized else []
+        if found.sources.get("table") and row_device != "cpu":
+            notes.append(f"; the table's are a CPU's, this command trains on {dev or 'Ray'}")
+        plugins = "".join(f" --plugin {p}" for p in plugin or [])
+        return cost.lines(found, capacity, "".join(notes), plugins)
+
+    view = RunView(specs, results, where, bool(pos is not None or pos_params), estimate=estimate)
     try:
         try:
             outcome = runner.execute(
-                specs, ResultStore(results), make_executor, force=force, events=view
+                specs, ResultStore(results), make_executor, force=force, events=view, pack=pack
             )
         finally:
             view.close()  # the bar ends its line: a message below starts on a line of its own
@@ -370,8 +407,16 @@ class RunView(runner.Events):
     """The header line, the progress bar (only when there is something to train) and one
     line per finished run."""
 
-    def __init__(self, specs: list[RunSpec], results: Path, where: str, show_pos: bool):
+    def __init__(
+        self,
+        specs: list[RunSpec],
+        results: Path,
+        where: str,
+        show_pos: bool,
+        estimate: Callable[[list[Unit], int], list[str]] | None = None,
+    ):
         self.specs, self.results, self.where, self.show_pos = specs, results, where, show_pos
+        self.estimate = estimate  # the lines saying what the trainings will cost
         self.varying = grid.varying_keys(specs)  # what tells the points of a grid apart
         self.progress: Progress | None = None
         self.eta: Eta | None = None
@@ -409,6 +454,8 @@ class RunView(runner.Events):
         )
         if not units:
             return
+        for line in self.estimate(units, capacity) if self.estimate else []:
+            out.print(line, highlight=False, markup=False)
         self.eta = Eta(capacity)
         self.eta.add(units)
         self.progress = Progress(

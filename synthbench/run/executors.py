@@ -1,7 +1,8 @@
 """Executors: where the trainings of ``synthbench run`` execute.
 
-All three take the same units (a run at one lr, ``runner.Unit``) and give back the same
-rows; only the driver process writes them to the store.
+All three take the same work, a training (a run at one lr, ``runner.Unit``) or a
+``packed.Pack`` of them trained as one batched model, and give back the same rows, one
+training's at a time from ``wait``; only the driver process writes them to the store.
 
 - ``InProcess``: one after another in this process (``--jobs 1``).
 - ``LocalPool``: worker processes on this machine (``--jobs N``), each with its own device
@@ -14,8 +15,8 @@ rows; only the driver process writes them to the store.
   retries a task whose worker was lost. Needs the optional extra: ``pip install
   "synthbench[ray]"``.
 
-The runner keeps at most ``capacity`` units submitted at a time, so that every submitted
-unit is one that is training.
+The runner keeps at most ``capacity`` pieces of work submitted at a time, so that every
+submitted one is training.
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ from synthbench.core.task import TASKS
 from synthbench.core.text import noun
 from synthbench.run import phases
 from synthbench.run.allocator import reuse_freed_memory
-from synthbench.run.train import failed_row, train_eval
+from synthbench.run.packed import train_work, trainings_of
+from synthbench.run.train import failed_row
 
 EXECUTORS = ("local", "ray")
 MAX_ATTEMPTS = 3  # a training whose worker dies this many times is stored as an error
@@ -52,7 +54,24 @@ class ExecutorError(RuntimeError):
     """An executor that cannot go on (a worker that cannot start, Ray missing)."""
 
 
-class InProcess:
+class _Results:
+    """The rows of finished work not yet handed out: ``wait`` gives one training's row at
+    a time, and a pack finishes several at once."""
+
+    def __init__(self) -> None:
+        self._ready: deque = deque()
+
+    def _hand_out(self, work, rows: list[dict[str, Any]]) -> tuple[Any, dict[str, Any]]:
+        self._ready.extend(zip(trainings_of(work), rows, strict=True))
+        return self._ready.popleft()
+
+
+def lost_rows(work, device, error: str) -> list[dict[str, Any]]:
+    """An error row for each training of ``work`` (its worker lost, say)."""
+    return [failed_row(u.spec, u.lr, torch.device(device), error) for u in trainings_of(work)]
+
+
+class InProcess(_Results):
     """One training after another, in this process. ``own_process``: the process is there
     to train (the command line), so its allocator is set for training
     (``allocator.reuse_freed_memory``), which a caller that measures memory would not want."""
@@ -64,16 +83,20 @@ class InProcess:
         if own_process:
             reuse_freed_memory()
         self._queue: deque = deque()
+        super().__init__()
 
-    def submit(self, unit) -> None:
-        self._queue.append(unit)
+    def submit(self, work) -> None:
+        self._queue.append(work)
 
     def wait(self) -> tuple[Any, dict[str, Any]]:
-        unit = self._queue.popleft()
-        return unit, train_eval(unit.spec, unit.lr, self.device, unit.budget)
+        if self._ready:
+            return self._ready.popleft()
+        work = self._queue.popleft()
+        return self._hand_out(work, train_work(work, self.device))
 
     def close(self) -> None:
         self._queue.clear()
+        self._ready.clear()
 
 
 # -- local worker processes -------------------------------------------------------------------
@@ -109,7 +132,8 @@ def load_plugins(files: list[str]) -> None:
 
 
 def _worker_main(conn: Connection, device: str, plugin_files: list[str], parent: int) -> None:
-    """A local worker: train each unit it receives, send back its row; None ends it."""
+    """A local worker: train each piece of work it receives, send back its rows; None ends
+    it."""
     _leave_ctrl_c_to_the_driver()
     _exit_with_parent(parent)
     warnings.simplefilter("ignore", PluginWarning)  # the driver reported them already
@@ -127,8 +151,7 @@ def _worker_main(conn: Connection, device: str, plugin_files: list[str], parent:
                 return
             if unit is None:
                 return
-            row = train_eval(unit.spec, unit.lr, torch.device(device), unit.budget)
-            conn.send(("row", row))
+            conn.send(("rows", train_work(unit, torch.device(device))))
     finally:
         phases.write()  # a worker's exit skips atexit
 
@@ -154,7 +177,7 @@ class _Worker:
         self.conn.close()
 
 
-class LocalPool:
+class LocalPool(_Results):
     """``jobs`` worker processes on this machine; ``devices`` gives each one's device."""
 
     def __init__(self, devices: list[torch.device], plugin_files: list[Path], threads: int = 1):
@@ -166,6 +189,7 @@ class LocalPool:
         self._threads = threads
         self._attempts: dict = {}
         self._waiting: deque = deque()
+        super().__init__()
         self._workers = [self._spawn(d) for d in devices]
 
     def _spawn(self, device: torch.device) -> _Worker:
@@ -199,6 +223,8 @@ class LocalPool:
             worker.unit = self._waiting.popleft()
 
     def wait(self) -> tuple[Any, dict[str, Any]]:
+        if self._ready:
+            return self._ready.popleft()
         while True:
             busy = [w for w in self._workers if w.unit is not None]
             if not busy:
@@ -209,11 +235,11 @@ class LocalPool:
                     result = self._collect(worker)
                     if result is not None:
                         self._dispatch()
-                        return result
+                        return self._hand_out(*result)
             self._dispatch()
 
     def _collect(self, worker: _Worker):
-        """(unit, row) if ``worker`` sent its row; None if it died (then it is replaced)."""
+        """(work, rows) if ``worker`` sent its rows; None if it died (then it is replaced)."""
         try:
             if worker.conn.poll():
                 kind, payload = worker.conn.recv()
@@ -233,12 +259,13 @@ class LocalPool:
         how = f"signal {-code}" if code is not None and code < 0 else f"exit status {code}"
         if attempts >= MAX_ATTEMPTS:
             message = f"WorkerLost: its worker process died ({how}) {attempts} times"
-            return unit, failed_row(unit.spec, unit.lr, worker.device, message)
+            return unit, lost_rows(unit, worker.device, message)
         self._waiting.appendleft(unit)  # retried first, on the new worker
         return None
 
     def close(self) -> None:
         self._waiting.clear()
+        self._ready.clear()
         for worker in self._workers:
             if worker.unit is None and worker.process.is_alive():
                 try:
@@ -273,14 +300,14 @@ def _load_plugin_sources(sources: list[tuple[str, str]]) -> None:
         _loaded_sources.add(digest)
 
 
-def _ray_train(unit, device: str, sources: list[tuple[str, str]]) -> dict[str, Any]:
+def _ray_train(work, device: str, sources: list[tuple[str, str]]) -> list[dict[str, Any]]:
     _leave_ctrl_c_to_the_driver()  # RayPool.close cancels a task by killing its worker
     reuse_freed_memory()
     _load_plugin_sources(sources)
-    return train_eval(unit.spec, unit.lr, torch.device(device), unit.budget)
+    return train_work(work, torch.device(device))
 
 
-class RayPool:
+class RayPool(_Results):
     """Trainings as Ray tasks, each asking for ``cpus`` CPUs and ``gpus`` GPUs (a fraction
     shares a GPU). ``address`` joins a running cluster; None starts a local instance (of
     ``local_cpus`` CPUs, default all) that is shut down on close."""
@@ -333,21 +360,24 @@ class RayPool:
             )
         self.capacity = int(min(fits) if jobs is None else min(min(fits), jobs))
         self._refs: dict = {}
+        super().__init__()
 
     def submit(self, unit) -> None:
         ref = self._task.remote(unit, self.device, self._sources)
         self._refs[ref] = unit
 
     def wait(self) -> tuple[Any, dict[str, Any]]:
+        if self._ready:
+            return self._ready.popleft()
         ready, _ = self._ray.wait(list(self._refs), num_returns=1)
-        unit = self._refs.pop(ready[0])
+        work = self._refs.pop(ready[0])
         try:
-            return unit, self._ray.get(ready[0])
+            rows = self._ray.get(ready[0])
         except self._ray.exceptions.RayError as exc:  # lost more often than retried, or a
-            # plugin that fails on the worker: an error row, retried by the next command
+            # plugin that fails on the worker: error rows, retried by the next command
             cause = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-            error = f"{type(exc).__name__}: {cause}"
-            return unit, failed_row(unit.spec, unit.lr, torch.device(self.device), error)
+            rows = lost_rows(work, self.device, f"{type(exc).__name__}: {cause}")
+        return self._hand_out(work, rows)
 
     def close(self) -> None:
         for ref in self._refs:
@@ -356,5 +386,6 @@ class RayPool:
             except Exception:  # already finished or gone
                 pass
         self._refs.clear()
+        self._ready.clear()
         if self._started:
             self._ray.shutdown()

@@ -41,6 +41,7 @@ from synthbench.run.lr_selection import (
     run_status,
     sweep_state,
 )
+from synthbench.run.packed import Pack, pack_key
 from synthbench.run.phases import phase
 from synthbench.run.protocols import Protocol
 from synthbench.run.schema import LEAKY, lr_key
@@ -237,12 +238,17 @@ def execute(
     *,
     force: bool = False,
     events: Events | None = None,
+    pack: int = 1,
 ) -> Outcome:
     """Train every training of ``specs`` not already stored. ``make_executor(n)`` gives the
     executor for ``n`` trainings (synthbench/run/executors.py); it is called only if there is
     something to train, and the executor is closed on the way out, Ctrl-C included.
     Each run is claimed before its first training is handed out (a run another command
-    holds is left to it) and released when it completes or this returns."""
+    holds is left to it) and released when it completes or this returns.
+
+    ``pack`` > 1: up to that many queued trainings of runs that differ at most in their
+    seed (every lr and seed of a task, mechanism and grid point) go to the executor as one
+    ``packed.Pack``, trained as one batched model (synthbench/run/packed.py)."""
     events = events or Events()
     outcome = Outcome(runs=len(specs))
     active, units = _pending(specs, store, force, events, outcome)
@@ -255,25 +261,38 @@ def execute(
     if executor is None:
         return outcome
     claims = Claims(store.root)
+
+    def ready(unit: Unit) -> bool:
+        """Whether ``unit`` (out of the queue) is to train now: its run claimed."""
+        run = active[unit.spec.run_id]
+        if run.done or run.dropped:
+            return False
+        return run.claimed or _claim(run, unit, queue, claims, store, force, events, outcome)
+
     try:
-        queue, in_flight = deque(units), set()
+        queue = deque(units)
+        in_flight: dict[tuple[str, float], int] = {}  # training -> its submission
+        out: Counter[int] = Counter()  # submission -> its trainings not yet back
+        submissions = itertools.count()
         while queue or in_flight:
-            while queue and len(in_flight) < capacity:
+            while queue and len(out) < capacity:
                 unit = queue.popleft()
-                run = active[unit.spec.run_id]
-                if run.done or run.dropped:
+                if not ready(unit):
                     continue
-                if not run.claimed and not _claim(
-                    run, unit, queue, claims, store, force, events, outcome
-                ):
-                    continue
-                executor.submit(unit)
-                in_flight.add(unit.key)
-                events.started(unit)
+                members = [unit] + [u for u in _take_packable(queue, unit, pack - 1) if ready(u)]
+                executor.submit(Pack(tuple(members)) if len(members) > 1 else unit)
+                number = next(submissions)
+                for member in members:
+                    in_flight[member.key] = number
+                    events.started(member)
+                out[number] = len(members)
             if not in_flight:
                 continue  # what was queued is another command's
             unit, row = executor.wait()
-            in_flight.discard(unit.key)
+            number = in_flight.pop(unit.key)
+            out[number] -= 1
+            if not out[number]:
+                del out[number]
             run = active[unit.spec.run_id]
             complete, pending = run.add(row)
             if not run.dropped and (complete or not run.hold):
@@ -366,6 +385,30 @@ def _save(
         events.notice(spec, line)
     outcome.kept += len(saved.kept)
     return run.adopt(saved.rows)
+
+
+def _take_packable(queue: deque, unit: Unit, most: int) -> list[Unit]:
+    """Take up to ``most`` trainings out of ``queue`` that can be packed with ``unit``
+    (runs that differ at most in their seed); return them, in queue order."""
+    if most <= 0:
+        return []
+    key = _pack_key(unit.spec)
+    taken = [u for u in queue if _pack_key(u.spec) == key][:most]
+    if taken:
+        chosen = {u.key for u in taken}
+        rest = [u for u in queue if u.key not in chosen]
+        queue.clear()
+        queue.extend(rest)
+    return taken
+
+
+_pack_keys: dict[str, str] = {}  # run_id -> pack_key: a hash of the config, computed once
+
+
+def _pack_key(spec: RunSpec) -> str:
+    if spec.run_id not in _pack_keys:
+        _pack_keys[spec.run_id] = pack_key(spec)
+    return _pack_keys[spec.run_id]
 
 
 def _drop(queue: deque, run_id: str) -> list[Unit]:

@@ -12,6 +12,9 @@ import functools
 import json
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -77,22 +80,32 @@ def teacher_forced_metrics(
     return answer_metrics(logits, targets)
 
 
+def evaluation_batches(data: Batch, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, targets) of ``data`` in slices of ``batch_size`` examples."""
+    for start in range(0, data.inputs.shape[0], batch_size):
+        yield data.inputs[start : start + batch_size], data.targets[start : start + batch_size]
+
+
+def mean_scores(scores: list[tuple[torch.Tensor, torch.Tensor]]) -> dict[str, float]:
+    """``evaluate``'s metrics from the per-example (token accuracy, exact match) of each slice."""
+    token_acc, exact = zip(*scores, strict=True)
+    return {
+        "token_acc": torch.cat(token_acc).mean().item(),
+        "exact_match": torch.cat(exact).mean().item(),
+    }
+
+
 @torch.no_grad()
 def evaluate(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
     """Token accuracy and exact match, teacher-forced (``held_out_metrics`` adds their standard
     errors and free-running generation)."""
     model.eval()
-    token_acc, exact = [], []
-    for start in range(0, data.inputs.shape[0], batch_size):
-        logits = model(data.inputs[start : start + batch_size])
-        acc, em = teacher_forced_metrics(logits, data.targets[start : start + batch_size])
-        token_acc.append(acc)
-        exact.append(em)
+    scores = [
+        teacher_forced_metrics(model(inputs), targets)
+        for inputs, targets in evaluation_batches(data, batch_size)
+    ]
     model.train()
-    return {
-        name: torch.cat(per_example).mean().item()
-        for name, per_example in (("token_acc", token_acc), ("exact_match", exact))
-    }
+    return mean_scores(scores)
 
 
 @torch.no_grad()
@@ -195,17 +208,108 @@ def parameter_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups + ([{"params": exempt, "weight_decay": 0.0}] if exempt else [])
 
 
+@dataclass(frozen=True)
+class RunData:
+    """What every training of a run reads besides its own training batches: the task (and
+    the task at the evaluation length multiplier, if any) and the fixed evaluation sets, the
+    same for every seed and lr of the run (VAL_SEED, TEST_SEED)."""
+
+    task: Task
+    long_task: Task | None
+    val: Batch
+    test: Batch
+    long_test: Batch | None
+
+
+def run_tasks(spec: RunSpec) -> tuple[Task, Task | None]:
+    """The run's task, and the task at its evaluation length (None without one)."""
+    task = spec.make_task()
+    return task, task.at_length(spec.eval_length_mult) if spec.eval_length_mult else None
+
+
+def evaluation_data(
+    spec: RunSpec, task: Task, long_task: Task | None, device: torch.device
+) -> RunData:
+    """The run's tasks with its fixed validation and test sets (and the long test set)."""
+    p = spec.protocol
+    with phase("evaluation data"):
+        val = task.generate(p.val_examples, torch.Generator().manual_seed(VAL_SEED), device)
+        test = task.generate(p.test_examples, torch.Generator().manual_seed(TEST_SEED), device)
+        long_test = None
+        if long_task is not None:
+            gen = torch.Generator().manual_seed(TEST_SEED)
+            long_test = long_task.generate(p.test_examples, gen, device)
+    return RunData(task, long_task, val, test, long_test)
+
+
+def seeded_model(spec: RunSpec, task: Task, long_task: Task | None, device: torch.device) -> Model:
+    """The run's model as its seed initialises it (torch's global RNG seeded right before:
+    the weights and any random features a mechanism draws), for its tasks (``run_tasks``)."""
+    torch.manual_seed(spec.seed)  # model init and any random features of the mechanism
+    return build_model(spec, task, *([long_task] if long_task else [])).to(device)
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(t.numel() for t in model.parameters())
+
+
+def training_generator(spec: RunSpec) -> torch.Generator:
+    """Where a run's training batches come from: a stream of its own, from its seed."""
+    return torch.Generator().manual_seed(spec.seed)
+
+
+def training_steps(protocol: Protocol, budget: Budget) -> int:
+    """The steps a training runs at most (the lr schedule still spans protocol.steps)."""
+    return min(protocol.steps, budget.steps or protocol.steps)
+
+
+def measured_steps(protocol: Protocol, last_step: int) -> set[int]:
+    """The steps after which the validation set is scored (the learning curve's points)."""
+    return set(curve_points(protocol.steps)) | {last_step}
+
+
+def training_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The loss a training minimises: the cross-entropy at the labelled positions."""
+    return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
+
+
+def non_finite_loss(step: int) -> Diverged:
+    return Diverged(f"non-finite loss at step {step}")
+
+
+def non_finite_gradient(step: int) -> Diverged:
+    return Diverged(f"non-finite gradient at step {step}")
+
+
+RECENT_LOSSES = 20  # final_loss: the mean training loss of the last this many steps
+
+
+def start_curve(row: dict) -> None:
+    row["curve_steps"], row["curve_val_token_acc"] = [], []
+
+
+def curve_point(
+    row: dict, protocol: Protocol, budget: Budget, step: int, val_metrics: dict[str, float]
+) -> bool:
+    """Add the validation scores after ``step`` to the row's learning curve; whether the
+    training stops there (before its last step)."""
+    row["curve_steps"].append(step)
+    row["curve_val_token_acc"].append(val_metrics["token_acc"])
+    if protocol.stop_at and val_metrics[protocol.select_metric] >= protocol.stop_at:
+        return True  # solved: the rest of the schedule would only cost time
+    # too far behind the edge it was grown past to be selected
+    return budget.falls_behind(protocol, step, val_metrics["token_acc"])
+
+
 def _train_and_evaluate(
     spec: RunSpec, lr: float, device: torch.device, row: dict, budget: Budget
 ) -> None:
     p = spec.protocol
-    last_step = min(p.steps, budget.steps or p.steps)  # the lr schedule still spans p.steps
-    task = spec.make_task()
-    long_task = task.at_length(spec.eval_length_mult) if spec.eval_length_mult else None
+    last_step = training_steps(p, budget)
+    task, long_task = run_tasks(spec)
     with phase("model build"):
-        torch.manual_seed(spec.seed)  # model init and any random features of the mechanism
-        model = build_model(spec, task, *([long_task] if long_task else [])).to(device)
-        row["n_params"] = sum(t.numel() for t in model.parameters())
+        model = seeded_model(spec, task, long_task, device)
+        row["n_params"] = parameter_count(model)
         optimizer = torch.optim.AdamW(
             parameter_groups(model, p.weight_decay),
             lr=lr,
@@ -215,64 +319,68 @@ def _train_and_evaluate(
             fused=device.type in FUSED_ADAMW_DEVICES or None,
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(p))
-    train_gen = torch.Generator().manual_seed(spec.seed)
-    with phase("evaluation data"):
-        val = task.generate(p.val_examples, torch.Generator().manual_seed(VAL_SEED), device)
-        test = task.generate(p.test_examples, torch.Generator().manual_seed(TEST_SEED), device)
-        long_test = None
-        if long_task is not None:
-            gen = torch.Generator().manual_seed(TEST_SEED)
-            long_test = long_task.generate(p.test_examples, gen, device)
+    train_gen = training_generator(spec)
+    data = evaluation_data(spec, task, long_task, device)
 
     recent: list[float] = []
-    row["curve_steps"], row["curve_val_token_acc"] = [], []
-    measure_at = set(curve_points(p.steps)) | {last_step}
+    start_curve(row)
+    measure_at = measured_steps(p, last_step)
     for step in range(last_step):
         with phase("training batches"):
             batch = task.generate(p.batch_size, train_gen, device)
         with phase("training steps"):
             logits = model(batch.inputs)
-            labels = batch.training_targets.flatten()
-            loss = F.cross_entropy(logits.flatten(0, 1), labels, ignore_index=IGNORE)
+            loss = training_loss(logits, batch.training_targets)
             row["steps_done"] = step
             if not torch.isfinite(loss):
-                raise Diverged(f"non-finite loss at step {step}")
+                raise non_finite_loss(step)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grads = [q.grad for q in model.parameters() if q.grad is not None]
             grad_norm = torch.nn.utils.get_total_norm(grads)
             if not torch.isfinite(grad_norm):
-                raise Diverged(f"non-finite gradient at step {step}")
+                raise non_finite_gradient(step)
             if p.grad_clip:
                 torch.nn.utils.clip_grads_with_norm_(model.parameters(), p.grad_clip, grad_norm)
             optimizer.step()
             scheduler.step()
-            recent = (recent + [loss.item()])[-20:]
+            recent = (recent + [loss.item()])[-RECENT_LOSSES:]
         if step + 1 in measure_at:
             with phase("curve points"):
-                val_metrics = evaluate(model, val, p.eval_batch_size)
-            row["curve_steps"].append(step + 1)
-            row["curve_val_token_acc"].append(val_metrics["token_acc"])
-            if p.stop_at and val_metrics[p.select_metric] >= p.stop_at:
-                break  # solved: the rest of the schedule would only cost time
-            if budget.falls_behind(p, step + 1, val_metrics["token_acc"]):
-                break  # too far behind the edge it was grown past to be selected
-    row["steps_done"] = step + 1
+                val_metrics = evaluate(model, data.val, p.eval_batch_size)
+            if curve_point(row, p, budget, step + 1, val_metrics):
+                break
+    finish(spec, model, data, row, step + 1, recent, val_metrics)
+
+
+def finish(
+    spec: RunSpec,
+    model: Model,
+    data: RunData,
+    row: dict,
+    steps_done: int,
+    recent: list[float],
+    val_metrics: dict[str, float],
+) -> None:
+    """Everything after a training's last step, into ``row``: its steps and final loss, the
+    trained model's causality check, the test metrics (and the long ones), the task's chance,
+    the last validation scores (``val_metrics``: the last point of the curve), status ok."""
+    p = spec.protocol
+    row["steps_done"] = steps_done
     row["final_loss"] = sum(recent) / len(recent)
     # a leak can be switched on by a learned parameter: the trained model is checked too,
     # on test sequences at every length it is evaluated at, before any result is kept
     with phase("causality after training"):
-        for data in (test, long_test):
-            if data is not None:
-                verdict = check_model_causality(model, data.inputs[:CHECK_BATCH])
+        for test in (data.test, data.long_test):
+            if test is not None:
+                verdict = check_model_causality(model, test.inputs[:CHECK_BATCH])
                 if verdict.leaks:
                     raise Leaky(f"not causal after training: {verdict.detail}")
 
     with phase("test evaluation"):
-        # val_metrics: the last point of the curve, at the end of training
-        row.update(held_out_metrics(model, test, p.eval_batch_size))
-        if long_test is not None:
-            long_metrics = evaluate(model, long_test, p.eval_batch_size)
+        row.update(held_out_metrics(model, data.test, p.eval_batch_size))
+        if data.long_test is not None:
+            long_metrics = evaluate(model, data.long_test, p.eval_batch_size)
             row.update({f"long_{k}": v for k, v in long_metrics.items()})
     with phase("chance"):
         task_chance = task_chance_of(spec)
@@ -313,11 +421,31 @@ def train_eval(
     run's config because it changes the floating-point sums.
     """
     row = blank_row(spec, lr)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(spec.threads)
-    start = time.perf_counter()
+    with torch_threads(spec.threads):
+        start = time.perf_counter()
+        with failures_recorded(row):
+            _train_and_evaluate(spec, lr, device, row, budget or Budget())
+    row["wall_seconds"] = time.perf_counter() - start
+    return {**row, **provenance.stamp(device)}
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads set to ``threads`` inside, the caller's restored after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
-        _train_and_evaluate(spec, lr, device, row, budget or Budget())
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+@contextmanager
+def failures_recorded(row: dict) -> Iterator[None]:
+    """What the block raises becomes the row's status and error, never raised: a
+    divergence, a leak, or anything else as an error (the user's Ctrl-C is raised again)."""
+    try:
+        yield
     except Diverged as exc:
         row.update(status="diverged", error=str(exc))
     except Leaky as exc:  # never a result; not retrained either (it would leak again)
@@ -325,7 +453,3 @@ def train_eval(
     except BaseException as exc:  # stored as an error row; the suite goes on (sys.exit in a
         # plugin too: synthbench/core/interrupts.py; the user's Ctrl-C is raised again)
         row.update(status="error", error=describe(caught(exc)))
-    finally:
-        torch.set_num_threads(threads)
-    row["wall_seconds"] = time.perf_counter() - start
-    return {**row, **provenance.stamp(device)}

@@ -1,0 +1,292 @@
+"""Write the shipped table of per-step costs (synthbench/data/step_costs.csv) that
+``synthbench run`` estimates its CPU time from (synthbench/run/cost.py, docs/PROTOCOLS.md
+"Cost per mechanism").
+
+    python benchmarks/step_costs.py --cache FILE [--out synthbench/data/step_costs.csv]
+        [--no-measure]
+
+Run it on the reference machine (the 2-core CPU the shipped reference was measured on), one
+thread. Every figure is seconds per optimizer step of one training at the protocol's whole
+schedule, the training's fixed costs (the model, the evaluation sets, the curve points, the
+test evaluation, the checks) spread over its steps. Each row of the table says where its
+figure comes from (``source``):
+
+- ``reference``: protocol quick, the median wall_seconds / steps_done of the ok rows of
+  synthbench/data/reference/quick.parquet for that task and mechanism (whole `synthbench
+  run` sweeps), with the rows' trainings per run and mean share of the steps;
+- ``runs``: the same from the quick rows of benchmarks/runs/quick-v4, for the mechanisms the
+  reference does not hold (the modern baselines);
+- ``layout``: a ``reference`` or ``runs`` figure of a task whose default layout changed since
+  those rows were trained, times the ratio (``scale``) of the step time on today's layout to
+  the step time on the rows' layout (FORMER), measured back to back for every mechanism: the
+  median over the mechanisms (a change of length hits them alike; one ratio carries the
+  machine's noise);
+- ``measured``: the protocol's whole training measured here, as `synthbench run` trains it
+  (seed 0, its first lr): wall / steps (smoke's 20 steps, slay-paper's 200);
+- ``scaled``: the quick figure of the pair times the ratio (``scale``) of this protocol's step
+  time to quick's, measured back to back on the tasks of SCALED_TASKS: the median over them
+  for the mechanism (a change of width and batch hits every task alike, each mechanism in its
+  own way); for a protocol too slow to train whole here (standard: 4000 steps of batch 64 at
+  d_model 128, 10 to 60 minutes a training).
+
+Step times are the mean interval between optimizer steps after the first tenth, as in
+`synthbench bench train` (``step_ms``), from a short training with tiny evaluation sets.
+Not a short training's whole wall time: its evaluation scores an untrained model, whose
+free-running generation, corrected token after token, can cost minutes (performer on
+long_copy) where a trained model's costs seconds. Ratios measured back to back cancel what
+the machine's load (a shared machine) does between pairs.
+
+``--cache`` keeps the measurements (JSON lines): an interrupted run resumes, and
+``--no-measure`` writes the table from what the cache holds (leaving the rest out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from synthbench.bench.throughput import step_times
+from synthbench.core.task import TASKS
+from synthbench.run import cost
+from synthbench.run.protocols import PROTOCOLS, Protocol
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import ResultStore
+from synthbench.run.train import train_eval
+
+ROOT = Path(__file__).resolve().parent.parent
+REFERENCE = ROOT / "synthbench" / "data" / "reference" / "quick.parquet"
+RUNS = ROOT / "benchmarks" / "runs" / "quick-v4"
+DEFAULT_OUT = ROOT / "synthbench" / "data" / cost.STEP_COSTS
+ROW_COLUMNS = ["task", "mechanism", "protocol", "protocol_version", "run_id", "status",
+               "wall_seconds", "steps_done", "steps", "task_params"]  # fmt: skip
+# the knobs added since the quick rows, at the values that bring the rows' layouts back
+# (docs/TASKS.md: each task's suite v2 layout)
+FORMER = {
+    "compression": {"max_pad": 0},
+    "induction": {"fixed_repeats": True},
+    "selective_copy": {"tail": 0},
+    "stack": {"climb": 0, "nested": False, "practice": False},
+}
+WHOLE = ("smoke", "slay-paper")  # trained whole
+SCALED = ("standard",)  # scaled from quick by step times
+# the tasks whose step times scale standard (short to long sequences)
+SCALED_TASKS = (
+    "addition",
+    "sort",
+    "multihop",
+    "copy",
+    "kv_recall",
+    "pattern",
+    "retrieval",
+    "reverse",
+)
+STEPS = {"quick": 40, "standard": 12}  # of a training measured for its step time
+TINY = 16  # examples of each evaluation set of such a training
+
+
+def quick_rows() -> pd.DataFrame:
+    """The quick rows the figures come from: the reference's, then those of the runs tree
+    for mechanisms the reference lacks."""
+    reference = pd.read_parquet(REFERENCE, columns=ROW_COLUMNS)
+    reference["source"] = "reference"
+    runs = ResultStore(RUNS).load(columns=ROW_COLUMNS, warn=False).rows
+    runs = runs[(runs["protocol"] == "quick") & ~runs["mechanism"].isin(reference["mechanism"])]
+    return pd.concat([reference, runs.assign(source="runs")], ignore_index=True)
+
+
+_warm: set[tuple[str, str]] = set()
+
+
+def train(protocol: Protocol, task: str, mechanism: str, task_params=None) -> dict:
+    """One training, timed step by step (the first in this process of a protocol and
+    mechanism after an unmeasured two-step one, which loads what a first training loads)."""
+    device = torch.device("cpu")
+    if (protocol.name, mechanism) not in _warm:
+        warm = dataclasses.replace(protocol, steps=2)
+        train_eval(RunSpec.resolve(task, mechanism, warm, 0, task_params), warm.lrs[0], device)
+        _warm.add((protocol.name, mechanism))
+    spec = RunSpec.resolve(task, mechanism, protocol, 0, task_params)
+    with step_times() as times:
+        row = train_eval(spec, protocol.lrs[0], device)
+    if row["status"] != "ok":
+        raise RuntimeError(f"{protocol.name} {task} {mechanism}: {row['status']} {row['error']}")
+    skip = protocol.steps // 10  # the first steps load code and pick kernels
+    step_s = (times[-1] - times[skip]) / (len(times) - 1 - skip)
+    return {
+        "measured_steps": protocol.steps,
+        "wall_s": row["wall_seconds"],
+        "step_ms": step_s * 1e3,
+        "at": time.strftime("%Y-%m-%d"),
+    }
+
+
+def whole(protocol: Protocol, task: str, mechanism: str, task_params=None) -> dict:
+    """The protocol's training as `synthbench run` trains it."""
+    return train(protocol, task, mechanism, task_params)
+
+
+def step_time(protocol: Protocol, task: str, mechanism: str, task_params=None) -> dict:
+    """A short training with tiny evaluation sets, for its step time."""
+    short = dataclasses.replace(
+        protocol, steps=STEPS[protocol.name], stop_at=0.0, pace_margin=0.0,
+        val_examples=TINY, test_examples=TINY, eval_batch_size=TINY,
+    )  # fmt: skip
+    return train(short, task, mechanism, task_params)
+
+
+class Measurements:
+    """Measured trainings by key, kept in a JSON-lines cache."""
+
+    def __init__(self, cache: Path | None, measure: bool = True) -> None:
+        self.cache, self.done, self.measure = cache, {}, measure
+        if cache is not None and cache.exists():
+            for line in cache.read_text().splitlines():
+                record = json.loads(line)
+                self.done[record["key"]] = record
+
+    def get(self, how, protocol: Protocol, task: str, mech: str, task_params=None, tag=""):
+        """``how`` (whole or step_time) of a training; ``tag``: another one of the same.
+        None when not measured and ``measure`` is off."""
+        layout = json.dumps(task_params, sort_keys=True) if task_params else "default"
+        kind = f"full{protocol.steps}" if how is whole else f"steps{STEPS[protocol.name]}"
+        key = f"{protocol.name}/{task}/{mech}/{layout}" + (f"/{tag}" if tag else "") + f"/{kind}"
+        if how is step_time and not tag:  # a whole quick training of 40 steps timed them too
+            key = next((k for k in (key, key.replace("/steps", "/full")) if k in self.done), key)
+        if key not in self.done:
+            if not self.measure:
+                return None
+            record = {"key": key, **how(protocol, task, mech, task_params)}
+            self.done[key] = record
+            if self.cache is not None:
+                with self.cache.open("a") as f:
+                    f.write(json.dumps(record) + "\n")
+            print(f"{key}: {record}", flush=True)
+        return self.done[key]
+
+
+def figure(protocol: Protocol, task: str, mech: str, source: str, **fields) -> dict:
+    return {"protocol": protocol.name, "protocol_version": protocol.version, "task": task,
+            "mechanism": mech, "source": source, **fields}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cache", type=Path, help="JSON lines of the measurements (resumes)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--no-measure", action="store_true", help="only what --cache holds (leave the rest out)"
+    )
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    measured = Measurements(args.cache, measure=not args.no_measure)
+    quick = PROTOCOLS.get("quick")
+    rows = quick_rows()
+    tasks = sorted(TASKS.names())
+    mechanisms = list(dict.fromkeys(rows["mechanism"]))
+    reference = set(rows.loc[rows["source"] == "reference", "mechanism"])
+    derived = cost.figures_of_rows(rows).set_index(["task", "mechanism"])
+    layouts = rows.groupby("task")["task_params"].first().map(json.loads)
+    layouts = {t: FORMER.get(t, {}) | params for t, params in layouts.items()}
+    changed = [
+        t for t in tasks if layouts[t] != RunSpec.resolve(t, "softmax", quick, 0).task_params
+    ]
+    print(f"layouts changed since the quick rows: {', '.join(changed) or 'none'}", flush=True)
+
+    def layout_scale(task: str, mech: str) -> tuple[float, dict] | None:
+        new = measured.get(step_time, quick, task, mech)
+        former = measured.get(step_time, quick, task, mech, layouts[task])
+        return None if new is None or former is None else (new["step_ms"] / former["step_ms"], new)
+
+    def protocol_scale(protocol: Protocol, task: str, mech: str) -> tuple[float, dict] | None:
+        base = measured.get(step_time, quick, task, mech, tag=protocol.name)
+        here = measured.get(step_time, protocol, task, mech)
+        return None if base is None or here is None else (here["step_ms"] / base["step_ms"], here)
+
+    # measure, the cheap first: layouts and smoke, the standard step times, then slay-paper
+    # (the reference's mechanisms first)
+    if measured.measure:
+        for mech in mechanisms:
+            for task in tasks:
+                if task in changed:
+                    layout_scale(task, mech)
+                measured.get(whole, PROTOCOLS.get("smoke"), task, mech)
+        for name in SCALED:
+            for mech in mechanisms:
+                for task in SCALED_TASKS:
+                    protocol_scale(PROTOCOLS.get(name), task, mech)
+        for mech in sorted(mechanisms, key=lambda m: m not in reference):
+            for task in tasks:
+                measured.get(whole, PROTOCOLS.get("slay-paper"), task, mech)
+
+    # a single ratio of step times carries the machine's noise (compression, whose length did
+    # not change, measured 0.77 to 1.59): a figure is scaled by the median over a group,
+    # a layout's over the mechanisms (its length hits them alike), standard's over the tasks
+    # (its width and batch hit them alike, each mechanism in its own way)
+    def ratios(scale, pairs) -> dict:
+        found = {pair: scale(*pair) for pair in pairs}
+        return {pair: r for pair, r in found.items() if r is not None}
+
+    def medians(found: dict, by: int) -> dict:
+        groups: dict[str, list[float]] = {}
+        for pair, (ratio, _) in found.items():
+            groups.setdefault(pair[by], []).append(ratio)
+        return {group: statistics.median(values) for group, values in groups.items()}
+
+    def measured_fields(m: dict | None) -> dict:
+        return {} if m is None else {"measured_steps": m["measured_steps"], "step_ms": m["step_ms"]}
+
+    layout = ratios(layout_scale, [(t, m) for t in changed for m in mechanisms])
+    layout_medians = medians(layout, 0)
+    figures, quick_figures = [], {}
+    for (task, mech), found in derived.iterrows():
+        source = rows.loc[rows["mechanism"] == mech, "source"].iloc[0]
+        fields = {k: found[k] for k in ("rows", "trainings_per_run", "steps_frac")}
+        fields |= {"protocol_version": int(found["protocol_version"])}
+        seconds = found["step_seconds"]
+        if task in changed:
+            if task not in layout_medians:
+                continue
+            fields |= measured_fields(layout.get((task, mech), (None, None))[1])
+            fields["scale"] = layout_medians[task]
+            seconds, source = seconds * layout_medians[task], "layout"
+        quick_figures[task, mech] = seconds
+        figures.append(figure(quick, task, mech, source, step_seconds=seconds, **fields))
+    for name in WHOLE:
+        protocol = PROTOCOLS.get(name)
+        for mech in mechanisms:
+            for task in tasks:
+                m = measured.get(whole, protocol, task, mech)
+                if m is not None:
+                    fields = measured_fields(m) | {
+                        "step_seconds": m["wall_s"] / m["measured_steps"]
+                    }
+                    figures.append(figure(protocol, task, mech, "measured", **fields))
+    for name in SCALED:
+        protocol = PROTOCOLS.get(name)
+        found = ratios(functools.partial(protocol_scale, protocol), list(quick_figures))
+        by_mechanism = medians(found, 1)
+        for (task, mech), seconds in quick_figures.items():
+            if mech in by_mechanism:
+                fields = measured_fields(found.get((task, mech), (None, None))[1])
+                fields |= {
+                    "scale": by_mechanism[mech],
+                    "step_seconds": seconds * by_mechanism[mech],
+                }
+                figures.append(figure(protocol, task, mech, "scaled", **fields))
+    table = pd.DataFrame(figures)
+    cost.write_table(table, args.out)
+    print(f"wrote {len(table)} figures to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""What `synthbench run` says its plan will cost (synthbench/run/cost.py): the arithmetic,
+where each per-step figure comes from, the pairs it cannot price, the shipped table and the
+documentation's table drawn from it, and the line the command prints."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from clitools import SMOKE, invoke
+
+from synthbench.core.task import TASKS
+from synthbench.run import cost
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.runner import Unit
+from synthbench.run.spec import RunSpec
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "PROTOCOLS.md"
+REFERENCE = REPO / "synthbench" / "data" / "reference" / "quick.parquet"
+
+
+def table(*figures) -> pd.DataFrame:
+    """A table of (protocol, task, mechanism, step_seconds[, trainings_per_run, steps_frac])."""
+    rows = []
+    for protocol, task, mech, seconds, *factors in figures:
+        runs, frac = factors or (None, None)
+        rows.append({"protocol": protocol, "task": task, "mechanism": mech,
+                     "step_seconds": seconds, "source": "measured",
+                     "trainings_per_run": runs, "steps_frac": frac})  # fmt: skip
+    return pd.DataFrame(rows).reindex(columns=cost.TABLE_COLUMNS)
+
+
+def quick(task: str, mech: str, lrs: int = 2) -> cost.Training:
+    return cost.Training("quick", task, mech, 1000, lrs, adaptive=True)
+
+
+def test_the_arithmetic_of_a_hand_computed_plan():
+    """copy: 0.01 s a step, runs trained 3 trainings each, half their steps; sort: 0.02 s,
+    no runs of its own (the protocol's average factors); smoke's copy: 0.005 s, exact."""
+    shipped = table(
+        ("quick", "copy", "softmax", 0.01, 3.0, 0.5),
+        ("quick", "sort", "softmax", 0.02),
+        ("quick", "reverse", "linear", 0.04, 2.0, 1.0),
+        ("smoke", "copy", "softmax", 0.005),
+    )
+    plan = [quick("copy", "softmax")] * 4 + [quick("sort", "softmax")] * 2
+    est = cost.estimate(plan, cost.table_costs(shipped), cost.protocol_factors(shipped))
+    # 4 x 1000 x 0.01 + 2 x 1000 x 0.02: every planned training at its whole schedule
+    assert est.seconds == pytest.approx(80.0) and est.longest == pytest.approx(20.0)
+    assert (est.trainings, est.covered, est.steps, est.exact) == (6, 6, (1000,), False)
+    # copy: 10 s x 0.5 x 3 / 2 lrs = 7.5 s a training; sort: the mean factors of quick's
+    # figures that have them, (3 + 2) / 2 = 2.5 runs and (0.5 + 1) / 2 = 0.75: 20 x 0.75 x 1.25
+    assert est.expected == pytest.approx(4 * 7.5 + 2 * 18.75)
+    assert est.trainings_per_run == pytest.approx((4 * 3 + 2 * 2.5) / 6)
+    assert est.sources == {"table": 6} and est.unknown == {}
+    first, expected = cost.lines(est, capacity=2)
+    assert first.startswith("estimated CPU time: 80 s at most for the first lr round (6 trainings")
+    assert "x 1000 steps; grown lrs add trainings, early stopping removes steps" in first
+    assert "per-step costs measured on a 2-core CPU, 1 thread" in first
+    # two at once: half the expected CPU time (never below the longest training)
+    assert expected.startswith(f"expected: ~{4 * 7.5 + 2 * 18.75:.0f} s CPU, ~34 s wall with 2")
+    # a protocol that neither grows its grid nor stops early: what it trains, exactly
+    smoke = [cost.Training("smoke", "copy", "softmax", 20, 1, adaptive=False)] * 3
+    est = cost.estimate(smoke, cost.table_costs(shipped))
+    assert est.exact and est.seconds == pytest.approx(0.3) == est.expected
+    (line,) = cost.lines(est)
+    assert line.startswith("estimated CPU time: <1 s (3 trainings x 20 steps: smoke neither")
+
+
+@pytest.mark.parametrize(
+    "seconds, said",
+    [
+        (0.2, "<1 s"),
+        (40, "40 s"),
+        (600, "10 min"),
+        (4680, "78 min"),
+        (5400, "1.5 h"),
+        (3 * 86400, "3.0 days"),
+    ],  # fmt: skip
+)
+def test_durations_as_people_say_them(seconds, said):
+    assert cost.duration(seconds) == said
+
+
+def test_an_adaptive_protocol_without_measured_runs_gives_the_bound_alone():
+    shipped = table(("standard", "copy", "softmax", 0.2))
+    plan = [cost.Training("standard", "copy", "softmax", 4000, 3, adaptive=True)] * 3
+    est = cost.estimate(plan, cost.table_costs(shipped), cost.protocol_factors(shipped))
+    assert est.seconds == pytest.approx(2400) and est.expected is None
+    first, second = cost.lines(est, capacity=2)
+    assert first.endswith("~20 min wall with 2 at once")
+    assert second.startswith("expected: not known (no measured standard runs")
+
+
+def test_unknown_pairs_are_named_with_how_to_measure_them():
+    shipped = table(("quick", "copy", "softmax", 0.01, 2.0, 1.0))
+    plan = [quick("copy", "softmax")] * 2 + [quick("copy", "mymech")] * 2
+    plan += [quick(t, "other") for t in ("copy", "sort", "stack", "parity")]
+    est = cost.estimate(plan, cost.table_costs(shipped))
+    assert (est.covered, est.trainings) == (2, 8)
+    assert est.unknown == {"mymech": ("copy",), "other": ("copy", "parity", "sort", "stack")}
+    assert est.seconds == pytest.approx(20)
+    line = cost.lines(est)[-1]
+    assert line == (
+        "estimate covers 2 of 8 trainings; unknown: mymech on copy; other (no measured cost: "
+        "run `synthbench bench train --protocol quick --mech mymech,other`)"
+    )
+    nothing = cost.estimate([quick("copy", "mymech")], {})
+    assert cost.lines(nothing) == [
+        "estimated CPU time: not known; unknown: mymech on copy (no measured cost: run "
+        "`synthbench bench train --protocol quick --mech mymech`)"
+    ]
+
+
+def store_rows(root: Path, protocol, task, mech, name, rows) -> None:
+    folder = root / f"protocol={protocol}" / f"task={task}" / f"mechanism={mech}"
+    folder.mkdir(parents=True, exist_ok=True)
+    base = {"run_id": name, "status": "ok", "steps": 1000, "threads": 1, "device": "cpu"}
+    pq.write_table(pa.Table.from_pylist([base | r for r in rows]), folder / f"{name}.parquet")
+
+
+def test_stored_rows_beat_bench_rows_which_beat_the_table(tmp_path):
+    results, bench = tmp_path / "results", tmp_path / "bench-results"
+    copy, sort, stack = (("quick", t, "softmax") for t in ("copy", "sort", "stack"))
+    # copy: three ok rows (median 0.03 s a step) and three that must not count
+    store_rows(results, *copy, "a", [
+        {"wall_seconds": 10.0, "steps_done": 1000}, {"wall_seconds": 15.0, "steps_done": 500},
+        {"wall_seconds": 50.0, "steps_done": 1000},
+        {"wall_seconds": 99.0, "steps_done": 1000, "status": "diverged"},
+        {"wall_seconds": 99.0, "steps_done": 1000, "threads": 2},
+        {"wall_seconds": 99.0, "steps_done": 1000, "device": "NVIDIA H100"},
+    ])  # fmt: skip
+    (tmp_path / "results" / "protocol=quick" / "task=sort").mkdir()
+    (bench / "train").mkdir(parents=True)
+    older = {"mechanism": "softmax", "protocol": "quick", "status": "ok", "device": "cpu"}
+    pq.write_table(
+        pa.Table.from_pylist(
+            [older | {"task": "copy", "run_s": 1.0}, older | {"task": "sort", "run_s": 1000.0}]
+        ),  # fmt: skip
+        bench / "train" / "20260101-000000-aaaaaa.parquet",
+    )
+    pq.write_table(  # newer: wins
+        pa.Table.from_pylist([older | {"task": "sort", "run_s": 50.0}]),
+        bench / "train" / "20260102-000000-bbbbbb.parquet",
+    )
+    (bench / "train" / "junk.parquet").write_text("not parquet")  # passed over
+    shipped = table((*copy, 0.5, 3.0, 0.5), (*sort, 0.5), (*stack, 0.07))
+    plan = [quick("copy", "softmax"), quick("sort", "softmax"), quick("stack", "softmax")]
+    est = cost.plan_estimate(plan, results, bench, 1, "cpu", shipped)
+    # copy 0.03 x 1000 (stored), sort 50 / 1000 x 1000 (bench), stack 0.07 x 1000 (table)
+    assert est.seconds == pytest.approx(30 + 50 + 70)
+    assert est.sources == {"stored": 1, "bench": 1, "table": 1}
+    costs = cost.choose(
+        [copy], cost.stored_costs(results, [copy], 1, "cpu"), cost.table_costs(shipped)
+    )
+    # a stored figure keeps the table's measured factors for the expected figure
+    assert costs[copy] == cost.Cost(0.03, "stored", 3.0, 0.5)
+    first = cost.lines(est)[0]
+    assert (
+        "per-step costs from stored rows (1), `bench train` rows (1), the shipped table " in first
+    )
+    # on a GPU: the GPU's rows alone
+    gpu = cost.stored_costs(results, [copy], 1, "NVIDIA H100")
+    assert gpu == {copy: cost.Cost(0.099, "stored")}
+
+
+def test_the_shipped_table_prices_every_builtin_task_under_every_protocol():
+    shipped = cost.read_table()
+    tasks = sorted(e.name for e in TASKS.entries() if e.source == "builtin")
+    assert list(shipped.columns) == cost.TABLE_COLUMNS
+    assert set(shipped["source"]) <= set(cost.TABLE_SOURCES)
+    assert (shipped["step_seconds"] > 0).all() and shipped["step_seconds"].map(math.isfinite).all()
+    for protocol in PROTOCOLS.names():
+        mine = shipped[shipped["protocol"] == protocol]
+        for mech in ("softmax", "linear", "performer", "cosformer", "slay", "none"):
+            assert sorted(mine[mine["mechanism"] == mech]["task"]) == tasks, (protocol, mech)
+    assert not shipped.duplicated(["protocol", "task", "mechanism"]).any()
+
+
+def test_the_quick_figures_are_the_references_medians():
+    """Every figure taken from the shipped reference is its rows' median wall / steps_done;
+    one scaled to today's layout of its task keeps the rows' factors and says its scale."""
+    rows = pd.read_parquet(REFERENCE)
+    derived = cost.figures_of_rows(rows).set_index(["task", "mechanism"])
+    shipped = cost.read_table()
+    quick_rows = shipped[shipped["protocol"] == "quick"].set_index(["task", "mechanism"])
+    for source in ("reference", "layout"):
+        mine = quick_rows[quick_rows["source"] == source]
+        mine = mine[mine.index.isin(derived.index)]
+        expected = derived.loc[mine.index, "step_seconds"]
+        if source == "layout":
+            expected = expected * mine["scale"]
+        assert len(mine) and (mine["step_seconds"] / expected - 1).abs().max() < 1e-4, source
+        theirs = derived.loc[mine.index]
+        assert (mine["rows"] == theirs["rows"]).all()
+        assert (mine["trainings_per_run"] - theirs["trainings_per_run"]).abs().max() < 1e-4
+
+
+def test_the_docs_table_matches_the_shipped_figures():
+    assert cost.markdown_table() in DOC.read_text(), "regenerate docs/PROTOCOLS.md's cost table"
+
+
+def test_run_prints_the_estimate_before_it_trains(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no bench-results of the checkout's
+    results = tmp_path / "results"
+    args = ["run", "--task", "copy", "--mech", "softmax", *SMOKE, "--results", results]
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    lines = first.stdout.splitlines()
+    assert lines[0].startswith("1 run (1 task x 1 mechanism x 1 seed, protocol smoke")
+    assert lines[1].startswith("estimated CPU time: ")
+    assert "(1 training x 20 steps: smoke neither grows its lr grid nor stops early; " in lines[1]
+    assert lines[1].endswith("per-step costs measured on a 2-core CPU, 1 thread)")
+    assert lines[2].startswith("ok copy")
+    # run again: nothing to train, nothing to estimate; forced: the stored row's own cost
+    assert "estimated" not in invoke(*args).stdout
+    again = invoke(*args, "--force")
+    assert "per-step costs from stored rows)" in again.stdout.splitlines()[1], again.stdout
+    # another size: the figures are the default size's, and the line says so
+    resized = invoke(*args, "--task-param", "n=8").stdout.splitlines()[1]
+    assert resized.endswith("stored rows; at the default sizes, which this grid changes)"), resized
+
+
+def test_the_estimate_counts_what_the_runner_plans(tmp_path):
+    """The units of a plan become its trainings: every lr a run starts with, a grown lr's
+    step budget as its steps."""
+    from synthbench.run.lr_selection import Budget
+
+    spec = RunSpec.resolve("copy", "linear", PROTOCOLS.get("quick"), 0)
+    units = [Unit(spec, 3e-3), Unit(spec, 1e-2), Unit(spec, 3.3e-2, Budget(steps=300))]
+    trainings = cost.trainings_of(units)
+    assert [t.steps for t in trainings] == [1000, 1000, 300]
+    assert {(t.protocol, t.task, t.mechanism, t.lrs, t.adaptive) for t in trainings} == {
+        ("quick", "copy", "linear", 2, True)
+    }
+    smoke = RunSpec.resolve("copy", "linear", PROTOCOLS.get("smoke"), 0)
+    assert not cost.trainings_of([Unit(smoke, 1e-3)])[0].adaptive
+
+
+PLUGIN = """
+import torch.nn.functional as F
+from synthbench import MECHANISMS, FeatureMapMechanism
+
+
+@MECHANISMS.register(
+    "cost-test-relu", complexity="linear", family="feature-map", reference="a test"
+)
+class ReLULinear(FeatureMapMechanism):
+    def feature_map(self, x, is_query):
+        return F.relu(x) + 1e-2
+
+    @property
+    def feature_dim(self):
+        return self.head_dim
+"""
+
+
+def test_run_names_a_plugin_mechanism_it_cannot_price(tmp_path, monkeypatch, forget_plugins):
+    monkeypatch.chdir(tmp_path)
+    plugin = tmp_path / "plugin.py"
+    plugin.write_text(PLUGIN)
+    args = ["run", "--task", "copy", "--mech", "softmax,cost-test-relu", *SMOKE]
+    result = invoke(*args, "--results", tmp_path / "results", "--plugin", plugin)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("estimated CPU time: <1 s (1 training x 20 steps")
+    assert lines[2] == (
+        "estimate covers 1 of 2 trainings; unknown: cost-test-relu on copy (no measured cost: "
+        f"run `synthbench bench train --protocol smoke --mech cost-test-relu --plugin {plugin}`)"
+    )
