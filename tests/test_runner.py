@@ -483,6 +483,21 @@ def test_packed_runs_store_the_rows_of_separate_trainings(
     pd.testing.assert_frame_equal(rows[close], unpacked_rows[close], rtol=1e-3, atol=2e-3)
 
 
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_mechanism_that_cannot_pack_is_said_in_one_line(tmp_path, jobs):
+    """linear's CPU scan has no vmap rule: its trainings run one at a time, and the command
+    (or its worker) says so in one line, not Python's file, line and source line."""
+    command = [sys.executable, "-m", "synthbench.cli", "run", "--task", "copy", "--mech",
+               "linear", "--protocol", "smoke", "--seeds", "2", "--task-param", "n=64",
+               "--pack", "2", "--jobs", jobs, "--results", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV)
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "cannot be packed" in line]
+    assert len(said) == 1 and said[0].startswith("warning: packed training: linear"), said
+    assert "train_packed(" not in done.stderr
+    assert len(stored_rows(tmp_path)) == 2
+
+
 @pytest.mark.parametrize("value", ["0", "65"])
 def test_pack_out_of_range_is_refused_in_one_line(tmp_path, value):
     result = invoke("run", "--task", "copy", "--mech", "linear", "--protocol", "smoke",

@@ -29,6 +29,7 @@ from synthbench.core.registry import PluginError, PluginWarning, UnknownNameErro
 from synthbench.core.task import CATEGORIES, TASKS
 from synthbench.core.text import plural
 from synthbench.run.executors import ExecutorError
+from synthbench.run.packed import notes_on_one_line
 from synthbench.run.store import LoadReport, ResultStore
 
 STDOUT = "stdout"  # the file name of an error writing to stdout (a full disk under `> file`)
@@ -60,6 +61,7 @@ class _Stdout(Console):
 out = _Stdout(soft_wrap=True)
 err = Console(stderr=True)
 warnings.simplefilter("ignore", PluginWarning)  # reported once, as one line each, below
+notes_on_one_line()  # a mechanism that packed training falls back on: one line
 
 
 def path_parser(option: str):

@@ -43,7 +43,7 @@ from synthbench.core.task import TASKS
 from synthbench.core.text import noun
 from synthbench.run import phases
 from synthbench.run.allocator import reuse_freed_memory
-from synthbench.run.packed import train_work, trainings_of
+from synthbench.run.packed import notes_on_one_line, train_work, trainings_of
 from synthbench.run.train import failed_row
 
 EXECUTORS = ("local", "ray")
@@ -137,6 +137,7 @@ def _worker_main(conn: Connection, device: str, plugin_files: list[str], parent:
     _leave_ctrl_c_to_the_driver()
     _exit_with_parent(parent)
     warnings.simplefilter("ignore", PluginWarning)  # the driver reported them already
+    notes_on_one_line()
     reuse_freed_memory()
     try:
         load_plugins(plugin_files)
@@ -302,6 +303,7 @@ def _load_plugin_sources(sources: list[tuple[str, str]]) -> None:
 
 def _ray_train(work, device: str, sources: list[tuple[str, str]]) -> list[dict[str, Any]]:
     _leave_ctrl_c_to_the_driver()  # RayPool.close cancels a task by killing its worker
+    notes_on_one_line()
     reuse_freed_memory()
     _load_plugin_sources(sources)
     return train_work(work, torch.device(device))

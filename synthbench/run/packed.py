@@ -106,6 +106,22 @@ class NotPacked(UserWarning):
         )
 
 
+def notes_on_one_line() -> None:
+    """Show ``NotPacked`` warnings as one line, ``warning: ...``, instead of Python's file,
+    line and source line (the command line and its workers call it; idempotent)."""
+    default = warnings.formatwarning
+    if getattr(default, "one_line_notes", False):
+        return
+
+    def formatwarning(message, category, filename, lineno, line=None):
+        if issubclass(category, NotPacked):
+            return f"warning: {message}\n"
+        return default(message, category, filename, lineno, line)
+
+    formatwarning.one_line_notes = True
+    warnings.formatwarning = formatwarning
+
+
 class Unpackable(Exception):
     """The members' models cannot be stacked (the reason is the message)."""
 
