@@ -21,8 +21,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import synthbench.run.packed
 import synthbench.run.provenance
+import synthbench.run.work
 from synthbench.cli import app
 from synthbench.run import provenance, runner
 from synthbench.run.claims import CLAIMS_DIR, Claims
@@ -129,7 +129,7 @@ def test_a_failed_force_rerun_keeps_the_stored_result_and_exits_1(tmp_path, monk
     (path,) = ResultStore(root).files()
     before = path.read_bytes()
     monkeypatch.setattr(
-        synthbench.run.packed,
+        synthbench.run.work,
         "train_eval",
         lambda spec, lr, device, budget: failed_row(spec, lr, device, "RuntimeError: boom"),
     )
@@ -381,10 +381,10 @@ def test_without_hard_links_a_claim_is_created_in_place(tmp_path, monkeypatch):
 # trainings' entry point is wrapped, so the run ids are those of `--mech linear`).
 GATE = """
 import os, pathlib, time
-import synthbench.run.packed as packed
+import synthbench.run.work as work
 
 GATE = pathlib.Path({gate!r})
-_train = packed.train_eval
+_train = work.train_eval
 
 
 def gated(spec, lr, device, budget=None):
@@ -394,7 +394,7 @@ def gated(spec, lr, device, budget=None):
     return _train(spec, lr, device, budget)
 
 
-packed.train_eval = gated
+work.train_eval = gated
 """
 
 

@@ -355,7 +355,7 @@ def test_lr_sweep_selects_on_the_protocols_metric(monkeypatch):
     def fake_train_eval(spec, lr, device, budget=None):
         return {"status": "ok", "lr": lr, **fake[lr]}
 
-    monkeypatch.setattr("synthbench.run.packed.train_eval", fake_train_eval)
+    monkeypatch.setattr("synthbench.run.work.train_eval", fake_train_eval)
     for metric, best in (("token_acc", 1e-3), ("exact_match", 3e-3)):
         p = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3), select_metric=metric)
         rows = run(spec(protocol=p), CPU)
@@ -383,7 +383,7 @@ def test_the_sweep_hands_its_step_budget_to_the_training(monkeypatch):
         acc = 1.0 if solved_at.get(lr) else 0.5
         return {"status": "ok", "lr": lr, "steps_done": steps, "val_token_acc": acc}
 
-    monkeypatch.setattr("synthbench.run.packed.train_eval", fake_train_eval)
+    monkeypatch.setattr("synthbench.run.work.train_eval", fake_train_eval)
     p = dataclasses.replace(SMOKE, steps=100, lrs=(1e-3, 3e-3), lr_extend=1, stop_at=0.99)
     rows = run(spec(protocol=p), CPU)
     assert budgets == {1e-3: None, 3e-3: None, 9e-3: 50}

@@ -40,7 +40,6 @@ from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
 from synthbench.run.grid import load_sweep_file
 from synthbench.run.limits import MAX_RUNS, MAX_SEEDS, check_runs
 from synthbench.run.lr_selection import run_status
-from synthbench.run.packed import MAX_PACK, default_pack
 from synthbench.run.phases import phase
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.provenance import device_name
@@ -48,6 +47,7 @@ from synthbench.run.runner import Unit
 from synthbench.run.schema import LEAKY
 from synthbench.run.spec import MAX_THREADS, RunSpec
 from synthbench.run.store import ResultStore
+from synthbench.run.work import MAX_PACK, default_pack
 
 LARGE_PLAN = 500  # runs: above this, the count is printed before planning them
 # the options of how runs execute, shared by `run` and `sweep`

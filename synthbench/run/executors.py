@@ -1,7 +1,7 @@
 """Executors: where the trainings of ``synthbench run`` execute.
 
 All three take the same work, a training (a run at one lr, ``runner.Unit``) or a
-``packed.Pack`` of them trained as one batched model, and give back the same rows, one
+``work.Pack`` of them trained as one batched model, and give back the same rows, one
 training's at a time from ``wait``; only the driver process writes them to the store.
 
 - ``InProcess``: one after another in this process (``--jobs 1``).
@@ -43,8 +43,9 @@ from synthbench.core.task import TASKS
 from synthbench.core.text import noun
 from synthbench.run import phases
 from synthbench.run.allocator import reuse_freed_memory
-from synthbench.run.packed import notes_on_one_line, train_work, trainings_of
+from synthbench.run.packed import notes_on_one_line
 from synthbench.run.train import failed_row
+from synthbench.run.work import train_work, trainings_of
 
 EXECUTORS = ("local", "ray")
 MAX_ATTEMPTS = 3  # a training whose worker dies this many times is stored as an error

@@ -41,12 +41,13 @@ from synthbench.run.lr_selection import (
     run_status,
     sweep_state,
 )
-from synthbench.run.packed import Pack, pack_key
+from synthbench.run.packed import pack_key
 from synthbench.run.phases import phase
 from synthbench.run.protocols import Protocol
 from synthbench.run.schema import LEAKY, lr_key
 from synthbench.run.spec import RunSpec
 from synthbench.run.store import NewerSchemaError, ResultStore
+from synthbench.run.work import Pack
 
 
 @dataclass(frozen=True)
@@ -248,7 +249,7 @@ def execute(
 
     ``pack`` > 1: up to that many queued trainings of runs that differ at most in their
     seed (every lr and seed of a task, mechanism and grid point) go to the executor as one
-    ``packed.Pack``, trained as one batched model (synthbench/run/packed.py)."""
+    ``work.Pack``, trained as one batched model (synthbench/run/packed.py)."""
     events = events or Events()
     outcome = Outcome(runs=len(specs))
     active, units = _pending(specs, store, force, events, outcome)
