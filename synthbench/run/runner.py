@@ -263,6 +263,20 @@ def execute(
         return outcome
     claims = Claims(store.root)
 
+    pack_keys: dict[str, str] = {}  # run_id -> pack_key: a hash of the config, once each
+
+    def packs_with(unit: Unit) -> Callable[[Unit], bool]:
+        """Whether a training can be packed with ``unit`` (runs that differ at most in
+        their seed)."""
+
+        def key(u: Unit) -> str:
+            if u.spec.run_id not in pack_keys:
+                pack_keys[u.spec.run_id] = pack_key(u.spec)
+            return pack_keys[u.spec.run_id]
+
+        wanted = key(unit)
+        return lambda u: key(u) == wanted
+
     def ready(unit: Unit) -> bool:
         """Whether ``unit`` (out of the queue) is to train now: its run claimed."""
         run = active[unit.spec.run_id]
@@ -280,7 +294,8 @@ def execute(
                 unit = queue.popleft()
                 if not ready(unit):
                     continue
-                members = [unit] + [u for u in _take_packable(queue, unit, pack - 1) if ready(u)]
+                packable = _take(queue, packs_with(unit), pack - 1) if pack > 1 else []
+                members = [unit] + [u for u in packable if ready(u)]
                 executor.submit(Pack(tuple(members)) if len(members) > 1 else unit)
                 number = next(submissions)
                 for member in members:
@@ -388,13 +403,10 @@ def _save(
     return run.adopt(saved.rows)
 
 
-def _take_packable(queue: deque, unit: Unit, most: int) -> list[Unit]:
-    """Take up to ``most`` trainings out of ``queue`` that can be packed with ``unit``
-    (runs that differ at most in their seed); return them, in queue order."""
-    if most <= 0:
-        return []
-    key = _pack_key(unit.spec)
-    taken = [u for u in queue if _pack_key(u.spec) == key][:most]
+def _take(queue: deque, wanted: Callable[[Unit], bool], most: int | None = None) -> list[Unit]:
+    """Take the trainings ``wanted`` picks (the first ``most`` of them) out of ``queue``;
+    return them, in queue order."""
+    taken = [u for u in queue if wanted(u)][:most]
     if taken:
         chosen = {u.key for u in taken}
         rest = [u for u in queue if u.key not in chosen]
@@ -403,23 +415,9 @@ def _take_packable(queue: deque, unit: Unit, most: int) -> list[Unit]:
     return taken
 
 
-_pack_keys: dict[str, str] = {}  # run_id -> pack_key: a hash of the config, computed once
-
-
-def _pack_key(spec: RunSpec) -> str:
-    if spec.run_id not in _pack_keys:
-        _pack_keys[spec.run_id] = pack_key(spec)
-    return _pack_keys[spec.run_id]
-
-
 def _drop(queue: deque, run_id: str) -> list[Unit]:
     """Take the trainings of ``run_id`` out of ``queue``; return them."""
-    dropped = [u for u in queue if u.spec.run_id == run_id]
-    if dropped:
-        rest = [u for u in queue if u.spec.run_id != run_id]
-        queue.clear()
-        queue.extend(rest)
-    return dropped
+    return _take(queue, lambda u: u.spec.run_id == run_id)
 
 
 def _finished(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
