@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from synthbench.core.mechanism import MECHANISMS, Mechanism
-from synthbench.core.task import IGNORE, TASKS
+from synthbench.core.task import IGNORE, TASKS, Batch
 from synthbench.integrity import audit
 from synthbench.run.lr_selection import Budget
 from synthbench.run.protocols import PROTOCOLS, curve_points
@@ -258,6 +258,36 @@ def test_free_running_matches_greedy_generation_one_position_at_a_time(
             assert got[f"{metric}_se"] == pytest.approx(se, rel=1e-5)
     # an example all right free-running is all right teacher-forced, and the other way round
     assert torch.equal(all_right.bool(), expected == 1.0)
+
+
+class _Successor(torch.nn.Module):
+    """A causal stand-in for a model: at each position it predicts the sum of the tokens so
+    far plus one, mod the vocabulary, so every free-running answer hangs on all before it
+    (the longest chain the parallel generation can meet). Counts its passes."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.vocab, self.passes = vocab, 0
+
+    def forward(self, x):
+        self.passes += 1
+        return torch.nn.functional.one_hot((x.cumsum(dim=1) + 1) % self.vocab, self.vocab).float()
+
+
+def test_free_running_takes_one_pass_per_answer_at_most_on_a_chain():
+    vocab, length, n_answers = 11, 12, 7
+    g = torch.Generator().manual_seed(0)
+    inputs = torch.randint(0, vocab, (9, length), generator=g)
+    targets = torch.full_like(inputs, IGNORE)
+    targets[:, length - n_answers :] = torch.randint(0, vocab, (9, n_answers), generator=g)
+    targets[0, length - n_answers :] = 0  # one example answered wrong everywhere, free-running
+    data = Batch(inputs, targets)
+    model = _Successor(vocab)
+    expected = free_running_reference(model, inputs, targets)
+    model.passes = 0
+    got = held_out_metrics(model, data, batch_size=64)
+    assert got["free_token_acc"] == pytest.approx(expected.mean().item(), abs=1e-6)
+    assert model.passes <= n_answers + 1
 
 
 def test_curve_points_are_even_and_end_at_the_last_step():
