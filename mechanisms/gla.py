@@ -26,10 +26,11 @@ Choices, and where they come from:
 - q is scaled by d^(-1/2), as flash-linear-attention's ``chunk_gla`` does by default
   (``scale = K ** -0.5``); the paper's formula reads q S unscaled, and its layer's
   normalisation makes the scale immaterial there.
-- Left to the model, as for every mechanism here: the paper's layer follows the recurrence
-  with a per-head normalisation (LayerNorm/RMSNorm), a swish output gate r_t = Swish(x_t W_r
-  + b_r) and the output projection; here the layer's output projection follows the mechanism
-  directly. No positions either (``--pos``), no short convolution, no feature map on q or k.
+- Left to the model in the ``core`` track, as for every mechanism there: the paper's layer
+  follows the recurrence with a per-head normalisation, a swish output gate and the output
+  projection; there the model's output projection follows the mechanism directly. No
+  positions either (``--pos``), no short convolution, no feature map on q or k. The whole
+  published layer is ``GLALayer`` below (the ``block`` track; section "The published layer").
 - Causal only: the gated recurrence has no two-sided form; ``causal=False`` raises ValueError.
 
 Three forms of the same function:
@@ -59,6 +60,30 @@ Three forms of the same function:
   log alpha = 0: it decays nothing and writes nothing, so it changes no output.
 - the recurrent form (``initial_state``, ``step``): S, d x d numbers per head whatever L.
 
+The published layer (``GLALayer``, ``GatedLinearAttention.layer``): the token mixer of the
+paper's sec. 4.4 as flash-linear-attention writes it (fla/layers/gla.py, class
+``GatedLinearAttention``), from x (batch, length, d_model), in this order:
+
+- q = x W_q, k = x W_k (width key_dim = int(d_model * expand_k), expand_k 0.5) and
+  v = x W_v (value_dim = int(d_model * expand_v), expand_v 1), Linear without bias; heads of
+  d_k = key_dim / n_heads and d_v = value_dim / n_heads (fla's q_proj, k_proj, v_proj);
+- optional (``use_short_conv``, fla's default False): a depthwise causal convolution of
+  ``conv_size`` 4 then SiLU on each of q, k, v (fla's q_conv1d, k_conv1d, v_conv1d, no bias);
+- the forget gate from a low-rank projection, x W_1 (d_model -> gate_low_rank_dim 16, no
+  bias) W_2 + b (-> key_dim, with bias), log alpha = logsigmoid(.) / gate_logit_normalizer
+  (16): the paper's eq. of sec. 4.4, alpha = sigmoid(x W_1 W_2 + b)^(1/16) (fla's gk_proj);
+- the mixing: ``chunked_gla`` above (the recurrent form: the core's ``step``), q scaled by
+  d_k^(-1/2) as fla's ``chunk_gla`` does;
+- per head, with ``use_output_gate`` (default True): rmsnorm(o) * w * swish(x W_g) (fla's
+  g_proj and ``FusedRMSNormGated``, here ``GatedRMSNorm(norm_before_gate=True)``); without
+  it, the plain per-head ``RMSNorm`` (fla's g_norm); eps ``norm_eps`` 1e-5 (fla's layer
+  default; its GLAConfig passes 1e-6), w ones at the start;
+- the output projection W_o (value_dim -> d_model, no bias; fla's o_proj).
+
+Not taken from fla: its feature_map, clamp_min, num_kv_heads and conv_bias options (all off
+by default there) and its model-level init (weights N(0, 0.02), biases 0): every Linear here
+keeps PyTorch's default init, the same for every layer of the block track.
+
 Numerics: log alpha = logsigmoid(gate) / tau is computed from the raw gate (finite and <= 0
 for any finite gate; sigmoid(gate) itself underflows to 0 in float32 for a gate of -200, and
 its logarithm is -inf). Every decay the chunked form exponentiates is a difference b_i - b_j
@@ -74,10 +99,12 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from synthbench.core.layer import GatedRMSNorm, Layer, RMSNorm, ShortConvolution
 from synthbench.core.linear_attention import chunking, compute_dtype
 from synthbench.core.mechanism import MECHANISMS, MatrixStateMechanism
-from synthbench.core.params import check_int
+from synthbench.core.params import check_int, check_positive
 
 GATE_TEMPERATURE = 16.0  # the paper's tau: alpha = sigmoid(gate)^(1/16)
 SUBCHUNK = 16  # positions per sub-chunk of the secondary chunking (paper sec. 4.3)
@@ -245,3 +272,147 @@ class GatedLinearAttention(MatrixStateMechanism):
         state = log_alpha.exp().unsqueeze(-1) * state + k.unsqueeze(-1) * v.unsqueeze(-2)
         out = (q.unsqueeze(-2) @ state).squeeze(-2)
         return out.to(out_dtype), state
+
+
+class GLALayer(Layer):
+    """The published GLA layer (module docstring, "The published layer"): x (batch, length,
+    d_model) -> the same shape, causal only.
+
+    Options (fla/layers/gla.py defaults): expand_k 0.5 and expand_v 1 (key and value widths
+    as fractions of d_model, each a whole multiple of n_heads), gate_low_rank_dim 16 (the
+    forget gate's bottleneck), gate_logit_normalizer 16 (log alpha = logsigmoid(.) / it),
+    use_short_conv False and conv_size 4 (the short convolution on q, k and v),
+    use_output_gate True (the swish gate, else the plain per-head RMSNorm), norm_eps 1e-5,
+    chunk_size 64 (of ``chunked_gla``; any value gives the same function)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        expand_k: float = 0.5,
+        expand_v: float = 1.0,
+        gate_low_rank_dim: int = 16,
+        gate_logit_normalizer: float = GATE_TEMPERATURE,
+        use_short_conv: bool = False,
+        conv_size: int = 4,
+        use_output_gate: bool = True,
+        norm_eps: float = 1e-5,
+        chunk_size: int = 64,
+    ):
+        super().__init__(d_model, n_heads)
+        check_positive(expand_k=expand_k, expand_v=expand_v, norm_eps=norm_eps)
+        check_positive(gate_logit_normalizer=gate_logit_normalizer)
+        if not gate_logit_normalizer < math.inf:
+            raise ValueError(f"gate_logit_normalizer must be finite, got {gate_logit_normalizer}")
+        check_int("gate_low_rank_dim", gate_low_rank_dim, 1)
+        check_int("conv_size", conv_size, 1)
+        for name, flag in (
+            ("use_short_conv", use_short_conv),
+            ("use_output_gate", use_output_gate),
+        ):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be true or false, got {flag!r}")
+        key_dim, value_dim = int(d_model * expand_k), int(d_model * expand_v)
+        for name, width in (("expand_k", key_dim), ("expand_v", value_dim)):
+            if width < n_heads or width % n_heads:
+                raise ValueError(
+                    f"{name}: int(d_model * {name}) = {width} must be a positive multiple of "
+                    f"n_heads {n_heads}"
+                )
+        # the mixing; it checks chunk_size
+        self.core = GatedLinearAttention(
+            key_dim // n_heads, n_heads, chunk_size, gate_logit_normalizer
+        )
+        self.key_dim, self.value_dim = key_dim, value_dim
+        self.head_k, self.head_v = key_dim // n_heads, value_dim // n_heads
+        self.use_short_conv, self.use_output_gate = use_short_conv, use_output_gate
+        self.q_proj = nn.Linear(d_model, key_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, key_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, value_dim, bias=False)
+        if use_short_conv:
+            self.q_conv = ShortConvolution(key_dim, conv_size)
+            self.k_conv = ShortConvolution(key_dim, conv_size)
+            self.v_conv = ShortConvolution(value_dim, conv_size)
+        self.gk_proj = nn.Sequential(
+            nn.Linear(d_model, gate_low_rank_dim, bias=False),
+            nn.Linear(gate_low_rank_dim, key_dim, bias=True),
+        )
+        if use_output_gate:
+            self.g_proj = nn.Linear(d_model, value_dim, bias=False)
+            self.norm = GatedRMSNorm(self.head_v, norm_eps, norm_before_gate=True)
+        else:
+            self.norm = RMSNorm(self.head_v, norm_eps)
+        self.o_proj = nn.Linear(value_dim, d_model, bias=False)
+
+    def _heads(self, t: torch.Tensor, width: int) -> torch.Tensor:
+        """(..., n_heads * width) -> (..., n_heads, width)."""
+        return t.unflatten(-1, (self.n_heads, width))
+
+    def _output(self, o: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The per-head norm (and output gate) and the output projection: o (..., n_heads,
+        d_v) and the layer input x (..., d_model) -> (..., d_model)."""
+        if self.use_output_gate:
+            o = self.norm(o, self._heads(self.g_proj(x), self.head_v))
+        else:
+            o = self.norm(o)
+        return self.o_proj(o.flatten(-2))
+
+    def forward(self, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        self.check_causal(causal)
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.use_short_conv:
+            q, k, v = self.q_conv(q), self.k_conv(k), self.v_conv(v)
+        gate = self.gk_proj(x)
+
+        def heads_first(t: torch.Tensor, width: int) -> torch.Tensor:  # (B, H, L, width)
+            return self._heads(t, width).transpose(1, 2)
+
+        q, k, gate = (heads_first(t, self.head_k) for t in (q, k, gate))
+        o = self.core(q, k, heads_first(v, self.head_v), gate=gate)  # chunked_gla
+        return self._output(o.transpose(1, 2), x)
+
+    def initial_state(self, batch: int, device, dtype: torch.dtype) -> dict:
+        """S (batch, n_heads, d_k, d_v) zeros in at least float32 (as the core's), and the
+        three convolution windows if any."""
+        state = {
+            "S": torch.zeros(
+                batch,
+                self.n_heads,
+                self.head_k,
+                self.head_v,
+                device=device,
+                dtype=torch.promote_types(dtype, torch.float32),
+            )
+        }
+        if self.use_short_conv:
+            for name in ("q", "k", "v"):
+                conv = getattr(self, f"{name}_conv")
+                state[name] = conv.initial_state(batch, device, dtype)
+        return state
+
+    def step(self, state: dict, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """One position: x (batch, d_model) -> (y (batch, d_model), the new state)."""
+        new = {}
+        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        if self.use_short_conv:
+            q, new["q"] = self.q_conv.step(state["q"], q)
+            k, new["k"] = self.k_conv.step(state["k"], k)
+            v, new["v"] = self.v_conv.step(state["v"], v)
+        gate = self._heads(self.gk_proj(x), self.head_k)
+        q, k, v = (
+            self._heads(q, self.head_k),
+            self._heads(k, self.head_k),
+            self._heads(v, self.head_v),
+        )
+        o, new["S"] = self.core.step(state["S"], q, k, v, gate=gate)
+        return self._output(o, x), new
+
+    def state_size(self, seq_len: int) -> int:
+        """S (n_heads d_k d_v) and, with the convolution, its (conv_size - 1)-input windows."""
+        size = self.n_heads * self.head_k * self.head_v
+        if self.use_short_conv:
+            size += (self.q_conv.kernel - 1) * (2 * self.key_dim + self.value_dim)
+        return size
+
+
+GatedLinearAttention.layer = GLALayer

@@ -37,11 +37,40 @@ engine's seed before building the model fixes them:
 As in Mamba-2, neither is weight-decayed: both are marked ``_no_weight_decay``, which
 synthbench's training honours (``train.parameter_groups``).
 
-Left to the model, as for every mechanism here: Mamba-2's D skip term (D x_t added to y_t;
-the model has residuals), its gate (y * SiLU(z)) and RMSNorm before the output projection,
-the short causal convolution and SiLU on x, B, C, the groups of B and C shared across heads,
-and dt_limit (its default (0, inf) clamps nothing). No positions either (``--pos``).
+Left to the model in the core track: Mamba-2's D skip term, its gate and RMSNorm, the short
+causal convolution and SiLU on x, B, C, the groups of B and C shared across heads; the block
+track has them all in ``Mamba2Layer`` (below, "The published layer"). dt_limit is left out
+in both (its default (0, inf) clamps nothing). No positions either (``--pos``).
 Causal only: the SSM is a recurrence; ``causal=False`` raises ValueError.
+
+The published layer (``Mamba2Layer``, ``Mamba2.layer``), in the order of mamba_ssm/modules/
+mamba2.py (``Mamba2.forward``, its non-fused path, and ``Mamba2.step``; the same as
+fla/layers/mamba2.py) and the paper's fig. 6 and sec. 7 (the "Mamba-2 block"):
+
+- ``in_proj`` (Linear, no bias) from d_model to [z, x, B, C, dt]: d_inner = expand * d_model
+  each for z and x, ngroups * d_state each for B and C, one dt per head, H = d_inner / headdim
+  heads (the model's n_heads is not used: the source derives its heads from headdim).
+- a depthwise causal conv1d of width d_conv WITH a bias over [x, B, C] together, then SiLU
+  (``ShortConvolution(bias=True)``; mamba_ssm's ``conv1d``, ``conv_bias=True``).
+- the SSD recurrence of this module per head, x = v (headdim wide), B = k and C = q (d_state
+  wide), head h reading group h // (H / ngroups) of B and C (mamba_ssm/ops/triton/
+  ssd_chunk_state.py, ``pid_h // nheads_ngroups_ratio``); Delta = softplus(dt + dt_bias) and
+  A = -exp(A_log) inside the core as above. The state is (d_state x headdim) per head, the
+  transpose of mamba_ssm's (headdim, d_state) layout: the same numbers.
+- the D skip: y + D_h x per head (``D`` ones at the start, ``D_has_hdim=False``).
+- the gated norm rmsnorm(y * silu(z)) * weight over groups of d_inner / ngroups channels
+  (mamba_ssm's ``RMSNormGated(norm_before_gate=False, group_size=d_ssm // ngroups)``, eps
+  1e-5): ``GatedRMSNorm(norm_before_gate=False)``.
+- ``out_proj`` (Linear, no bias) back to d_model.
+
+Initial values, as mamba_ssm's ``Mamba2.__init__`` draws them in order after in_proj and
+conv1d (torch defaults there, ``conv_init=None``): dt_bias with softplus(dt_bias) log-uniform
+in [dt_min, dt_max] = [1e-3, 1e-1] floored at dt_init_floor = 1e-4, A_log = log(uniform[
+A_init_range]) with (1, 16), D = 1; the norm's weight 1. dt_bias, A_log and D are not
+weight-decayed. Defaults are the source's: d_state 128, d_conv 4, expand 2, headdim 64,
+ngroups 1, chunk_size 256, norm_eps 1e-5; at d_model 64 that is 2 heads of 64 (not
+degenerate, so kept). The parallel form is ``chunked_ssd``, the recurrent one ``ssd_step``
+with ``ShortConvolution.step``; both run in float32 at least, as mamba_ssm's A.float().
 
 Three forms of the same function:
 
@@ -79,9 +108,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from synthbench.core.layer import GatedRMSNorm, Layer, ShortConvolution
 from synthbench.core.linear_attention import chunking, compute_dtype
 from synthbench.core.mechanism import MECHANISMS, MatrixStateMechanism
-from synthbench.core.params import check_int
+from synthbench.core.params import check_int, check_positive
 
 A_INIT_RANGE = (1.0, 16.0)  # A0 ~ uniform[1, 16], A_log = log(A0) (Mamba-2's A_init_range)
 DT_MIN, DT_MAX, DT_INIT_FLOOR = 1e-3, 1e-1, 1e-4  # softplus(dt_bias) log-uniform in [1e-3, 1e-1]
@@ -180,17 +210,33 @@ def chunked_ssd(
     return out.reshape(batch, heads, N * C, dim_v)[:, :, :length].to(out_dtype)
 
 
-def initial_dt_bias(n_heads: int) -> torch.Tensor:
-    """Mamba-2's dt_bias: softplus(dt_bias) log-uniform in [DT_MIN, DT_MAX] (torch's global
-    generator), as the module docstring says."""
-    low, high = math.log(DT_MIN), math.log(DT_MAX)
-    delta0 = torch.exp(torch.rand(n_heads) * (high - low) + low).clamp(min=DT_INIT_FLOOR)
+def ssd_step(state, q, k, v, dt, A_log, dt_bias):  # noqa: N803
+    """One position of the recurrence: state S (batch, heads, d_k, d_v), q, k (batch, heads,
+    d_k), v (batch, heads, d_v), dt (batch, heads, 1) raw, A_log and dt_bias (heads,).
+    S <- a S + Delta k^T v, then o = q S -> (o in v's dtype, the new S). Not in place."""
+    out_dtype = v.dtype
+    q, k, v, delta, log_a = _prepared(q, k, v, dt, A_log, dt_bias)
+    dtype = torch.promote_types(q.dtype, state.dtype)
+    q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    a, delta = log_a.to(dtype).exp()[..., None, None], delta.to(dtype)[..., None, None]
+    state = a * state + delta * k.unsqueeze(-1) * v.unsqueeze(-2)
+    out = (q.unsqueeze(-2) @ state).squeeze(-2)
+    return out.to(out_dtype), state
+
+
+def initial_dt_bias(
+    n_heads: int, dt_min: float = DT_MIN, dt_max: float = DT_MAX, floor: float = DT_INIT_FLOOR
+) -> torch.Tensor:
+    """Mamba-2's dt_bias: softplus(dt_bias) log-uniform in [dt_min, dt_max], clamped below at
+    ``floor`` (torch's global generator), as the module docstring says."""
+    low, high = math.log(dt_min), math.log(dt_max)
+    delta0 = torch.exp(torch.rand(n_heads) * (high - low) + low).clamp(min=floor)
     return delta0 + torch.log(-torch.expm1(-delta0))  # the inverse of softplus
 
 
-def initial_A_log(n_heads: int) -> torch.Tensor:  # noqa: N802
+def initial_A_log(n_heads: int, A_init_range=A_INIT_RANGE) -> torch.Tensor:  # noqa: N802, N803
     """Mamba-2's A_log = log(uniform[1, 16]) (torch's global generator)."""
-    return torch.empty(n_heads).uniform_(*A_INIT_RANGE).log()
+    return torch.empty(n_heads).uniform_(*A_init_range).log()
 
 
 @MECHANISMS.register(
@@ -232,11 +278,141 @@ class Mamba2(MatrixStateMechanism):
         """One position: q, k, v (batch, heads, head_dim), dt (batch, heads, 1) raw.
         S <- a S + Delta k^T v, then o = q S. Not in place: autograd sees every state."""
         _check_inputs(True, dt)
-        out_dtype = v.dtype
-        q, k, v, delta, log_a = _prepared(q, k, v, dt, self.A_log, self.dt_bias)
-        dtype = torch.promote_types(q.dtype, state.dtype)
-        q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        a, delta = log_a.to(dtype).exp()[..., None, None], delta.to(dtype)[..., None, None]
-        state = a * state + delta * k.unsqueeze(-1) * v.unsqueeze(-2)
-        out = (q.unsqueeze(-2) @ state).squeeze(-2)
-        return out.to(out_dtype), state
+        return ssd_step(state, q, k, v, dt, self.A_log, self.dt_bias)
+
+
+def _check_options(d_inner, headdim, ngroups, dt_min, dt_max, dt_init_floor, A_range):  # noqa: N803
+    """One-line ValueErrors for the Mamba2Layer options that check_int does not cover."""
+    check_int("headdim", headdim, 1)
+    check_int("ngroups", ngroups, 1)
+    if d_inner % headdim:
+        raise ValueError(f"headdim {headdim} must divide expand * d_model = {d_inner}")
+    if (d_inner // headdim) % ngroups:
+        raise ValueError(f"ngroups {ngroups} must divide the {d_inner // headdim} heads")
+    check_positive(dt_min=dt_min, dt_max=dt_max)
+    if dt_max < dt_min:
+        raise ValueError(f"dt_max {dt_max} must be >= dt_min {dt_min}")
+    if isinstance(dt_init_floor, bool) or not isinstance(dt_init_floor, int | float):
+        raise ValueError(f"dt_init_floor must be a number >= 0, got {dt_init_floor!r}")
+    if not dt_init_floor >= 0:
+        raise ValueError(f"dt_init_floor must be a number >= 0, got {dt_init_floor!r}")
+    numbers = isinstance(A_range, tuple | list) and len(A_range) == 2
+    if not numbers or not all(isinstance(a, int | float) and a is not True for a in A_range):
+        raise ValueError(f"A_init_range must be two numbers (low, high), got {A_range!r}")
+    if not 0 < A_range[0] <= A_range[1]:
+        raise ValueError(f"A_init_range must have 0 < low <= high, got {A_range!r}")
+
+
+class Mamba2Layer(Layer):
+    """Mamba-2's whole mixer (mamba_ssm/modules/mamba2.py ``Mamba2``): in_proj to
+    [z, x, B, C, dt], causal depthwise conv (with bias) and SiLU over [x, B, C], the SSD
+    recurrence (``chunked_ssd``, ``ssd_step``) with B and C shared by the heads of a group,
+    the D skip, rmsnorm(y * silu(z)) * weight per group, out_proj. The parts, their sources
+    and the defaults: the module docstring, "The published layer".
+
+    ``n_heads`` is not used: as in the source, the heads are expand * d_model / headdim."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        d_state: int = 128,
+        d_conv: int = 4,
+        expand: int = 2,
+        headdim: int = 64,
+        ngroups: int = 1,
+        dt_min: float = DT_MIN,
+        dt_max: float = DT_MAX,
+        dt_init_floor: float = DT_INIT_FLOOR,
+        A_init_range: tuple = A_INIT_RANGE,  # noqa: N803 - mamba_ssm's name
+        chunk_size: int = 256,
+        norm_eps: float = 1e-5,
+    ):
+        super().__init__(d_model, n_heads)
+        for name, value in (("d_state", d_state), ("d_conv", d_conv), ("expand", expand)):
+            check_int(name, value, 1)
+        check_int("chunk_size", chunk_size, 1)
+        check_positive(norm_eps=norm_eps)
+        d_inner = expand * d_model
+        _check_options(d_inner, headdim, ngroups, dt_min, dt_max, dt_init_floor, A_init_range)
+        self.d_state, self.d_inner, self.headdim, self.ngroups = d_state, d_inner, headdim, ngroups
+        self.nheads = d_inner // headdim
+        self.chunk_size = chunk_size
+        self.conv_dim = d_inner + 2 * ngroups * d_state  # x, B, C go through the convolution
+        # mamba_ssm's order of construction (its global-generator draws): in_proj, conv1d,
+        # dt_bias, A_log, D, norm, out_proj
+        self.in_proj = nn.Linear(d_model, d_inner + self.conv_dim + self.nheads, bias=False)
+        self.conv = ShortConvolution(self.conv_dim, d_conv, activation=True, bias=True)
+        self.dt_bias = nn.Parameter(initial_dt_bias(self.nheads, dt_min, dt_max, dt_init_floor))
+        self.A_log = nn.Parameter(initial_A_log(self.nheads, A_init_range))
+        self.D = nn.Parameter(torch.ones(self.nheads))
+        for param in (self.dt_bias, self.A_log, self.D):  # as mamba_ssm: no weight decay
+            param._no_weight_decay = True
+        self.norm = GatedRMSNorm(
+            d_inner, eps=norm_eps, norm_before_gate=False, group_size=d_inner // ngroups
+        )
+        self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+    def _split(self, zxbcdt: torch.Tensor):
+        """in_proj's output (..., width) -> z (..., d_inner), xBC (..., conv_dim), dt (..., H)."""
+        return zxbcdt.split([self.d_inner, self.conv_dim, self.nheads], dim=-1)
+
+    def _heads(self, xbc: torch.Tensor):
+        """The convolved [x, B, C] (..., conv_dim) -> x (..., H, headdim) and B, C
+        (..., H, d_state), each group's B and C repeated for its heads (head h reads group
+        h // (H / ngroups), as mamba_ssm's kernels)."""
+        width = self.ngroups * self.d_state
+        x, b, c = xbc.split([self.d_inner, width, width], dim=-1)
+        per_group = self.nheads // self.ngroups
+        x = x.unflatten(-1, (self.nheads, self.headdim))
+        b, c = (
+            t.unflatten(-1, (self.ngroups, self.d_state)).repeat_interleave(per_group, dim=-2)
+            for t in (b, c)
+        )
+        return x, b, c
+
+    def _output(self, y: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """y, x (..., H, headdim) -> out_proj(rmsnorm((y + D x) * silu(z)) * weight)."""
+        y = (y + self.D.to(y.dtype).unsqueeze(-1) * x).flatten(-2)
+        return self.out_proj(self.norm(y, z))
+
+    def forward(self, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        self.check_causal(causal)
+        z, xbc, dt = self._split(self.in_proj(x))
+        xs, b, c = self._heads(self.conv(xbc))  # (batch, length, H, .)
+        y = chunked_ssd(
+            *(t.transpose(1, 2) for t in (c, b, xs)),  # C = q, B = k, x = v
+            dt.transpose(1, 2).unsqueeze(-1),  # (batch, H, length, 1)
+            self.A_log,
+            self.dt_bias,
+            self.chunk_size,
+        ).transpose(1, 2)
+        return self._output(y, xs, z)
+
+    def initial_state(self, batch: int, device, dtype: torch.dtype):
+        """(the convolution's last d_conv - 1 inputs, the SSM state S (batch, H, d_state,
+        headdim) = 0 in at least float32)."""
+        ssm = torch.zeros(
+            batch,
+            self.nheads,
+            self.d_state,
+            self.headdim,
+            device=device,
+            dtype=torch.promote_types(dtype, torch.float32),
+        )
+        return self.conv.initial_state(batch, device, dtype), ssm
+
+    def step(self, state, x: torch.Tensor):
+        conv_state, ssm = state
+        z, xbc, dt = self._split(self.in_proj(x))
+        xbc, conv_state = self.conv.step(conv_state, xbc)
+        xs, b, c = self._heads(xbc)  # (batch, H, .)
+        y, ssm = ssd_step(ssm, c, b, xs, dt.unsqueeze(-1), self.A_log, self.dt_bias)
+        return self._output(y, xs, z), (conv_state, ssm)
+
+    def state_size(self, seq_len: int) -> int:
+        """The convolution's window of [x, B, C] and the (d_state x headdim) state per head."""
+        return (self.conv.kernel - 1) * self.conv_dim + self.nheads * self.d_state * self.headdim
+
+
+Mamba2.layer = Mamba2Layer

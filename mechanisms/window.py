@@ -8,8 +8,9 @@ attention at scale 1/sqrt(d), d = head_dim:
     out_i = sum_{j in W(i)} softmax_j(q_i . k_j / sqrt(d)) v_j,
     W(i) = {j : 0 <= i - j <= window - 1, 0 <= j < L}.
 
-window >= L is causal softmax attention; window = 1 returns v. No positions, projections or
-gates: they belong to the model.
+window >= L is causal softmax attention; window = 1 returns v. The core has no positions,
+projections or gates: in the core track they belong to the model; in the block track the
+published layer ``SlidingWindowLayer`` (below) brings its own.
 
 Non-causal (``causal=False``): the symmetric band W(i) = {j : |i - j| <= window - 1, 0 <= j < L},
 window - 1 positions on each side of i and i itself, so that the causal form is exactly the
@@ -29,6 +30,30 @@ Three forms of the same function:
 
 Scores, softmax and sums run in at least float32 (``compute_dtype``); the output comes back
 in v's dtype. The softmax subtracts its row maximum, so inputs scaled x100 stay finite.
+
+The published layer (``SlidingWindowLayer``, the block track) is Mistral 7B's attention layer
+(Jiang et al. 2023, arXiv 2310.06825, section 2; mistral-inference
+src/mistral_inference/transformer_layers.py ``Attention``, rope.py), in order:
+
+1. q, k, v = x W_q, x W_k, x W_v: d_model -> n_heads x head_dim each, no bias (``wq``, ``wk``,
+   ``wv``, ``bias=False``); one key/value head per query head (Mistral 7B groups 32 query
+   heads on 8 key/value heads; at 4 heads we keep them all).
+2. Rotary positions on q and k, not v (Su et al. 2021, RoFormer, arXiv 2104.09864, sec.
+   3.2): the interleaved pairs (x_2i, x_2i+1) of each head rotated by p theta^(-2i / head_dim) at
+   position p, theta = ``rope_theta`` 10000 (mistral-inference rope.py
+   ``precompute_freqs_cis``/``apply_rotary_emb``; synthbench/core/positional.py's
+   ``rope_frequencies`` and ``rotate_pairs`` compute it). ``rotary=False`` leaves q and k as
+   they are (Zoology's zoology/mixers/slide_attn.py and Based's
+   based/models/mixers/slide_attention.py, ``rotary_emb_dim=0`` by default, have none).
+3. This module's windowed softmax, scale 1/sqrt(head_dim), over the ``window`` most recent
+   positions, itself included (Longformer's sliding window, Beltagy et al. 2020, arXiv
+   2004.05150, section 3.1; Mistral's window W, section 2).
+4. Output projection W_o, n_heads x head_dim -> d_model, no bias (``wo``).
+
+Its recurrent form is Mistral's rolling buffer cache (section 2): the last ``window`` keys,
+already rotated, and values per head, and the position of the next token; 2 window head_dim
+numbers per head. Plain Linear layers keep PyTorch's default initialisation (Mistral's code
+sets none of its own).
 """
 
 from __future__ import annotations
@@ -37,10 +62,13 @@ import math
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from synthbench.core.layer import Layer
 from synthbench.core.linear_attention import chunking, compute_dtype
 from synthbench.core.mechanism import MECHANISMS, Mechanism
-from synthbench.core.params import check_int
+from synthbench.core.params import check_int, check_positive
+from synthbench.core.positional import rope_frequencies, rotate_pairs
 
 
 def _in_band(offset: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
@@ -161,3 +189,89 @@ class SlidingWindowAttention(Mechanism):
         scores = scores.masked_fill(empty, float("-inf"))  # (B, H, window)
         out = (scores.softmax(dim=-1).unsqueeze(-2) @ values).squeeze(-2)
         return out.to(v.dtype), (keys, values, seen)
+
+
+class SlidingWindowLayer(Layer):
+    """Mistral 7B's sliding-window attention layer (module docstring, "The published layer"):
+    q, k, v projections, rotary positions on q and k, the windowed softmax of
+    ``sliding_window_attention``, output projection.
+
+    window: positions each query attends to, itself included (>= 1, default 64, the core's);
+    chunk_size: queries per block of the parallel form (>= 1, default 64; any value gives the
+    same function); rotary: rotate q and k by their positions (default True); rope_theta: the
+    rotary base theta (> 0, default 10000). ``causal=False`` gives the core's symmetric band
+    (the recurrent form is causal)."""
+
+    causal_only = False  # the core has a two-sided band; rotary positions work both ways
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        window: int = 64,
+        chunk_size: int = 64,
+        rotary: bool = True,
+        rope_theta: float = 10000.0,
+    ) -> None:
+        super().__init__(d_model, n_heads)
+        if d_model % n_heads:
+            raise ValueError(f"d_model {d_model} must be a multiple of n_heads {n_heads}")
+        if not isinstance(rotary, bool):
+            raise ValueError(f"rotary must be True or False, got {rotary!r}")
+        check_positive(rope_theta=rope_theta)
+        self.head_dim = head_dim = d_model // n_heads
+        if rotary and head_dim % 2:
+            raise ValueError(f"rotary needs an even head_dim, got {head_dim}")
+        # the core: its fast blocked forward and its window of keys and values (checks
+        # window and chunk_size)
+        self.core = SlidingWindowAttention(head_dim, n_heads, window, chunk_size)
+        self.window, self.chunk_size = window, chunk_size
+        self.rotary, self.rope_theta = rotary, float(rope_theta)
+        self.q_proj = nn.Linear(d_model, d_model, bias=False)
+        self.k_proj = nn.Linear(d_model, d_model, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+        # theta^(-2i / head_dim), derived from rope_theta (not saved), float64 as RoPE's
+        self.register_buffer(
+            "frequencies", rope_frequencies(head_dim, self.rope_theta), persistent=False
+        )
+
+    def _heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (..., d_model) -> q, k, v (..., n_heads, head_dim)."""
+        split = (self.n_heads, self.head_dim)
+        return tuple(
+            proj(x).unflatten(-1, split) for proj in (self.q_proj, self.k_proj, self.v_proj)
+        )
+
+    def forward(self, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        """x (batch, length, d_model) -> the same shape."""
+        self.check_causal(causal)
+        q, k, v = (t.transpose(1, 2) for t in self._heads(x))  # (B, H, L, d)
+        if self.rotary:
+            positions = torch.arange(x.shape[1], device=x.device).to(self.frequencies)
+            angles = positions[:, None] * self.frequencies  # (L, d / 2)
+            q, k = rotate_pairs(q, angles), rotate_pairs(k, angles)
+        out = sliding_window_attention(q, k, v, self.window, causal, self.chunk_size)
+        return self.o_proj(out.transpose(1, 2).flatten(-2))
+
+    def state_size(self, seq_len: int) -> int:
+        """The last ``window`` (rotated) keys and values of every head, whatever the length."""
+        return self.n_heads * 2 * self.window * self.head_dim
+
+    def initial_state(self, batch: int, device, dtype: torch.dtype):
+        """The core's (keys, values, seen): an empty window, and seen = 0, the position of the
+        next token (its rotation)."""
+        return self.core.initial_state(batch, device, dtype)
+
+    def step(self, state, x: torch.Tensor) -> tuple[torch.Tensor, tuple]:
+        """One position, x (batch, d_model) -> (y (batch, d_model), new state): project,
+        rotate q and k by the position ``seen``, push k and v into the window, attend."""
+        q, k, v = self._heads(x)  # (B, H, d)
+        if self.rotary:
+            angles = state[2] * self.frequencies  # (d / 2,)
+            q, k = rotate_pairs(q, angles), rotate_pairs(k, angles)
+        out, state = self.core.step(state, q, k, v)
+        return self.o_proj(out.flatten(-2)), state
+
+
+SlidingWindowAttention.layer = SlidingWindowLayer

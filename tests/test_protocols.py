@@ -12,8 +12,10 @@ from synthbench.run.spec import RunSpec
 DOC = Path(__file__).resolve().parent.parent / "docs" / "PROTOCOLS.md"
 
 
-def test_the_four_presets_exist():
-    assert PROTOCOLS.names() == ["smoke", "quick", "standard", "slay-paper"]
+def test_the_presets_exist_the_core_track_and_its_block_twins():
+    assert PROTOCOLS.names() == [
+        "smoke", "quick", "standard", "slay-paper", "smoke-block", "quick-block", "standard-block"
+    ]  # fmt: skip
 
 
 def test_docs_table_matches_the_code():

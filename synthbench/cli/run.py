@@ -41,7 +41,7 @@ from synthbench.run.grid import load_sweep_file
 from synthbench.run.limits import MAX_RUNS, MAX_SEEDS, check_runs
 from synthbench.run.lr_selection import run_status
 from synthbench.run.phases import phase
-from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.protocols import protocol_of_track
 from synthbench.run.provenance import device_name
 from synthbench.run.runner import Unit
 from synthbench.run.schema import LEAKY
@@ -105,6 +105,13 @@ def run_command(
     protocol: Annotated[
         str, typer.Option(help="Protocol preset (synthbench list protocols).")
     ] = "quick",
+    track: Annotated[
+        str | None,
+        typer.Option(
+            help="core (each mechanism's rule alone, the default) or block (its published "
+            "layer in a standard block): the protocol's twin in that track, e.g. quick-block."
+        ),
+    ] = None,
     device: DeviceOption = "auto",
     jobs: JobsOption = None,
     pack: PackOption = None,
@@ -171,6 +178,7 @@ def run_command(
         mech=mech,
         seeds=seeds,
         protocol=protocol,
+        track=track,
         device=device,
         jobs=jobs,
         pack=pack,
@@ -252,6 +260,7 @@ def run_grid(
     mech: str,
     seeds: int | None,
     protocol: str,
+    track: str | None = None,
     device: str,
     jobs: int | None,
     pack: int | None,
@@ -275,7 +284,10 @@ def run_grid(
     """``synthbench run`` (and ``sweep``) with the parameters parsed: plan the grid of runs,
     check it, train what is not stored, render the progress."""
     load_plugins(plugin)
-    proto = PROTOCOLS.get(protocol)
+    try:
+        proto = protocol_of_track(protocol, track)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from exc
     if executor not in EXECUTORS:
         raise UsageError(f"unknown executor '{executor}' ({', '.join(EXECUTORS)})")
     if not 1 <= threads <= MAX_THREADS:

@@ -8,12 +8,14 @@ mechanisms only define ``feature_map`` and share the causal linear-attention cor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import nn
 
 from synthbench.core.interrupts import caught, describe
+from synthbench.core.layer import Layer, layer_of, layer_params
 from synthbench.core.linear_attention import (
     attend_to_factored_scores,
     attend_to_scores,
@@ -264,29 +266,65 @@ def mechanism_params(cls: type[nn.Module], overrides: dict[str, Any] | None = No
 MAX_MECHANISM_BYTES = 2**30  # parameters and buffers of one layer; built-ins hold kilobytes
 
 
+@dataclass(frozen=True)
+class Mixer:
+    """What one model layer builds for a mechanism: its core ``cls(head_dim, n_heads,
+    **params)``, or in the block track its published layer ``cls(d_model, n_heads,
+    **params)`` (synthbench/core/layer.py); ``owner`` names it in messages."""
+
+    cls: type[nn.Module]
+    sizes: tuple[int, int]
+    owner: str
+
+    def params(self, overrides: dict[str, Any] | None = None) -> dict:
+        """Its full parameters: the constructor's defaults with ``overrides``, checked."""
+        if issubclass(self.cls, Layer):
+            return layer_params(self.owner, self.cls, overrides)
+        return constructor_params(self.owner, self.cls, overrides)
+
+    def build(self, params: dict[str, Any]) -> nn.Module:
+        return self.cls(*self.sizes, **params)
+
+
+def mixer(name: str, d_model: int, n_heads: int, arch: str) -> Mixer:
+    """The ``Mixer`` of mechanism ``name`` in a model of ``arch``: its published layer under
+    ``arch=block`` where it has one (``layer_of``), its core otherwise."""
+    entry = MECHANISMS.entry(name)
+    layer = layer_of(entry.obj) if arch == "block" else None
+    if layer is not None:
+        return Mixer(layer, (d_model, n_heads), f"layer {entry.name}")
+    return Mixer(entry.obj, (d_model // n_heads, n_heads), f"mechanism {entry.name}")
+
+
 def build_once(name: str, head_dim: int, n_heads: int, params: dict[str, Any]) -> None:
-    """Build mechanism ``name`` once, so that a parameter value it rejects, a (plugin's)
-    constructor that raises, or parameters too large for memory (``prf_features=10**8``) are
-    a ValueError naming it before any work, not a traceback or the machine's memory."""
+    """Build mechanism ``name``'s core once (``build_mixer_once``)."""
     cls = MECHANISMS.get(name)
+    build_mixer_once(Mixer(cls, (head_dim, n_heads), f"mechanism {name}"), params)
+
+
+def build_mixer_once(mixer: Mixer, params: dict[str, Any]) -> None:
+    """Build ``mixer`` once, so that a parameter value it rejects, a (plugin's) constructor
+    that raises, or parameters too large for memory (``prf_features=10**8``) are a
+    ValueError naming it before any work, not a traceback or the machine's memory."""
+    name = mixer.owner
     try:
         with torch.device("meta"):  # the sizes without the memory
-            module = cls(head_dim, n_heads, **params)
+            module = mixer.build(params)
     except BaseException as exc:  # invalid values, or a constructor that needs real tensors
         caught(exc)  # (a .item()): the real build below says which
         module = None
     try:
         if module is None:
-            module = cls(head_dim, n_heads, **params)
+            module = mixer.build(params)
     except (TypeError, ValueError) as exc:  # the user's parameter values, most likely
-        raise ValueError(f"mechanism {name}: {exc}") from exc
+        raise ValueError(f"{name}: {exc}") from exc
     except BaseException as exc:  # sys.exit() in a plugin's constructor too
-        raise ValueError(f"mechanism {name} cannot be built: {describe(caught(exc))}") from exc
+        raise ValueError(f"{name} cannot be built: {describe(caught(exc))}") from exc
     size = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
     if size > MAX_MECHANISM_BYTES:
         values = ", ".join(f"{k}={v}" for k, v in params.items())
         raise ValueError(
-            f"mechanism {name} ({values}) holds {size / 2**30:,.1f} GiB of parameters and "
+            f"{name} ({values}) holds {size / 2**30:,.1f} GiB of parameters and "
             f"buffers per layer, more than the {MAX_MECHANISM_BYTES / 2**30:g} GiB synthbench "
             "allows"
         )

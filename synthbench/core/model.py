@@ -7,7 +7,10 @@ convolution on q, k and v before the mechanism (depthwise, ``SHORT_CONV`` positi
 SiLU), as flash-linear-attention's DeltaNet, GLA and Based layers have: each position's
 q, k and v also see the few tokens before it, whatever the mechanism. ``transformer``:
 pre-norm blocks with an MLP and a final LayerNorm. The mechanism only ever sees (batch,
-heads, length, head_dim).
+heads, length, head_dim). ``block`` (the block track): the transformer's pre-norm residual
+block, the same for every mechanism, with the mechanism's published layer as its mixer
+(synthbench/core/layer.py); a mechanism without one enters as its core inside the plain
+multi-head projections, as in ``transformer``.
 
 Positions: an absolute embedding added to the tokens (``learned``, ``sinusoidal``), nothing
 (``none``), or a rotation of each head's queries and keys by position (the ``ROTATIONS`` of
@@ -25,11 +28,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from synthbench.core.layer import Layer
 from synthbench.core.mechanism import extra_inputs
 from synthbench.core.params import check_int, constructor_params
 from synthbench.core.positional import ROTATIONS
 
-ARCHS = ("attn-only", "attn-conv", "transformer")
+ARCHS = ("attn-only", "attn-conv", "transformer", "block")
+TRACKS = {"core": "attn-only", "block": "block"}  # a track: the arch its protocols use
 SHORT_CONV = 4  # attn-conv's kernel: flash-linear-attention's default conv_size
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
 POSITIONS = (*ABSOLUTE_POSITIONS, *ROTATIONS)
@@ -151,8 +156,13 @@ class Block(nn.Module):
     ) -> None:
         super().__init__()
         short_conv = SHORT_CONV if arch == "attn-conv" else 0
-        self.attn = MultiHeadAttention(d_model, n_heads, mechanism, rotation, short_conv)
-        self.transformer = arch == "transformer"
+        if isinstance(mechanism, Layer):  # the block track's published layer: a whole mixer
+            if arch != "block":
+                raise ValueError(f"a published layer belongs in arch=block, not {arch}")
+            self.attn = mechanism
+        else:
+            self.attn = MultiHeadAttention(d_model, n_heads, mechanism, rotation, short_conv)
+        self.transformer = arch in ("transformer", "block")
         if self.transformer:
             self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
             self.mlp = nn.Sequential(
@@ -171,7 +181,7 @@ class Model(nn.Module):
         self,
         vocab_size: int,
         max_len: int,
-        mechanism: Callable[[], nn.Module],
+        mechanism: Callable[[], nn.Module],  # one layer's core, or its published Layer
         d_model: int = 64,
         n_heads: int = 4,
         n_layers: int = 2,
@@ -204,7 +214,7 @@ class Model(nn.Module):
             )
             for _ in range(n_layers)
         )
-        self.norm = nn.LayerNorm(d_model) if arch == "transformer" else nn.Identity()
+        self.norm = nn.LayerNorm(d_model) if arch in ("transformer", "block") else nn.Identity()
         self.head = nn.Linear(d_model, vocab_size)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

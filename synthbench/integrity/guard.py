@@ -15,7 +15,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.interrupts import caught
+from synthbench.core.layer import Layer
+from synthbench.core.mechanism import MECHANISMS, mixer
 from synthbench.integrity.causality import (
     CheckResult,
     Subject,
@@ -23,6 +25,7 @@ from synthbench.integrity.causality import (
     float64_device,
     one_thread,
 )
+from synthbench.integrity.layer_checks import leak_in_layer
 from synthbench.run.lr_selection import mark_selected
 from synthbench.run.schema import LEAKY
 from synthbench.run.spec import RunSpec
@@ -38,6 +41,15 @@ def configurations(specs: Sequence[RunSpec], device: torch.device) -> list[Confi
     found: dict[str, Configuration] = {}
     for spec in specs:
         p = spec.protocol
+        if issubclass(mixer(spec.mechanism, p.d_model, p.n_heads, p.arch).cls, Layer):
+            key = json.dumps([spec.mechanism, spec.mechanism_params, p.d_model, p.n_heads, "layer"],
+                             default=str)  # fmt: skip
+            config = found.setdefault(key, Configuration(spec.mechanism))
+            config.specs.append(spec)
+            config.layer_lengths.add(spec.make_task().seq_len)
+            if spec.eval_length_mult:
+                config.layer_lengths.add(spec.make_task().at_length(spec.eval_length_mult).seq_len)
+            continue
         head_dim = p.d_model // p.n_heads
         key = json.dumps([spec.mechanism, spec.mechanism_params, head_dim, p.n_heads], default=str)
         config = found.setdefault(key, Configuration(spec.mechanism))
@@ -62,9 +74,21 @@ class Configuration:
     name: str
     specs: list[RunSpec] = field(default_factory=list)
     lengths: dict[int, tuple[Subject, set[int]]] = field(default_factory=dict)
+    # the block track's published layer: checked whole, at these lengths (layer_checks.py)
+    layer_lengths: set[int] = field(default_factory=set)
 
     def first_leak(self) -> CheckResult | None:
         """The first layout or causality check failed by what the mechanism computed."""
+        if self.layer_lengths:
+            spec = self.specs[0]
+            p = spec.protocol
+            try:
+                leak = leak_in_layer(spec.mechanism, spec.mechanism_params, p.d_model,
+                                     p.n_heads, sorted(self.layer_lengths))  # fmt: skip
+            except BaseException as exc:  # raising is no proof of a leak: training says why
+                caught(exc)
+                return None
+            return None if leak is None else CheckResult("layer-causal", False, leak)
         for subject, lengths in self.lengths.values():
             for result in check_leaks(subject, sorted(lengths)):
                 if result.leaks:

@@ -7,10 +7,12 @@ whenever a preset's values change, so old rows are never mistaken for new ones.
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from synthbench.core.model import ARCHS, POSITIONS
+from synthbench.core.model import ARCHS, POSITIONS, TRACKS
 from synthbench.core.registry import Registry
 
 CURVE_POINTS = 10  # validation evaluations along training (the learning curve)
@@ -94,6 +96,12 @@ class Protocol:
             problems.append("select_metric must be token_acc or exact_match")
         if problems:
             raise ValueError(f"protocol {self.name!r}: " + "; ".join(problems))
+
+    @property
+    def track(self) -> str:
+        """``block`` for the published layers' arch, ``core`` for every other (the rule alone,
+        or the rule in one of the model's own blocks)."""
+        return "block" if self.arch == TRACKS["block"] else "core"
 
     def pinned_task_params(self, task: str) -> dict[str, Any]:
         """The parameters this protocol fixes for ``task`` (canonical name); none by default."""
@@ -222,6 +230,45 @@ _add(
         ),
     )
 )
+
+
+# The block track (synthbench/core/layer.py): each protocol's twin with every mechanism as its
+# published layer in one standard pre-norm block with an MLP; its own name and version, so
+# its rows, tables and leaderboard never mix with the core track's.
+for _core in ("smoke", "quick", "standard"):
+    _base = PROTOCOLS.get(_core)
+    _add(
+        dataclasses.replace(
+            _base,
+            name=f"{_core}-block",
+            version=1,
+            arch="block",
+            description=f"the block track of {_core}: every mechanism as its published layer "
+            "(its core for the attention family) in a pre-norm residual block with an MLP",
+        )
+    )
+
+
+def protocol_of_track(name: str, track: str | None) -> Protocol:
+    """Protocol ``name``, or its twin in ``track`` (``core``: the protocol itself, ``block``:
+    ``<name>-block``). An unknown track, or a protocol without a twin there, raises a one-line
+    ValueError naming the close matches or the protocols that have one."""
+    protocol = PROTOCOLS.get(name)
+    if track is None or track == protocol.track:
+        return protocol
+    if track not in TRACKS:
+        close = difflib.get_close_matches(str(track), TRACKS, n=2, cutoff=0.5)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"unknown track '{track}'{hint} (known: {', '.join(TRACKS)})")
+    base = protocol.name.removesuffix("-block")
+    twin = base if track == "core" else f"{base}-block"
+    if twin not in PROTOCOLS:
+        have = [e.name for e in PROTOCOLS.entries() if e.obj.track == track]
+        raise ValueError(
+            f"protocol {protocol.name} has no {track} track (protocols of the {track} track: "
+            f"{', '.join(have)})"
+        )
+    return PROTOCOLS.get(twin)
 
 
 def markdown_table() -> str:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from synthbench.core.interrupts import caught, describe
-from synthbench.core.mechanism import MECHANISMS, build_once, mechanism_params
+from synthbench.core.mechanism import MECHANISMS, build_mixer_once, mixer
 from synthbench.core.model import check_position, make_rotation, position_params
 from synthbench.core.params import check_int
 from synthbench.core.task import TASKS, Task
@@ -108,9 +108,10 @@ class RunSpec:
                     raise ValueError(
                         f"task {task_entry.name} at {eval_length_mult:g}x length: {exc}"
                     ) from exc
-        mech_params = mechanism_params(mech_entry.obj, mechanism_overrides)
-        build_once(mech_entry.name, protocol.d_model // protocol.n_heads, protocol.n_heads,
-                   mech_params)  # fmt: skip
+        # the core, or in the block track the published layer: its options are the params
+        built = mixer(mech_entry.name, protocol.d_model, protocol.n_heads, protocol.arch)
+        mech_params = built.params(mechanism_overrides)
+        build_mixer_once(built, mech_params)
         return cls(
             task=task_entry.name,
             mechanism=mech_entry.name,
@@ -162,11 +163,10 @@ class RunSpec:
         return TASKS.get(self.task)(**self.task_params)
 
     def make_mechanism(self):
-        """A new instance of the mechanism, for one layer of the protocol's model."""
+        """A new instance of the mechanism for one layer of the protocol's model: its core,
+        or in the block track its published layer (``mixer``)."""
         p = self.protocol
-        return MECHANISMS.get(self.mechanism)(
-            p.d_model // p.n_heads, p.n_heads, **self.mechanism_params
-        )
+        return mixer(self.mechanism, p.d_model, p.n_heads, p.arch).build(self.mechanism_params)
 
     def row_fields(self) -> dict[str, Any]:
         """What every results row of this run says about the run."""
