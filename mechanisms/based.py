@@ -5,10 +5,14 @@ feature map beside exact softmax attention over a short sliding window, in one m
 **Heads.** The first ``window_heads`` heads (Hw; default n_heads // 2, so at least 1 once
 n_heads >= 2; 0 allowed: Taylor only; n_heads: window only) run sliding-window softmax
 attention, the other n_heads - Hw heads the Taylor linear attention. Why split heads: the paper
-builds Based from alternating layers (mostly Taylor linear-attention layers, some sliding-window
-layers, a few gated convolutions), but in synthbench one mechanism fills every layer of the
-model, so the two kinds of mixing share each layer instead, by heads. The gated convolutions
-are not part of it (they are the model's, and synthbench's model has none).
+builds Based from different layers interleaved across depth (most of them gated convolutions,
+the rest Taylor linear-attention and sliding-window layers in equal numbers: "The published
+layer" below), but in the core track one mechanism fills every layer of the model, so the two
+kinds of mixing share each layer instead, by heads.
+
+- Left to the model, as for every mechanism here (core track): the projections, the gated
+  convolutions and the output projection. The block track's published layer, ``BasedLayer``
+  (below), has them all.
 
 **Taylor heads.** With d = ``feature_dim`` (default min(16, head_dim); the paper's and
 Zoology's 16), the first d coordinates of q and k (the paper projects q and k to d per head
@@ -58,6 +62,44 @@ window 64, 2 + 2 heads): (2 x 273 x 17 + 2 x 2048) / 4 = 3,344.5 -> 3,345.
 Numerics: features, scores, softmax and sums in at least float32 (``compute_dtype``), the
 output in v's dtype; the softmax subtracts its maximum. Inputs x100 make Taylor scores of
 about 1e8, far inside float32.
+
+**The published layer** (``BasedLayer``, the block track). What the source does: the
+reference models stack three kinds of pre-norm residual blocks (RMSNorm, eps 1e-5; each with
+its own SwiGLU MLP), repeating BaseConv, Taylor linear attention, sliding window, then more
+BaseConv blocks: in the 360M model (HazyResearch/based, train/configs/experiment/reference/
+based-360m.yaml, based/models/gpt.py ``create_mixer_cls``) linear attention in layers 1, 6,
+11, 16, 21, sliding window in 2, 7, 12, 17, 22, BaseConv in the other 17 of 27 (the 1.3B
+model the same pattern over 36). The block track has one layer type per block and 2 blocks,
+so ``BasedLayer`` is that run of three consecutive reference blocks, MLPs left out (the block
+has one after the layer), each step a residual on the stream h, starting from the block's
+normalised input x:
+
+1. BaseConv (based/models/mixers/convolution.py ``BaseConv``, ``expand_proj`` 4, kernel 3):
+   a Linear with bias to 4 d_model, halves u and g; c = out_proj(silu(conv(u)) * g), the
+   depthwise causal conv without bias (``ShortConvolution``), out_proj a Linear with bias.
+   h = x + c. (Option ``use_conv``.)
+2. Taylor linear attention (based/models/mixers/linear_attention.py ``LinearAttention``,
+   ``TaylorExp``; paper sec. 4, feature_dim 16): RMSNorm(h) (only after a step 1); q, k
+   projected to feature_dim per head, v to head_dim, no biases; the core above (phi,
+   denominator eps 1e-12, ``linear_attention``); out_proj without bias. h = h + a.
+3. Sliding-window attention (based/models/mixers/slide_attention.py ``SlidingAttention``;
+   paper sec. 4, window 64): RMSNorm(h); one Linear to q, k, v without bias (the configs'
+   qkv_proj_bias false), softmax over the last ``window`` positions at 1/sqrt(head_dim)
+   (``sliding_window_attention`` of mechanisms/window.py), out_proj without bias. (Option
+   ``use_window``.)
+
+The layer returns c + a + w (the block adds x). Differences, and why: the MLPs and the
+stream's own norm between the three are the block's, here one for all three; the reference
+rotates the window's q and k (RoPE over the whole head, ``rotary_emb_fraction`` 1), here
+positions are the model's, as for every layer; its flash-attn window (w // 2, 0) sees w // 2
+earlier positions plus itself (the configs' 128 and 256 give 65 and 129 keys), ``window``
+here counts every key seen, itself included, 64 by default as the paper's; sizes follow
+d_model and n_heads (heads of d_model // n_heads for both attentions, 16 and 64 wide in the
+reference). No special initial values: the reference's GPT-2 normal init is the model's, and
+here every Linear keeps PyTorch's default, RMSNorm weights ones. Recurrent form: the conv's
+last conv_size - 1 inputs, (S, z), the window's last ``window`` keys and values (the
+``SlidingWindowAttention`` step). Under torch.func the linear core takes its "prefix"
+strategy (the CPU scan is an autograd.Function without a vmap rule), the same function.
 """
 
 from __future__ import annotations
@@ -65,11 +107,13 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
-from synthbench.core.linear_attention import compute_dtype, linear_attention
+from synthbench.core.layer import Layer, RMSNorm, ShortConvolution
+from synthbench.core.linear_attention import compute_dtype, functorch_active, linear_attention
 from synthbench.core.mechanism import MECHANISMS, Mechanism
-from synthbench.core.params import check_int
-from synthbench.mechanisms.window import sliding_window_attention
+from synthbench.core.params import check_int, check_positive
+from synthbench.mechanisms.window import SlidingWindowAttention, sliding_window_attention
 
 BASED_EPS = 1e-12  # the denominator's (Based's, Zoology's and fla's layer default)
 
@@ -80,6 +124,18 @@ def taylor_feature_map(x: torch.Tensor, feature_dim: int) -> torch.Tensor:
     x = x[..., :feature_dim]
     second = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2) / math.sqrt(2 * feature_dim)
     return torch.cat([torch.ones_like(x[..., :1]), x / feature_dim**0.25, second], dim=-1)
+
+
+def taylor_step(s, z, q, k, v, feature_dim: int, eps: float):
+    """One position of the causal Taylor linear attention, not in place: S += phi(k)^T v,
+    z += phi(k), out = phi(q) S / (phi(q) . z + eps). q, k (..., >= feature_dim), v (...,
+    head_dim), S (..., 1 + d + d^2, head_dim), z (..., 1 + d + d^2) -> (out, S, z)."""
+    phi_q = taylor_feature_map(q, feature_dim)
+    phi_k = taylor_feature_map(k, feature_dim)
+    s = s + phi_k.unsqueeze(-1) * v.unsqueeze(-2)
+    z = z + phi_k
+    num = (phi_q.unsqueeze(-2) @ s).squeeze(-2)
+    return num / ((phi_q * z).sum(-1, keepdim=True) + eps), s, z
 
 
 def based_reference(
@@ -232,12 +288,170 @@ class Based(Mechanism):
             scores = scores.masked_fill(empty, float("-inf"))  # (B, Hw, window)
             parts.append((scores.softmax(dim=-1).unsqueeze(-2) @ values).squeeze(-2))
         if hw < self.n_heads:
-            phi_q = taylor_feature_map(q[:, hw:], self.taylor_dim)  # (B, Ht, F)
-            phi_k = taylor_feature_map(k[:, hw:], self.taylor_dim)
-            s = s + phi_k.unsqueeze(-1) * v[:, hw:].unsqueeze(-2)
-            z = z + phi_k
-            num = (phi_q.unsqueeze(-2) @ s).squeeze(-2)
-            den = (phi_q * z).sum(-1, keepdim=True) + self.eps
-            parts.append(num / den)
+            out, s, z = taylor_step(
+                s, z, q[:, hw:], k[:, hw:], v[:, hw:], self.taylor_dim, self.eps
+            )
+            parts.append(out)
         out = torch.cat(parts, dim=1).to(out_dtype)
         return out, (s, z, keys, values, seen)
+
+
+class BasedLayer(Layer):
+    """The published Based mixer as one layer (module docstring, "The published layer"):
+    a BaseConv gated convolution, then the Taylor linear attention, then sliding-window
+    softmax attention, each a residual step (the second and third pre-normed), in the order
+    of the reference models' consecutive layers. Returns the sum of the three steps' outputs
+    (the block adds its input). Causal only (the convolution and the recurrence).
+
+    feature_dim: d of the Taylor map, q and k are projected to d per head (>= 1, default 16);
+    window: positions a window query sees, itself included (>= 1, default 64); conv_size:
+    the BaseConv kernel (>= 1, default 3); conv_expand: BaseConv's ``expand_proj``, its input
+    projection is conv_expand x d_model wide, half convolved, half the gate (>= 1, default 4);
+    use_conv, use_window: keep the convolution / the window step (default True); eps: the
+    Taylor denominator's (>= 0, default 1e-12); norm_eps: the RMSNorms' (> 0, default 1e-5);
+    chunk_size: the chunk of the linear core and the query block of the window (>= 1,
+    default 64; any value gives the same function)."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        feature_dim: int = 16,
+        window: int = 64,
+        conv_size: int = 3,
+        conv_expand: int = 4,
+        use_conv: bool = True,
+        use_window: bool = True,
+        eps: float = BASED_EPS,
+        norm_eps: float = 1e-5,
+        chunk_size: int = 64,
+    ):
+        super().__init__(d_model, n_heads)
+        if d_model % n_heads:
+            raise ValueError(f"n_heads {n_heads} must divide d_model {d_model}")
+        for name, value in (("feature_dim", feature_dim), ("window", window)):
+            check_int(name, value, 1)
+        for name, value in (("conv_size", conv_size), ("chunk_size", chunk_size)):
+            check_int(name, value, 1)
+        check_int("conv_expand", conv_expand, 1)
+        if conv_expand * d_model % 2:
+            raise ValueError(f"conv_expand x d_model must be even, got {conv_expand} x {d_model}")
+        for name, flag in (("use_conv", use_conv), ("use_window", use_window)):
+            if not isinstance(flag, bool):
+                raise ValueError(f"{name} must be True or False, got {flag!r}")
+        if isinstance(eps, bool) or not isinstance(eps, int | float) or not eps >= 0:
+            raise ValueError(f"eps must be a number >= 0, got {eps!r}")
+        check_positive(norm_eps=norm_eps)
+        self.head_dim = d_model // n_heads
+        self.feature_dim, self.window, self.chunk_size = feature_dim, window, chunk_size
+        self.use_conv, self.use_window, self.eps = use_conv, use_window, float(eps)
+        self.n_features = 1 + feature_dim + feature_dim**2
+        # 1. BaseConv (based/models/mixers/convolution.py): in_proj, conv of one half,
+        #    SiLU, times the other half, out_proj; both Linears with a bias (use_bias=True)
+        if use_conv:
+            self.conv_inner = conv_expand * d_model // 2
+            self.conv_in = nn.Linear(d_model, 2 * self.conv_inner)
+            self.conv = ShortConvolution(self.conv_inner, conv_size, activation=True, bias=False)
+            self.conv_out = nn.Linear(self.conv_inner, d_model)
+        # 2. Taylor linear attention (based/models/mixers/linear_attention.py): no biases
+        self.taylor_norm = RMSNorm(d_model, norm_eps) if use_conv else None
+        self.q_proj = nn.Linear(d_model, n_heads * feature_dim, bias=False)
+        self.k_proj = nn.Linear(d_model, n_heads * feature_dim, bias=False)
+        self.v_proj = nn.Linear(d_model, d_model, bias=False)
+        self.o_proj = nn.Linear(d_model, d_model, bias=False)
+        # 3. sliding-window attention (based/models/mixers/slide_attention.py; the reference
+        #    configs set qkv_proj_bias and out_proj_bias false)
+        if use_window:
+            self.window_norm = RMSNorm(d_model, norm_eps)
+            self.window_qkv = nn.Linear(d_model, 3 * d_model, bias=False)
+            self.window_out = nn.Linear(d_model, d_model, bias=False)
+            self.window_core = SlidingWindowAttention(self.head_dim, n_heads, window, chunk_size)
+
+    def _heads(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """(B, L, n_heads * width) -> (B, n_heads, L, width)."""
+        return x.unflatten(-1, (self.n_heads, width)).transpose(1, 2)
+
+    def _merge(self, y: torch.Tensor) -> torch.Tensor:
+        """(B, n_heads, L, head_dim) -> (B, L, d_model)."""
+        return y.transpose(1, 2).flatten(-2)
+
+    def forward(self, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        self.check_causal(causal)
+        out, h = 0, x
+        if self.use_conv:
+            u, gate = self.conv_in(x).split(self.conv_inner, dim=-1)
+            out = self.conv_out(self.conv(u) * gate)
+            h = x + out
+        u = self.taylor_norm(h) if self.taylor_norm is not None else h
+        q = self._heads(self.q_proj(u), self.feature_dim)
+        k = self._heads(self.k_proj(u), self.feature_dim)
+        v = self._heads(self.v_proj(u), self.head_dim)
+        dtype = compute_dtype(q, k, v)
+        # the CPU scan is an autograd.Function without a vmap rule; under torch.func the
+        # core's plain-operation "prefix" strategy computes the same function
+        strategy = "prefix" if functorch_active() else "auto"
+        y = linear_attention(
+            taylor_feature_map(q.to(dtype), self.feature_dim),
+            taylor_feature_map(k.to(dtype), self.feature_dim),
+            v,
+            eps=self.eps,
+            chunk_size=self.chunk_size,
+            strategy=strategy,
+        )
+        step = self.o_proj(self._merge(y))
+        out, h = out + step, h + step
+        if self.use_window:
+            qkv = self.window_qkv(self.window_norm(h)).unflatten(-1, (3, self.n_heads, -1))
+            q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each (B, n_heads, L, head_dim)
+            y = sliding_window_attention(q, k, v, self.window, True, self.chunk_size)
+            out = out + self.window_out(self._merge(y))
+        return out
+
+    def initial_state(self, batch: int, device, dtype: torch.dtype):
+        """(conv window or None, S, z, window state or None): the BaseConv's last conv_size - 1
+        inputs; S (batch, n_heads, 1 + d + d^2, head_dim) and z (batch, n_heads, 1 + d + d^2),
+        zeros in at least float32; the window core's (keys, values, seen)."""
+        conv = self.conv.initial_state(batch, device, dtype) if self.use_conv else None
+        wide = torch.promote_types(dtype, torch.float32)
+        shape = (batch, self.n_heads, self.n_features)
+        s = torch.zeros(*shape, self.head_dim, device=device, dtype=wide)
+        z = torch.zeros(shape, device=device, dtype=wide)
+        windowed = self.window_core.initial_state(batch, device, dtype) if self.use_window else None
+        return conv, s, z, windowed
+
+    def step(self, state, x: torch.Tensor):
+        """One position, x (batch, d_model) -> (y (batch, d_model), the new state): the three
+        steps of ``forward`` in their recurrent forms. Not in place."""
+        conv, s, z, windowed = state
+        batch = x.shape[0]
+        out, h = 0, x
+        if self.use_conv:
+            u, gate = self.conv_in(x).split(self.conv_inner, dim=-1)
+            c, conv = self.conv.step(conv, u)
+            out = self.conv_out(c * gate)
+            h = x + out
+        u = self.taylor_norm(h) if self.taylor_norm is not None else h
+        q = self.q_proj(u).view(batch, self.n_heads, self.feature_dim)
+        k = self.k_proj(u).view(batch, self.n_heads, self.feature_dim)
+        v = self.v_proj(u).view(batch, self.n_heads, self.head_dim)
+        dtype = compute_dtype(q, k, v, s)
+        y, s, z = taylor_step(
+            s, z, q.to(dtype), k.to(dtype), v.to(dtype), self.feature_dim, self.eps
+        )
+        step = self.o_proj(y.to(x.dtype).reshape(batch, self.d_model))
+        out, h = out + step, h + step
+        if self.use_window:
+            qkv = self.window_qkv(self.window_norm(h)).view(batch, 3, self.n_heads, -1)
+            y, windowed = self.window_core.step(windowed, qkv[:, 0], qkv[:, 1], qkv[:, 2])
+            out = out + self.window_out(y.reshape(batch, self.d_model))
+        return out, (conv, s, z, windowed)
+
+    def state_size(self, seq_len: int) -> int:
+        """The whole layer's, whatever L: (conv_size - 1) x the convolved channels, n_heads
+        (1 + d + d^2)(head_dim + 1) for S and z, 2 window d_model keys and values."""
+        conv = (self.conv.kernel - 1) * self.conv_inner if self.use_conv else 0
+        taylor = self.n_heads * self.n_features * (self.head_dim + 1)
+        return conv + taylor + (2 * self.window * self.d_model if self.use_window else 0)
+
+
+Based.layer = BasedLayer
