@@ -5,6 +5,7 @@ from . import (  # noqa: F401
     based,
     cosformer,
     deltanet,
+    gated_deltanet,
     gla,
     linear,
     mamba2,

@@ -169,13 +169,14 @@ def test_stored_rows_beat_bench_rows_which_beat_the_table(tmp_path):
     assert gpu == {copy: cost.Cost(0.099, "stored")}
 
 
-def test_the_shipped_table_prices_every_builtin_task_under_every_protocol():
+def test_the_shipped_table_prices_every_builtin_task_under_every_core_protocol():
     shipped = cost.read_table()
     tasks = sorted(e.name for e in TASKS.entries() if e.source == "builtin")
     assert list(shipped.columns) == cost.TABLE_COLUMNS
     assert set(shipped["source"]) <= set(cost.TABLE_SOURCES)
     assert (shipped["step_seconds"] > 0).all() and shipped["step_seconds"].map(math.isfinite).all()
-    for protocol in PROTOCOLS.names():
+    # the block track's protocols are not measured yet: their estimate says "not known"
+    for protocol in (n for n in PROTOCOLS.names() if PROTOCOLS.get(n).track == "core"):
         mine = shipped[shipped["protocol"] == protocol]
         for mech in ("softmax", "linear", "performer", "cosformer", "slay", "none"):
             assert sorted(mine[mine["mechanism"] == mech]["task"]) == tasks, (protocol, mech)

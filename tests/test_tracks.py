@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 import torch
-
 from clitools import assert_error, invoke
+
 from synthbench.core.layer import Layer, layer_of, recurrent_layer_forward
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.model import Model, MultiHeadAttention
