@@ -265,7 +265,7 @@ FAULTS = [
           message="unknown mechanism 'sofmax'; did you mean softmax?"),
     fault("mech-empty", *RUN, "--mech", "", code=2, message="--mech names no mechanism"),
     fault("protocol-typo", *RUN, "--protocol", "smoek", code=2,
-          message="unknown protocol 'smoek'; did you mean smoke?"),
+          message="unknown protocol 'smoek'; did you mean smoke, smoke-block?"),
     fault("category-typo", *RUN, "--category", "memry", code=2,
           message="unknown category 'memry' (categories: Basic, "),
     fault("pos-typo", *RUN, "--pos", "rop", code=2,
@@ -293,7 +293,7 @@ FAULTS = [
     fault("results-status-typo", "results", "--results", "{results}", "--status", "okk",
           code=2, message="unknown status 'okk'; did you mean ok? (known: diverged, error, "),
     fault("results-protocol-typo", "results", "--results", "{results}", "--protocol",
-          "smoek", code=2, message="unknown protocol 'smoek'; did you mean smoke?"),
+          "smoek", code=2, message="unknown protocol 'smoek'; did you mean smoke, smoke-block?"),
     # click's own parse errors, as one line too
     fault("seeds-not-a-number", *RUN, "--seeds", "abc", code=2,
           message="Invalid value for '--seeds': "),
