@@ -1,8 +1,13 @@
 """Paired wall time of the main job (`synthbench run`: softmax, quick, 3 seeds) under two
-installs of synthbench, task by task.
+installs of synthbench, or in the two tracks of one install, task by task.
 
     python benchmarks/suite_time.py --base /path/to/old/bin/synthbench \\
         --new /path/to/new/bin/synthbench --out /somewhere/outside/the/tree [--tasks copy,sort]
+    python benchmarks/suite_time.py --base synthbench --new synthbench --new-track block \\
+        --mech deltanet --seeds 1 --out /somewhere/outside/the/tree
+
+``--base-track`` and ``--new-track`` run a side in that track (``synthbench run --track``):
+the block track's cost beside the core track's.
 
 For each task the two installs run the same command back to back, one training at a time on
 one thread (so that a busy machine slows both alike), the side that goes first alternating
@@ -21,10 +26,11 @@ import time
 from pathlib import Path
 
 
-def timed_leg(exe: str, task: str, mech: str, results: Path) -> float:
+def timed_leg(exe: str, task: str, mech: str, results: Path, options: list[str]) -> float:
     shutil.rmtree(results, ignore_errors=True)
     start = time.perf_counter()
     command = [exe, "run", "--task", task, "--mech", mech, "--jobs", "1", "--threads", "1"]
+    command += options
     done = subprocess.run([*command, "--results", str(results)], capture_output=True, text=True)
     if done.returncode:
         last = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1]
@@ -39,7 +45,13 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path, help="results and times (resumed)")
     parser.add_argument("--tasks", default="", help="comma-separated (default: every task)")
     parser.add_argument("--mech", default="softmax")
+    parser.add_argument("--seeds", type=int, help="seeds 0..N-1 (default: the protocol's)")
+    for side in ("base", "new"):
+        parser.add_argument(f"--{side}-track", choices=("core", "block"), default="core")
     args = parser.parse_args()
+    options = {side: ["--track", getattr(args, f"{side}_track")] for side in ("base", "new")}
+    for side in options:
+        options[side] += ["--seeds", str(args.seeds)] if args.seeds else []
     for exe in (args.base, args.new):
         if not shutil.which(exe):
             raise SystemExit(f"error: {exe} is not an executable (give the path of a synthbench)")
@@ -60,7 +72,8 @@ def main() -> None:
         for side in ("base", "new") if i % 2 == 0 else ("new", "base"):
             if (side, task) in times:
                 continue
-            seconds = timed_leg(getattr(args, side), task, args.mech, args.out / f"{side}-{task}")
+            results = args.out / f"{side}-{task}"
+            seconds = timed_leg(getattr(args, side), task, args.mech, results, options[side])
             times[side, task] = seconds
             with log.open("a") as f:
                 f.write(json.dumps({"side": side, "task": task, "seconds": seconds}) + "\n")

@@ -318,18 +318,49 @@ def aggregate(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     return aggregate_runs(rows, selected_runs(rows, metric))
 
 
+def _run_status(statuses: pd.Series) -> str:
+    if (statuses == LEAKY).any():
+        return LEAKY
+    return "ok" if (statuses == "ok").any() else statuses.iloc[-1]
+
+
+def run_outcomes(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per run (its lr sweep): KEYS, run_id, seed and status. A run failed if none
+    of its rows succeeded; its status is that of its last row (a leaky row at any lr makes
+    the whole run leaky: synthbench/run/lr_selection.py selects nothing)."""
+    return (
+        rows.groupby([*KEYS, "run_id"])
+        .agg(
+            seed=("seed", "first"),
+            status=("status", _run_status),
+        )
+        .reset_index()
+    )
+
+
+def protocol_track(rows: pd.DataFrame) -> str:
+    """The track of one protocol's rows (synthbench/run/protocols.py ``Protocol.track``):
+    ``block`` where they trained the published layers' arch, else ``core``. Read from the
+    config the rows stored, or the registered protocol of that name for rows without one."""
+    from synthbench.core.model import TRACKS  # torch: already imported by the protocols
+
+    if "config" in rows and len(rows):
+        try:
+            arch = json.loads(rows["config"].iloc[0])["protocol"]["arch"]
+            return "block" if arch == TRACKS["block"] else "core"
+        except (TypeError, ValueError, KeyError):
+            pass  # a hand-made frame: fall back on the name
+    name = str(rows["protocol"].iloc[0]) if len(rows) else ""
+    return PROTOCOLS.get(name).track if name in PROTOCOLS else "core"
+
+
 def aggregate_runs(rows: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """``aggregate`` of rows already labelled and checked, given their ``selected_runs``."""
     stats = runs.groupby(KEYS)["value"].agg(["mean", "std", "count"])
     stats["std"] = stats["std"].fillna(0.0)
-    # a run failed if none of its rows succeeded; its status is that of its last row (a
-    # leaky row at any lr makes the whole run leaky: synthbench/run/lr_selection.py selects nothing)
-    per_run = rows.groupby([*KEYS, "run_id"])["status"].agg(
-        lambda s: LEAKY if (s == LEAKY).any() else "ok" if (s == "ok").any() else s.iloc[-1]
-    )
+    outcomes = run_outcomes(rows)
     failed = (
-        per_run[per_run != "ok"]
-        .reset_index()
+        outcomes[outcomes["status"] != "ok"]
         .groupby(KEYS)["status"]
         .agg(
             diverged=lambda s: int((s == "diverged").sum()),

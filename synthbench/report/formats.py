@@ -94,6 +94,7 @@ def latex_escape(text: str) -> str:
         "^": r"\textasciicircum{}",
         "±": r"$\pm$",
         "≈": r"$\approx$",
+        "→": r"$\to$",
         "Δ": r"$\Delta$",
     }
     return "".join(replacements.get(ch, ch) for ch in str(text))

@@ -81,11 +81,13 @@ class Leaderboard:
     # one row per mechanism, in rank order: rank (None for incomplete ones), mechanism,
     # score, ci_low, ci_high (NaN below 2 seeds), ci_seeds (the seeds the interval is over),
     # same_as_next (not significantly above the next one), n_tasks, leaky_tasks (refused as
-    # leaky: it sees later positions), complete, then one column per category with its mean
+    # leaky: it sees later positions), diverged_runs (scored as no right answer), complete,
+    # then one column per category with its mean
     table: pd.DataFrame
     # seed index, mechanism columns: the per-seed score (NaN where the seed lacks a task)
     per_seed: pd.DataFrame
     generated: str = field(default_factory=lambda: date.today().isoformat())
+    track: str = "core"  # synthbench/run/protocols.py: the rule alone, or published layers
 
 
 def _category_scores(task_means: np.ndarray, task_categories: list[str], categories: list[str]):
@@ -129,6 +131,8 @@ def build(
     mechanisms: list[str] | None = None,
     tasks: list[tuple[str, str]] | None = None,
     leaky_tasks: dict[str, int] | None = None,
+    diverged: pd.DataFrame | None = None,
+    track: str = "core",
 ) -> Leaderboard:
     """``runs``: one row per successful run of one protocol version, with columns category,
     task, mechanism, seed and score (``report.selected_runs``). A run whose score is NaN (no
@@ -136,27 +140,42 @@ def build(
     ``tasks`` ((category, task) pairs) are those of the report, with the ones that have no
     successful run (listed unranked; default: those of ``runs``). ``leaky_tasks``: per
     mechanism, the tasks its runs were refused on as leaky (``ReportTables.leaky_tasks``),
-    shown beside its task count."""
+    shown beside its task count. ``diverged``: the runs that diverged at every lr (category,
+    task, mechanism, seed; ``ReportTables.diverged``): each scores what no right answer
+    scores on its task, and a mechanism with any is ranked below every one without, so a
+    layer that diverges is never dropped from the ranking nor lifted by its surviving seeds.
+    ``track``: the track the board shows, said in its notes."""
     order = {c: i for i, c in enumerate(CATEGORIES)}
+    diverged = _no_diverged() if diverged is None else diverged[_DIVERGED_KEYS]
     tasks = sorted(
         set(zip(runs["category"], runs["task"], strict=True)) | set(tasks or ()),
         key=lambda ct: (order.get(ct[0], 99), ct[1]),
     )
     task_categories = [c for c, _ in tasks]
     categories = sorted(set(task_categories), key=lambda c: order.get(c, 99))
-    mechanisms = sorted(set(runs["mechanism"]) | set(mechanisms or ()))
+    mechanisms = sorted(set(runs["mechanism"]) | set(diverged["mechanism"]) | set(mechanisms or ()))
     # per mechanism, seeds x tasks; a task it lacks is a column of NaN
     scored = runs.dropna(subset=["score"])
     columns = pd.MultiIndex.from_tuples(tasks, names=["category", "task"])
+    # the score's range, that the interval is kept within: every task scores at most 1, and
+    # at least what no right answer scores (below 0 where normalised by a chance)
+    lowest_per_task = _lowest_scores(scored, columns, metric)
+    floor = dict(zip(columns, lowest_per_task, strict=True))
+    diverged = diverged.assign(
+        score=[
+            floor.get((c, t), -np.inf)
+            for c, t in zip(diverged["category"], diverged["task"], strict=True)
+        ]
+    )
+    diverged_runs = diverged.groupby("mechanism").size()
+    # a diverged run on a task without a known floor stays missing (its mechanism unranked)
+    scored = pd.concat([scored, diverged[np.isfinite(diverged["score"])]], ignore_index=True)
     by_mechanism = {
         m: part.pivot_table(index="seed", columns=["category", "task"], values="score")
         for m, part in scored.groupby("mechanism")
     }
 
-    # the score's range, that the interval is kept within: every task scores at most 1, and
-    # at least what no right answer scores (below 0 where normalised by a chance)
-    lowest = _lowest_scores(scored, columns, metric)
-    lowest = _category_scores(lowest, task_categories, categories)[1]
+    lowest = _category_scores(lowest_per_task, task_categories, categories)[1]
     means, per_seed, rows = {}, {}, []
     for m in mechanisms:
         mine = by_mechanism.get(m, pd.DataFrame()).reindex(columns=columns)
@@ -178,16 +197,23 @@ def build(
                 "ci_seeds": len(per_seed[m]),
                 "n_tasks": int((~np.isnan(means[m])).sum()),
                 "leaky_tasks": int((leaky_tasks or {}).get(m, 0)),
+                "diverged_runs": int(diverged_runs.get(m, 0)),
                 "complete": complete,
                 **{c: float(s) for c, s in zip(categories, per_category, strict=True)},
             }
         )
     fields = ["mechanism", "score", "ci_low", "ci_high", "ci_seeds", "n_tasks", "leaky_tasks",
-              "complete"]  # fmt: skip
+              "diverged_runs", "complete"]  # fmt: skip
     table = pd.DataFrame(rows, columns=[*fields, *categories])  # the columns even when empty
-    table = table.sort_values(
-        ["complete", "score", "mechanism"], ascending=[False, False, True]
-    ).reset_index(drop=True)
+    table = (
+        table.assign(any_diverged=table["diverged_runs"] > 0)
+        .sort_values(
+            ["complete", "any_diverged", "score", "mechanism"],
+            ascending=[False, True, False, True],
+        )
+        .drop(columns="any_diverged")
+        .reset_index(drop=True)
+    )
     ranks = [i + 1 if ok else None for i, ok in enumerate(table["complete"])]
     table.insert(0, "rank", pd.array(ranks, dtype="Int64"))
     table["same_as_next"] = False
@@ -205,6 +231,16 @@ def build(
         pd.DataFrame(means, index=columns),
         table,
         pd.DataFrame(per_seed).sort_index(),
+        track=track,
+    )
+
+
+_DIVERGED_KEYS = ["category", "task", "mechanism", "seed"]
+
+
+def _no_diverged() -> pd.DataFrame:
+    return pd.DataFrame(
+        {k: pd.Series(dtype=int if k == "seed" else object) for k in _DIVERGED_KEYS}
     )
 
 
@@ -219,8 +255,9 @@ def _interval(row) -> str:
 def notes(board: Leaderboard) -> list[str]:
     """The footnotes of the ranking, as sentences (the Markdown's; the page says the same)."""
     notes = [
-        f"Protocol {board.protocol} v{board.protocol_version}, {board.metric} on the test set, "
-        f"up to {plural(board.n_seeds, 'seed')}; generated {board.generated}.",
+        f"Protocol {board.protocol} v{board.protocol_version}, {TRACK_TEXT[board.track]}; "
+        f"{board.metric} on the test set, up to {plural(board.n_seeds, 'seed')}; generated "
+        f"{board.generated}.",
         "Score: mean over categories of the mean over their tasks of the seed-mean score; "
         "the category columns are those means. " + score_note(board.metric),
         f"Interval: {CONFIDENCE:.0%} Student-t over seeds: score ± t(n-1) · sd / √n, sd the "
@@ -238,6 +275,8 @@ def notes(board: Leaderboard) -> list[str]:
         )
     if board.table["leaky_tasks"].any():
         notes.append(LEAKY_NOTE)
+    if board.table["diverged_runs"].any():
+        notes.append(DIVERGED_NOTE)
     if not board.n_seeds:
         notes.append("No successful run: nothing is ranked.")
     elif board.n_seeds < 2:
@@ -250,6 +289,17 @@ LEAKY_NOTE = (
     "position depends on later positions (the causality check, `synthbench check`); they "
     "are never scored."
 )
+DIVERGED_NOTE = (
+    "Diverged: runs whose training diverged at every learning rate (stored as diverged). "
+    "Each scores what no right answer scores on its task and seed (0, or -chance / (1 - "
+    "chance)), and a mechanism with any is ranked below every mechanism without."
+)
+# what a board's track means, in its notes (synthbench/run/protocols.py)
+TRACK_TEXT = {
+    "core": "core track (each mechanism's rule alone in the attention-only model)",
+    "block": "block track (each mechanism as its published layer in a pre-norm residual "
+    "block with an MLP; the attention family as its core there)",
+}
 STATE_LENGTH = 1024  # where the leaderboard quotes each mechanism's declared state
 
 
@@ -271,9 +321,12 @@ def declared_state(label: str, protocol: str) -> int | None:
         return None
 
 
-def tasks_leaky(n: int) -> str:
-    """What follows a mechanism's task count where it was refused as leaky."""
-    return f", {n} leaky" if n else ""
+def tasks_leaky(n: int, diverged: int = 0) -> str:
+    """What follows a mechanism's task count where it was refused as leaky, or where runs
+    of it diverged."""
+    return (f", {n} leaky" if n else "") + (
+        f", {plural(diverged, 'run')} diverged" if diverged else ""
+    )
 
 
 def to_markdown(board: Leaderboard) -> str:
@@ -285,7 +338,9 @@ def to_markdown(board: Leaderboard) -> str:
         rank = "" if pd.isna(row["rank"]) else str(int(row["rank"]))
         tie = " ≈" if row["same_as_next"] else ""
         cells = ["--" if pd.isna(row[c]) else f"{row[c]:.3f}" for c in board.categories]
-        tasks = f"{row['n_tasks']}/{n_tasks}" + tasks_leaky(row["leaky_tasks"])
+        tasks = f"{row['n_tasks']}/{n_tasks}" + tasks_leaky(
+            row["leaky_tasks"], row["diverged_runs"]
+        )
         state = declared_state(row["mechanism"], board.protocol)
         state_text = "--" if state is None else f"{state:,}"
         body.append([rank, row["mechanism"] + tie, _interval(row), *cells, tasks, state_text])

@@ -19,7 +19,7 @@ import math
 import pandas as pd
 
 from synthbench.core.text import noun
-from synthbench.report.leaderboard import CONFIDENCE, LEAKY_NOTE, Leaderboard
+from synthbench.report.leaderboard import CONFIDENCE, DIVERGED_NOTE, LEAKY_NOTE, Leaderboard
 from synthbench.report.tables import score_note
 
 _CSS = """
@@ -92,6 +92,8 @@ _JS = """
     "the per-seed score differences)";
   var LEAKY = "refused on these tasks as leaky: its output at a position depends on later " +
     "positions (the causality check)";
+  var DIVERGED = "runs that diverged at every lr: scored as no right answer, and ranked " +
+    "below every mechanism without";
 
   function el(tag, text, cls) {
     var node = document.createElement(tag);
@@ -200,8 +202,10 @@ _JS = """
       if (missing(v)) td.title = "unranked: no score on every task";
     } else if (col.key === "n_tasks") {
       td.textContent = v + "/" + board.tasks.length +
-        (row.leaky_tasks ? ", " + row.leaky_tasks + " leaky" : "");
+        (row.leaky_tasks ? ", " + row.leaky_tasks + " leaky" : "") +
+        (row.diverged_runs ? ", " + plural(row.diverged_runs, "run") + " diverged" : "");
       if (row.leaky_tasks) td.title = LEAKY;
+      if (row.diverged_runs) td.title = DIVERGED;
     } else {
       td.append(el("span", fmt(v), "value"));
       if (col.key === "score" && !missing(row.ci_low)) {
@@ -243,6 +247,8 @@ _JS = """
       plural(board.categories.length, "category", "categories");
     byId("note-unranked").hidden = ranked === board.rows.length;
     byId("note-leaky").hidden = !board.rows.some(function (r) { return r.leaky_tasks; });
+    byId("note-diverged").hidden = !board.rows.some(function (r) { return r.diverged_runs; });
+    byId("track-name").textContent = board.track;
     byId("note-one-seed").hidden = board.n_seeds !== 1;  // 0: no success, all unranked
     byId("caption").textContent = "Leaderboard, protocol " + board.protocol + " v" +
       board.protocol_version + (state.category ? ", category " + state.category : "");
@@ -319,6 +325,7 @@ def _board_data(board: Leaderboard) -> dict:
                 "ci_high": _number(row["ci_high"]),
                 "n_tasks": int(row["n_tasks"]),
                 "leaky_tasks": int(row["leaky_tasks"]),
+                "diverged_runs": int(row["diverged_runs"]),
                 "complete": bool(row["complete"]),
                 "same_as_next": bool(row["same_as_next"]),
                 "categories": [_number(row.get(c)) for c in board.categories],
@@ -330,6 +337,7 @@ def _board_data(board: Leaderboard) -> dict:
     return {
         "protocol": str(board.protocol),
         "protocol_version": int(board.protocol_version),
+        "track": str(board.track),
         "metric": str(board.metric),
         "score_note": score_note(board.metric),
         "n_seeds": int(board.n_seeds),
@@ -395,6 +403,7 @@ style-src 'unsafe-inline'; script-src 'unsafe-inline'">
 <h1>{e(title)}</h1>
 <p id="meta">Protocol <strong id="protocol-name">{e(first.protocol)}</strong>
 <span id="protocol-version">v{int(first.protocol_version)}</span>
+(<span id="track-name">{e(first.track)}</span> track)
 &middot; metric <strong id="metric">{e(first.metric)}</strong> on the test set
 &middot; up to <strong id="n-seeds">{int(first.n_seeds)}</strong>
 <span id="seeds-word">{noun(int(first.n_seeds), "seed")}</span>
@@ -431,6 +440,7 @@ fewer than 2 seeds).</li>
 successful run, or no known chance to normalise by); a missing value is shown as --, never
 as 0.</li>
 <li id="note-leaky" hidden>{e(LEAKY_NOTE)}</li>
+<li id="note-diverged" hidden>{e(DIVERGED_NOTE)}</li>
 <li id="note-one-seed" hidden><b>One seed</b>: no interval, and no two mechanisms can be
 told apart (&asymp;).</li>
 <li>Click a column header to sort by it, again to reverse; missing values always sort

@@ -12,6 +12,9 @@
     <out>/<protocol>/separation.{md,tex}             which pairs each task tells apart, and head
                                                      to head (always on the target metric)
     <out>/<protocol>/lrs.{md,tex}                    the lr each run selected
+    <out>/tracks-<protocol>.{md,tex}                 a core protocol and its block twin side by
+                                                     side, where the rows hold both
+                                                     (synthbench/report/tracks.py)
     <out>/<protocol>/frontier.{md,tex}, frontier-<task>-<knob>.{png,pdf},
     state-<task>.{png,pdf}                           where the rows hold a grid of runs
                                                      (synthbench/report/frontier.py)
@@ -28,7 +31,7 @@ import pandas as pd
 
 from synthbench.core.atomic import write_atomically
 from synthbench.core.text import plural
-from synthbench.report import curves, frontier, leaderboard, separation
+from synthbench.report import curves, frontier, leaderboard, separation, tracks
 from synthbench.report.aggregate import CHANCE_COLUMN, DEFAULT_METRIC, length_metric, length_points
 from synthbench.report.compare import PUBLISHED, comparison_grid
 from synthbench.report.formats import latex_document, to_latex, to_markdown
@@ -196,10 +199,12 @@ def write_reports(
             _write(folder / "tables.tex", latex_document([to_latex(g) for g in grids]), written)
         if separated is not None and tables.protocol in set(separated.runs["protocol"]):
             # on the target metric, whatever the report's
-            pair_grids = separation.grids(separated, tables.protocol, tables.protocol_version)
+            pair_grids = separation.grids(
+                separated, tables.protocol, tables.protocol_version, tables.track
+            )
             _write_grids(_under(out, tables.protocol), "separation", pair_grids, formats, written)
         if len(tables.runs):
-            grid = lr_grid(tables.runs, tables.protocol, tables.protocol_version)
+            grid = lr_grid(tables.runs, tables.protocol, tables.protocol_version, tables.track)
             _write_grids(_under(out, tables.protocol), "lrs", [grid], formats, written)
         suffixes = [f".{f}" for f in ("png", "pdf") if f in formats]
         if suffixes:
@@ -217,12 +222,20 @@ def write_reports(
                 tables.full.columns,
                 tables.full.rows,
                 tables.leaky_tasks,
+                tables.diverged,
+                tables.track,
             )
         )
     stem = "leaderboard" if metric == DEFAULT_METRIC else f"leaderboard-{metric}"
+    track_grids = [tracks.side_by_side(core, block) for core, block in tracks.twins(boards)]
+    for grid, (core, _) in zip(track_grids, tracks.twins(boards), strict=True):
+        suffix = "" if metric == DEFAULT_METRIC else f"-{metric}"
+        _write_grids(out, f"tracks-{core.protocol}{suffix}", [grid], formats, written)
     if "md" in formats:
-        text = "\n".join(f"## {b.protocol}\n\n{leaderboard.to_markdown(b)}" for b in boards)
-        text += "".join(f"\n{to_markdown(g)}" for g in frontier_grids)
+        text = "\n".join(
+            f"## {b.protocol} ({b.track} track)\n\n{leaderboard.to_markdown(b)}" for b in boards
+        )
+        text += "".join(f"\n{to_markdown(g)}" for g in [*track_grids, *frontier_grids])
         _write(out / f"{stem}.md", f"# Leaderboard ({metric})\n\n{text}", written)
     if "html" in formats:
         from synthbench.report.page import to_html

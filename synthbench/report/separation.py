@@ -27,7 +27,7 @@ import pandas as pd
 
 from synthbench.report.aggregate import KEYS, prepare_rows, selected_runs
 from synthbench.report.curves import run_curves
-from synthbench.report.tables import MISSING, Grid, sort_tasks, target_note
+from synthbench.report.tables import MISSING, Grid, sort_tasks, target_note, track_text
 
 MIN_DIFFERENCE = 0.05
 NOISE_SES = 2
@@ -220,7 +220,7 @@ def head_to_head(pairs: pd.DataFrame, mechanisms: list[str], title: str) -> Grid
     )
 
 
-def grids(result: Separation, protocol: str, version: int) -> list[Grid]:
+def grids(result: Separation, protocol: str, version: int, track: str = "core") -> list[Grid]:
     """The tables of one protocol, on the target metric, then on the learning-curve area:
     for each, the head-to-head counts (``head_to_head``), then a row per task and a column
     per pair (after how many pairs the task separates), with the informative count below."""
@@ -235,7 +235,8 @@ def grids(result: Separation, protocol: str, version: int) -> list[Grid]:
         "area": (CLOSE, FLIP, EDGE, SEEDS, NO_CURVE),
     }
     compared = {"target": "the target metric", "area": "the learning-curve area"}
-    titles = {m: f"on {on} (protocol {protocol} v{version})" for m, on in compared.items()}
+    shows = track_text(protocol, version, track)
+    titles = {m: f"on {on} ({shows})" for m, on in compared.items()}
     rules = {
         "target": (
             "Each task's target metric on the test set at each run's selected lr, over the "

@@ -27,6 +27,8 @@ from synthbench.report.aggregate import (
     aggregate_runs,
     check_metric,
     prepare_rows,
+    protocol_track,
+    run_outcomes,
     selected_runs,
 )
 from synthbench.run.schema import LEAKY
@@ -109,6 +111,10 @@ class ReportTables:
     # per mechanism, the tasks it was refused on as leaky (it sees later positions:
     # synthbench/integrity/causality.py); a leaderboard says so beside its task count
     leaky_tasks: dict[str, int] = field(default_factory=dict)
+    track: str = "core"  # synthbench/run/protocols.py: the rule alone, or published layers
+    # the runs that diverged at every lr (category, task, mechanism, seed): the leaderboard
+    # scores them as no right answer and ranks their mechanism last
+    diverged: pd.DataFrame | None = None
 
 
 def _cell(r) -> Stat | None:
@@ -146,12 +152,20 @@ def sort_tasks(agg: pd.DataFrame) -> list[tuple[str, str]]:
     return sorted(pairs, key=lambda ct: (CATEGORY_ORDER.get(ct[0], len(CATEGORIES)), ct[1]))
 
 
-def _head_note(protocol: str, version: int, metric: str, n_seeds: int, last: str) -> str:
+def track_text(protocol: str, version: int, track: str) -> str:
+    """How a table names what it shows: ``protocol quick-block v1 (block track)``."""
+    return f"protocol {protocol} v{version} ({track} track)"
+
+
+def _head_note(
+    protocol: str, version: int, track: str, metric: str, n_seeds: int, last: str
+) -> str:
+    shows = track_text(protocol, version, track)
     if not n_seeds:  # every run of the protocol failed: its tables are all --
-        return f"{metric} on the test set: no successful run; protocol {protocol} v{version}."
+        return f"{metric} on the test set: no successful run; {shows}."
     return (
         f"{metric} on the test set, mean ± std over {plural(n_seeds, 'seed')} (a cell with "
-        f"fewer says n=); protocol {protocol} v{version}; {last}."
+        f"fewer says n=); {shows}; {last}."
     )
 
 
@@ -198,7 +212,7 @@ def lr_text(lr: float, edge: bool) -> str:
     return "?" if pd.isna(lr) else f"{lr:.2g}{'*' if edge else ''}"
 
 
-def lr_grid(runs: pd.DataFrame, protocol: str, version: int) -> Grid:
+def lr_grid(runs: pd.DataFrame, protocol: str, version: int, track: str = "core") -> Grid:
     """The lr each seed selected (``runs``: ``selected_runs`` of one protocol), tasks by
     category as rows, mechanisms as columns: what each score in the other tables was
     trained at."""
@@ -209,7 +223,7 @@ def lr_grid(runs: pd.DataFrame, protocol: str, version: int) -> Grid:
         for (c, t, m), part in runs.sort_values("seed").groupby(["category", "task", "mechanism"])
     }
     return Grid(
-        f"Selected learning rates (protocol {protocol} v{version})",
+        f"Selected learning rates ({track_text(protocol, version, track)})",
         ["category", "task"],
         tasks,
         mechanisms,
@@ -325,8 +339,10 @@ def build_tables(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> list[Repor
     # the same layout of the score (chance-normalised), for the heatmap
     scores_all = aggregate_runs(labelled, runs_all.assign(value=runs_all["score"]))
     result = []
+    outcomes = run_outcomes(labelled)
     for protocol, agg in agg_all.groupby("protocol", sort=True):
         version = int(versions[protocol][0])
+        track = protocol_track(labelled[labelled["protocol"] == protocol])
         n_seeds = int(agg["count"].max())
         runs = runs_all[runs_all["protocol"] == protocol]
         target = [target_note(runs)] if metric == "target" and len(runs) else []
@@ -336,10 +352,19 @@ def build_tables(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> list[Repor
             if metric in CHANCE_COLUMN
             else score_note(metric)
         )
-        head = [_head_note(str(protocol), version, metric, n_seeds, BEST_IN_BOLD), raw, *target]
+        head = [
+            _head_note(str(protocol), version, track, metric, n_seeds, BEST_IN_BOLD),
+            raw,
+            *target,
+        ]
         averages_head = [
             _head_note(
-                str(protocol), version, metric, n_seeds, "category mean over its tasks, per seed"
+                str(protocol),
+                version,
+                track,
+                metric,
+                n_seeds,
+                "category mean over its tasks, per seed",
             ),
             score_note(metric),
             *target,
@@ -364,6 +389,8 @@ def build_tables(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> list[Repor
                     for m, n in (agg[LEAKY] > 0).groupby(agg["mechanism"]).sum().items()
                     if n
                 },
+                track,
+                outcomes[(outcomes["protocol"] == protocol) & (outcomes["status"] == "diverged")],
             )
         )
     return result
