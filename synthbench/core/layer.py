@@ -21,7 +21,8 @@ on one position, x (batch, d_model) -> (y, state); ``recurrent_layer_forward`` r
 a sequence, and tests prove it equals ``forward`` in float64.
 
 The parts several layers share live here: ``ShortConvolution`` (with its own step),
-``RMSNorm`` and ``GatedRMSNorm`` (both orders of norm and gate that the papers use).
+``RMSNorm`` and ``GatedRMSNorm`` (both orders of norm and gate that the papers use); and
+``BaseConv``, the gated convolution of Zoology's "Based recipe" (``arch=block-conv``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from synthbench.core.params import REQUIRED, check_int, resolve_params
+
+# the archs whose blocks take a mechanism's published layer (synthbench/core/model.py):
+# ``block``, and ``block-conv``, the block track with the Based recipe (``BaseConv``)
+LAYER_ARCHS = ("block", "block-conv")
 
 
 class Layer(nn.Module):
@@ -175,3 +180,36 @@ class GatedRMSNorm(nn.Module):
         grouped = x.reshape(*shape[:-1], shape[-1] // self.group_size, self.group_size)
         y = rms_normalise(grouped, self.eps).reshape(shape) * self.weight
         return y * F.silu(g) if self.norm_before_gate else y
+
+
+class BaseConv(Layer):
+    """Zoology's gated short convolution (zoology/mixers/base_conv.py ``BaseConv`` with
+    ``kernel_size`` 3 and ``use_act`` False, as its MQAR configs build it):
+
+        y = conv(u) * (u W + b) + u
+
+    conv a depthwise causal convolution over the last ``kernel`` positions with a bias
+    (zoology/mixers/convolution.py ``ShortConvolution``), W a d_model x d_model projection.
+    Zoology pairs every mixer with it for fairness ("the Based recipe": its ``Hybrid`` mixer
+    with configs [BaseConv, mixer] makes layer i a BaseConv for even i, the mixer for odd i),
+    which gives each mixer a cheap look at the last few tokens. Causal and recurrent: its
+    state is the last kernel - 1 inputs. ``n_heads`` is unused."""
+
+    def __init__(self, d_model: int, n_heads: int = 1, kernel: int = 3) -> None:
+        super().__init__(d_model, n_heads)
+        self.conv = ShortConvolution(d_model, kernel, activation=False, bias=True)
+        self.projection = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor, causal: bool = True) -> torch.Tensor:
+        self.check_causal(causal)
+        return self.conv(x) * self.projection(x) + x
+
+    def initial_state(self, batch: int, device, dtype: torch.dtype) -> torch.Tensor:
+        return self.conv.initial_state(batch, device, dtype)
+
+    def step(self, state: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        convolved, state = self.conv.step(state, x)
+        return convolved * self.projection(x) + x, state
+
+    def state_size(self, seq_len: int) -> int:
+        return (self.conv.kernel - 1) * self.d_model

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from synthbench.core.interrupts import caught, describe
-from synthbench.core.layer import Layer, layer_of, layer_params
+from synthbench.core.layer import LAYER_ARCHS, Layer, layer_of, layer_params
 from synthbench.core.linear_attention import (
     attend_to_factored_scores,
     attend_to_scores,
@@ -288,9 +288,9 @@ class Mixer:
 
 def mixer(name: str, d_model: int, n_heads: int, arch: str) -> Mixer:
     """The ``Mixer`` of mechanism ``name`` in a model of ``arch``: its published layer under
-    ``arch=block`` where it has one (``layer_of``), its core otherwise."""
+    ``arch=block`` (or ``block-conv``) where it has one (``layer_of``), its core otherwise."""
     entry = MECHANISMS.entry(name)
-    layer = layer_of(entry.obj) if arch == "block" else None
+    layer = layer_of(entry.obj) if arch in LAYER_ARCHS else None
     if layer is not None:
         return Mixer(layer, (d_model, n_heads), f"layer {entry.name}")
     return Mixer(entry.obj, (d_model // n_heads, n_heads), f"mechanism {entry.name}")

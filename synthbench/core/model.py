@@ -10,7 +10,9 @@ pre-norm blocks with an MLP and a final LayerNorm. The mechanism only ever sees 
 heads, length, head_dim). ``block`` (the block track): the transformer's pre-norm residual
 block, the same for every mechanism, with the mechanism's published layer as its mixer
 (synthbench/core/layer.py); a mechanism without one enters as its core inside the plain
-multi-head projections, as in ``transformer``.
+multi-head projections, as in ``transformer``. ``block-conv``: the block track with Zoology's
+"Based recipe", every mechanism paired with a gated short convolution: layer i is a
+``BaseConv`` block for even i, the mechanism's for odd i (so it needs n_layers >= 2).
 
 Positions: an absolute embedding added to the tokens (``learned``, ``sinusoidal``), nothing
 (``none``), or a rotation of each head's queries and keys by position (the ``ROTATIONS`` of
@@ -28,12 +30,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from synthbench.core.layer import Layer
+from synthbench.core.layer import LAYER_ARCHS, BaseConv, Layer
 from synthbench.core.mechanism import extra_inputs
 from synthbench.core.params import check_int, constructor_params
 from synthbench.core.positional import ROTATIONS
 
-ARCHS = ("attn-only", "attn-conv", "transformer", "block")
+ARCHS = ("attn-only", "attn-conv", "transformer", *LAYER_ARCHS)
 TRACKS = {"core": "attn-only", "block": "block"}  # a track: the arch its protocols use
 SHORT_CONV = 4  # attn-conv's kernel: flash-linear-attention's default conv_size
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
@@ -157,12 +159,12 @@ class Block(nn.Module):
         super().__init__()
         short_conv = SHORT_CONV if arch == "attn-conv" else 0
         if isinstance(mechanism, Layer):  # the block track's published layer: a whole mixer
-            if arch != "block":
+            if arch not in LAYER_ARCHS:
                 raise ValueError(f"a published layer belongs in arch=block, not {arch}")
             self.attn = mechanism
         else:
             self.attn = MultiHeadAttention(d_model, n_heads, mechanism, rotation, short_conv)
-        self.transformer = arch in ("transformer", "block")
+        self.transformer = arch in ("transformer", *LAYER_ARCHS)
         if self.transformer:
             self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
             self.mlp = nn.Sequential(
@@ -203,18 +205,24 @@ class Model(nn.Module):
             self.register_buffer(
                 "pos_table", sinusoidal_positions(max_len, d_model), persistent=False
             )
+        if arch == "block-conv" and n_layers < 2:
+            raise ValueError("arch=block-conv needs n_layers >= 2 (even layers are BaseConv)")
         self.blocks = nn.ModuleList(
             # each layer its own rotation: learned frequencies and bases are per layer
             Block(
                 d_model,
                 n_heads,
-                prepared_mechanism(mechanism, max_len),
+                BaseConv(d_model)
+                if arch == "block-conv" and i % 2 == 0
+                else prepared_mechanism(mechanism, max_len),
                 arch,
                 make_rotation(pos, head_dim, n_heads, pos_params),
             )
-            for _ in range(n_layers)
+            for i in range(n_layers)
         )
-        self.norm = nn.LayerNorm(d_model) if arch in ("transformer", "block") else nn.Identity()
+        self.norm = (
+            nn.LayerNorm(d_model) if arch in ("transformer", *LAYER_ARCHS) else nn.Identity()
+        )
         self.head = nn.Linear(d_model, vocab_size)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:

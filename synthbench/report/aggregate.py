@@ -342,12 +342,12 @@ def protocol_track(rows: pd.DataFrame) -> str:
     """The track of one protocol's rows (synthbench/run/protocols.py ``Protocol.track``):
     ``block`` where they trained the published layers' arch, else ``core``. Read from the
     config the rows stored, or the registered protocol of that name for rows without one."""
-    from synthbench.core.model import TRACKS  # torch: already imported by the protocols
+    from synthbench.core.layer import LAYER_ARCHS  # torch: already imported by the protocols
 
     if "config" in rows and len(rows):
         try:
             arch = json.loads(rows["config"].iloc[0])["protocol"]["arch"]
-            return "block" if arch == TRACKS["block"] else "core"
+            return "block" if arch in LAYER_ARCHS else "core"
         except (TypeError, ValueError, KeyError):
             pass  # a hand-made frame: fall back on the name
     name = str(rows["protocol"].iloc[0]) if len(rows) else ""

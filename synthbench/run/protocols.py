@@ -12,6 +12,7 @@ import difflib
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from synthbench.core.layer import LAYER_ARCHS
 from synthbench.core.model import ARCHS, POSITIONS, TRACKS
 from synthbench.core.registry import Registry
 
@@ -88,6 +89,8 @@ class Protocol:
             problems.append("stop_at must be in [0, 1] (0: never stop early)")
         if not 0 <= self.pace_margin <= 1:
             problems.append("pace_margin must be in [0, 1] (0: off)")
+        if self.arch == "block-conv" and self.n_layers < 2:
+            problems.append("arch block-conv needs n_layers >= 2 (even layers are BaseConv)")
         if self.grad_clip < 0 or self.weight_decay < 0:
             problems.append("grad_clip and weight_decay must be >= 0")
         if not 0 <= self.warmup_frac < 1 or not 0 <= self.min_lr_frac <= 1:
@@ -101,7 +104,7 @@ class Protocol:
     def track(self) -> str:
         """``block`` for the published layers' arch, ``core`` for every other (the rule alone,
         or the rule in one of the model's own blocks)."""
-        return "block" if self.arch == TRACKS["block"] else "core"
+        return "block" if self.arch in LAYER_ARCHS else "core"
 
     def pinned_task_params(self, task: str) -> dict[str, Any]:
         """The parameters this protocol fixes for ``task`` (canonical name); none by default."""
