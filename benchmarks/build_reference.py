@@ -2,22 +2,27 @@
 
     python benchmarks/build_reference.py [TREE ...] [--out synthbench/data/reference/quick.parquet]
 
-TREE defaults to benchmarks/runs/quick-v4. Of the runs stored there it keeps those of
+TREE defaults to benchmarks/runs/quick-v4; the trees may hold both protocols. Of the runs
+stored there it keeps those of
 
-- protocol quick at this synthbench's version (synthbench.run.protocols.PROTOCOLS) and the
-  current SUITE_VERSION (synthbench/run/spec.py);
-- the mechanisms softmax, linear, performer, cosformer, slay and none, seeds 0-2;
+- a protocol of ``REFERENCE_PROTOCOLS`` (quick and quick-block: both tracks), each at this
+  synthbench's version (synthbench.run.protocols.PROTOCOLS), and the current SUITE_VERSION
+  (synthbench/run/spec.py);
+- a mechanism of ``REFERENCE_MECHANISMS`` (synthbench/report/reference.py), seeds 0-2;
 - a built-in task at its default parameters, with the protocol's defaults: the run id must
-  be the one ``RunSpec.resolve(task, mech, PROTOCOLS.get("quick"), seed)`` gives today;
+  be the one ``RunSpec.resolve(task, mech, PROTOCOLS.get(protocol), seed)`` gives today;
 - a complete lr sweep (every lr the sweep needs has a row, none an error, the selected lr
   marked as synthbench/run/lr_selection.py selects it);
 
 and writes every lr row of those runs, every stored column, to ONE zstd-compressed Parquet
 file (what ``synthbench report`` shows beside a user's rows and ``synthbench reproduce``
-re-runs: synthbench/report/reference.py). It prints what it dropped and why, and per mechanism how
-many runs and tasks it holds and which (task, mechanism, seed) are missing; the file's
-metadata (``synthbench_reference``) says the same. A run id found in several trees is taken
-from the first tree given. The output is deterministic: the same trees give the same bytes.
+re-runs: synthbench/report/reference.py), ordered by protocol (as ``REFERENCE_PROTOCOLS``),
+mechanism (as ``REFERENCE_MECHANISMS``), task, seed and lr. It prints what it dropped and
+why, and per (protocol, mechanism) how many runs and tasks it holds and which (task, seed)
+are missing; the file's metadata (``synthbench_reference``) says the same, per protocol its
+version, the missing runs as [protocol, task, mechanism, seed]. A run id found in several
+trees is taken from the first tree given. The output is deterministic: the same trees give
+the same bytes.
 """
 
 from __future__ import annotations
@@ -31,7 +36,13 @@ import pandas as pd
 
 from synthbench.core.task import TASKS
 from synthbench.core.text import plural
-from synthbench.report.reference import PROTOCOL, REFERENCE_MECHANISMS, SEEDS, SHIPPED, write
+from synthbench.report.reference import (
+    REFERENCE_MECHANISMS,
+    REFERENCE_PROTOCOLS,
+    SEEDS,
+    SHIPPED,
+    write,
+)
 from synthbench.run.lr_selection import sweep_state
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.schema import SCHEMA, lr_key
@@ -47,16 +58,17 @@ def builtin_tasks() -> list[str]:
     return sorted(e.name for e in TASKS.entries() if e.source == "builtin")
 
 
-def expected_run_ids() -> dict[str, tuple[str, str, int]]:
-    """run id -> (task, mechanism, seed) of every run the reference may hold."""
-    protocol = PROTOCOLS.get(PROTOCOL)
+def expected_run_ids() -> dict[str, tuple[str, str, str, int]]:
+    """run id -> (protocol, task, mechanism, seed) of every run the reference may hold."""
     expected = {}
-    for task in builtin_tasks():
-        for mech in REFERENCE_MECHANISMS:
-            first = RunSpec.resolve(task, mech, protocol, SEEDS[0])
-            for seed in SEEDS:
-                spec = first.with_seed(seed) if seed != SEEDS[0] else first
-                expected[spec.run_id] = (task, mech, seed)
+    for name in REFERENCE_PROTOCOLS:
+        protocol = PROTOCOLS.get(name)
+        for task in builtin_tasks():
+            for mech in REFERENCE_MECHANISMS:
+                first = RunSpec.resolve(task, mech, protocol, SEEDS[0])
+                for seed in SEEDS:
+                    spec = first.with_seed(seed) if seed != SEEDS[0] else first
+                    expected[spec.run_id] = (name, task, mech, seed)
     return expected
 
 
@@ -81,14 +93,15 @@ def load_trees(trees: list[Path]) -> tuple[pd.DataFrame, list[str]]:
     return rows, notes
 
 
-def why_dropped(run: pd.DataFrame, expected: dict[str, tuple[str, str, int]]) -> str | None:
+def why_dropped(run: pd.DataFrame, expected: dict[str, tuple[str, str, str, int]]) -> str | None:
     """Why a run (its rows) does not belong in the reference, or None."""
     first = run.iloc[0]
-    protocol = PROTOCOLS.get(PROTOCOL)
-    if first["protocol"] != PROTOCOL:
-        return f"protocol {first['protocol']}"
+    name = str(first["protocol"])
+    if name not in REFERENCE_PROTOCOLS:
+        return f"protocol {name}"
+    protocol = PROTOCOLS.get(name)
     if int(first["protocol_version"]) != protocol.version:
-        return f"protocol {PROTOCOL} v{first['protocol_version']} (today: v{protocol.version})"
+        return f"protocol {name} v{first['protocol_version']} (today: v{protocol.version})"
     if int(first["suite_version"]) != SUITE_VERSION:
         return f"suite v{first['suite_version']} (today: v{SUITE_VERSION})"
     if first["mechanism"] not in REFERENCE_MECHANISMS:
@@ -97,7 +110,8 @@ def why_dropped(run: pd.DataFrame, expected: dict[str, tuple[str, str, int]]) ->
         return f"seed {first['seed']} (the reference holds seeds {SEEDS[0]}-{SEEDS[-1]})"
     if first["task"] not in builtin_tasks():
         return f"task {first['task']} (not a built-in task)"
-    if expected.get(first["run_id"]) != (first["task"], first["mechanism"], int(first["seed"])):
+    here = (name, first["task"], first["mechanism"], int(first["seed"]))
+    if expected.get(first["run_id"]) != here:
         return "not the default config today (task or mechanism parameters, threads, pos, ...)"
     records = run.to_dict("records")
     if any(r["status"] == "error" for r in records):
@@ -115,6 +129,26 @@ def seed_ranges(seeds: list[int]) -> str:
     return "all seeds" if seeds == list(SEEDS) else "seed " + ",".join(map(str, seeds))
 
 
+def report_cell(rows: pd.DataFrame, held: set, summary: dict, name: str, mech: str) -> dict:
+    """Print what the reference holds of (protocol ``name``, ``mech``) and what it lacks, add
+    the lacking runs to ``summary["missing"]``; its runs and tasks."""
+    mine = rows[(rows["protocol"] == name) & (rows["mechanism"] == mech)]
+    missing = {}
+    for task in builtin_tasks():
+        absent = [s for s in SEEDS if (name, task, mech, s) not in held]
+        if absent:
+            missing[task] = absent
+            summary["missing"] += [[name, task, mech, s] for s in absent]
+    runs, tasks = mine["run_id"].nunique(), mine["task"].nunique()
+    line = f"{name:<11} {mech:<14} {runs:>3} runs on {tasks:>2} tasks"
+    if len(missing) == len(builtin_tasks()) and all(v == list(SEEDS) for v in missing.values()):
+        line += "; missing: every task (no run)"
+    elif missing:
+        line += "; missing: " + ", ".join(f"{t} ({seed_ranges(s)})" for t, s in missing.items())
+    print(line)
+    return {"runs": int(runs), "tasks": int(tasks)}
+
+
 def build(trees: list[Path], out: Path) -> dict:
     rows, notes = load_trees(trees)
     for note in notes:
@@ -127,24 +161,33 @@ def build(trees: list[Path], out: Path) -> dict:
             kept.append(run)
         else:
             first = run.iloc[0]
-            dropped[reason].append(f"{first['task']}/{first['mechanism']}/seed {first['seed']}")
+            dropped[reason].append(
+                f"{first['protocol']}/{first['task']}/{first['mechanism']}/seed {first['seed']}"
+            )
     for reason, runs in sorted(dropped.items()):
         shown = ", ".join(runs[:3]) + (", ..." if len(runs) > 3 else "")
         print(f"dropped {plural(len(runs), 'run')}: {reason} ({shown})")
-    order = {m: i for i, m in enumerate(REFERENCE_MECHANISMS)}
     table_rows = pd.concat(kept, ignore_index=True) if kept else rows.iloc[:0]
-    table_rows = table_rows.assign(_m=table_rows["mechanism"].map(order)).sort_values(
-        ["_m", "task", "seed", "lr"], kind="stable"
+    # the tuples' order, not the names': the core track first, the baselines in their order
+    protocol_order = {p: i for i, p in enumerate(REFERENCE_PROTOCOLS)}
+    mech_order = {m: i for i, m in enumerate(REFERENCE_MECHANISMS)}
+    table_rows = (
+        table_rows.assign(
+            _p=table_rows["protocol"].map(protocol_order),
+            _m=table_rows["mechanism"].map(mech_order),
+        )
+        .sort_values(["_p", "_m", "task", "seed", "lr"], kind="stable")
+        .drop(columns=["_p", "_m"])
     )
     held = set(
         zip(
-            table_rows["task"], table_rows["mechanism"], table_rows["seed"].astype(int), strict=True
+            table_rows["protocol"], table_rows["task"], table_rows["mechanism"],
+            table_rows["seed"].astype(int), strict=True,
         )
-    )
-    protocol = PROTOCOLS.get(PROTOCOL)
+    )  # fmt: skip
     summary = {
-        "protocol": PROTOCOL,
-        "protocol_version": protocol.version,
+        "protocols": list(REFERENCE_PROTOCOLS),
+        "protocol_versions": {p: PROTOCOLS.get(p).version for p in REFERENCE_PROTOCOLS},
         "suite_version": SUITE_VERSION,
         "schema_version": int(SCHEMA.metadata[b"synthbench_schema_version"]),
         "seeds": list(SEEDS),
@@ -153,22 +196,10 @@ def build(trees: list[Path], out: Path) -> dict:
         "torch_version": sorted({str(v) for v in table_rows["torch_version"].dropna()}),
         "synthbench_version": sorted({str(v) for v in table_rows["synthbench_version"].dropna()}),
     }
-    for mech in REFERENCE_MECHANISMS:
-        mine = table_rows[table_rows["mechanism"] == mech]
-        missing = {}
-        for task in builtin_tasks():
-            absent = [s for s in SEEDS if (task, mech, s) not in held]
-            if absent:
-                missing[task] = absent
-                summary["missing"] += [[task, mech, s] for s in absent]
-        runs, tasks = mine["run_id"].nunique(), mine["task"].nunique()
-        summary["mechanisms"][mech] = {"runs": int(runs), "tasks": int(tasks)}
-        line = f"{mech:<10} {runs:>3} runs on {tasks:>2} tasks"
-        if len(missing) == len(builtin_tasks()) and all(v == list(SEEDS) for v in missing.values()):
-            line += "; missing: every task (no run)"
-        elif missing:
-            line += "; missing: " + ", ".join(f"{t} ({seed_ranges(s)})" for t, s in missing.items())
-        print(line)
+    for name in REFERENCE_PROTOCOLS:
+        summary["mechanisms"][name] = {}
+        for mech in REFERENCE_MECHANISMS:
+            summary["mechanisms"][name][mech] = report_cell(table_rows, held, summary, name, mech)
     write(table_rows, out, summary)
     total = table_rows["run_id"].nunique()
     print(f"wrote {out}: {total} runs, {len(table_rows)} rows, {out.stat().st_size:,} bytes")

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import shutil
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from clitools import assert_error, invoke
 
+from synthbench.cli.reproduce import _sample
 from synthbench.core.task import TASKS
 from synthbench.report import reference
 from synthbench.run.protocols import PROTOCOLS
@@ -38,6 +41,21 @@ def reference_tree(smoke_tree) -> pd.DataFrame:
     """The rows of copy x (softmax, linear), smoke, seed 0 (tests/conftest.py), as a
     reference."""
     return stored_rows(smoke_tree)
+
+
+@pytest.fixture(scope="module")
+def two_track_tree(smoke_tree, tmp_path_factory) -> Path:
+    """The smoke tree and its block-track twin: copy x (softmax, linear), seed 0, of smoke
+    and of smoke-block (20 steps), as the reference's quick and quick-block are."""
+    root = tmp_path_factory.mktemp("two_track_tree") / "results"
+    shutil.copytree(smoke_tree, root)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # as single_thread: tiny models
+    args = ["--protocol", "smoke-block", "--seeds", "1", "--jobs", "1", "--results", root]
+    result = invoke("run", "--task", "copy", "--mech", "softmax,linear", *args)
+    torch.set_num_threads(previous)
+    assert result.exit_code == 0, result.output
+    return root
 
 
 @pytest.fixture
@@ -263,6 +281,52 @@ def test_reproduce_samples_repeatably(tiny_reference, results):
     assert picked(3) == draws[3]
 
 
+def test_the_sample_takes_the_protocols_in_turn():
+    """Round-robin over the protocols: n runs of two protocols hold n // 2 of each and one
+    more of either, whatever the seed; the same seed, the same sample."""
+    ids = [f"{p}-{i}" for p in ("a", "b") for i in range(5)]
+    candidates = pd.DataFrame({"protocol": [i[0] for i in ids]}, index=ids)
+    firsts = set()
+    for seed in range(40):
+        for runs in (1, 2, 3, 4, 10, 20):
+            picked = _sample(candidates, runs, random.Random(seed))
+            assert len(picked) == len(set(picked)) == min(runs, 10)
+            counts = [sum(p.startswith(name) for p in picked) for name in ("a", "b")]
+            assert sorted(counts) == [min(runs, 10) // 2, (min(runs, 10) + 1) // 2], (seed, runs)
+        firsts.add(_sample(candidates, 1, random.Random(seed))[0][0])
+        assert _sample(candidates, 3, random.Random(seed)) == _sample(
+            candidates, 3, random.Random(seed)
+        )
+    assert firsts == {"a", "b"}  # either track may come first
+    # one protocol: a plain random sample of its runs
+    only_a = candidates[candidates["protocol"] == "a"]
+    draws = {tuple(_sample(only_a, 2, random.Random(seed))) for seed in range(20)}
+    assert len(draws) > 5 and all(set(d) <= set(only_a.index) for d in draws)
+
+
+def test_reproduce_samples_across_both_tracks(two_track_tree, tmp_path, monkeypatch):
+    """A reference of two protocols (smoke and its block twin smoke-block, as quick and
+    quick-block): --runs 2 trains one run of each; --protocol keeps one."""
+    path = tmp_path / "two-tracks.parquet"
+    reference.write(stored_rows(two_track_tree), path)
+    monkeypatch.setenv(reference.ENV, str(path))
+    results = tmp_path / "results"
+    shutil.copytree(two_track_tree, results)  # stored there already: compared as stored
+
+    def picked(*args):
+        result = invoke("reproduce", *args, "--results", results)
+        assert result.exit_code == 0, result.output
+        lines = [s.split() for s in result.stdout.splitlines() if s.startswith("copy ")]
+        return [(line[4], line[1]) for line in lines]  # (protocol, mechanism)
+
+    for seed in range(4):
+        draw = picked("--runs", 2, "--sample-seed", seed)
+        assert sorted(p for p, _ in draw) == ["smoke", "smoke-block"], (seed, draw)
+        assert picked("--runs", 2, "--sample-seed", seed) == draw  # the same sample again
+    block = picked("--runs", 9, "--protocol", "smoke-block")
+    assert sorted(block) == [("smoke-block", "linear"), ("smoke-block", "softmax")]
+
+
 def test_reproduce_leaves_out_names_unknown_here(reference_tree, results, tmp_path, monkeypatch):
     foreign = reference_tree.assign(mechanism="gone-mechanism", run_id="0123456789abcdef")
     path = tmp_path / "foreign.parquet"
@@ -411,25 +475,26 @@ def test_the_shipped_reference_is_current(monkeypatch):
     assert loaded.problem is None, loaded.problem
     rows = loaded.rows
     assert set(rows["suite_version"]) == {SUITE_VERSION}
-    assert set(rows["protocol"]) == {reference.PROTOCOL}
-    assert set(rows["protocol_version"]) == {PROTOCOLS.get(reference.PROTOCOL).version}
+    assert set(rows["protocol"]) <= set(reference.REFERENCE_PROTOCOLS)
     assert set(rows["mechanism"]) <= set(reference.REFERENCE_MECHANISMS)
-    seeds = rows.groupby(["task", "mechanism"])["seed"].agg(lambda s: sorted(set(s)))
+    seeds = rows.groupby(["protocol", "task", "mechanism"])["seed"].agg(lambda s: sorted(set(s)))
     assert all(s == list(reference.SEEDS) for s in seeds)
-    # each run's id is the one its task and mechanism at their defaults give today
-    protocol = PROTOCOLS.get(reference.PROTOCOL)
-    for (task, mech), part in rows.groupby(["task", "mechanism"]):
-        first = RunSpec.resolve(task, mech, protocol, 0)
-        expected = {first.with_seed(s).run_id for s in reference.SEEDS}
-        assert set(part["run_id"]) == expected, (task, mech)
-    assert loaded.info["protocol_version"] == protocol.version
-    held = {m for m, n in loaded.info["mechanisms"].items() if n["runs"]}
-    assert held == set(rows["mechanism"])
-    # complete: every reference mechanism on every built-in task, each run with its selected lr
     builtin = {e.name for e in TASKS.entries() if e.source == "builtin"}
-    assert set(rows["mechanism"]) == set(reference.REFERENCE_MECHANISMS)
-    for mech, part in rows.groupby("mechanism"):
-        assert set(part["task"]) == builtin, mech
+    for name, rows_of in rows.groupby("protocol"):
+        protocol = PROTOCOLS.get(name)
+        assert set(rows_of["protocol_version"]) == {protocol.version}, name
+        assert loaded.info["protocol_versions"][name] == protocol.version
+        # each run's id is the one its task and mechanism at their defaults give today
+        for (task, mech), part in rows_of.groupby(["task", "mechanism"]):
+            first = RunSpec.resolve(task, mech, protocol, 0)
+            expected = {first.with_seed(s).run_id for s in reference.SEEDS}
+            assert set(part["run_id"]) == expected, (name, task, mech)
+        held = {m for m, n in loaded.info["mechanisms"][name].items() if n["runs"]}
+        assert held == set(rows_of["mechanism"]), name
+        # complete: every reference mechanism on every built-in task in each protocol held
+        assert set(rows_of["mechanism"]) == set(reference.REFERENCE_MECHANISMS), name
+        for mech, part in rows_of.groupby("mechanism"):
+            assert set(part["task"]) == builtin, (name, mech)
     assert rows.groupby("run_id")["selected"].sum().eq(1).all()
 
 
@@ -442,16 +507,57 @@ def load_builder():
     return module
 
 
-def test_builder_keeps_only_current_quick_runs(smoke_tree, tmp_path, capsys):
+def test_builder_keeps_only_current_reference_runs(two_track_tree, tmp_path, capsys):
     builder = load_builder()
     out = tmp_path / "quick.parquet"
-    summary = builder.build([smoke_tree], out)
+    summary = builder.build([two_track_tree], out)
     printed = capsys.readouterr().out
-    assert "dropped 2 runs: protocol smoke" in printed
-    assert "softmax      0 runs on  0 tasks; missing: every task (no run)" in printed
-    assert summary["mechanisms"]["softmax"] == {"runs": 0, "tasks": 0}
-    assert len(summary["missing"]) == len(builder.builtin_tasks()) * 6 * 3
+    assert "dropped 2 runs: protocol smoke (smoke/copy/" in printed
+    assert "dropped 2 runs: protocol smoke-block (smoke-block/copy/" in printed
+    for name in reference.REFERENCE_PROTOCOLS:
+        line = f"{name:<11} based            0 runs on  0 tasks; missing: every task (no run)"
+        assert line in printed
+        assert summary["protocol_versions"][name] == PROTOCOLS.get(name).version
+        assert list(summary["mechanisms"][name]) == list(reference.REFERENCE_MECHANISMS)
+        assert summary["mechanisms"][name]["softmax"] == {"runs": 0, "tasks": 0}
+    assert summary["protocols"] == ["quick", "quick-block"]
+    tasks = builder.builtin_tasks()
+    assert len(summary["missing"]) == 2 * len(tasks) * 13 * 3
+    assert summary["missing"][0] == ["quick", tasks[0], "softmax", 0]
+    assert summary["missing"][-1] == ["quick-block", tasks[-1], "based", 2]
     first = out.read_bytes()
-    builder.build([smoke_tree], out)
+    builder.build([two_track_tree], out)
     assert out.read_bytes() == first  # deterministic
     assert reference.load(out).rows.empty and reference.load(out).problem is None
+
+
+def test_builder_keeps_the_block_track(two_track_tree, tmp_path, capsys, monkeypatch):
+    """smoke-block stands for quick-block (whose sweeps take hours): its runs are kept, in
+    the protocols' order, then the mechanisms' (not the names'); smoke's are dropped."""
+    builder = load_builder()
+    monkeypatch.setattr(builder, "REFERENCE_PROTOCOLS", ("quick", "smoke-block"))
+    out = tmp_path / "block.parquet"
+    summary = builder.build([two_track_tree], out)
+    printed = capsys.readouterr().out
+    assert "dropped 2 runs: protocol smoke (smoke/copy/" in printed
+    assert "dropped 2 runs: protocol smoke-block" not in printed
+    assert "smoke-block softmax          1 runs on  1 tasks; missing: " in printed
+    assert summary["mechanisms"]["smoke-block"]["linear"] == {"runs": 1, "tasks": 1}
+    assert summary["mechanisms"]["quick"]["linear"] == {"runs": 0, "tasks": 0}
+    assert ["smoke-block", "copy", "softmax", 0] not in summary["missing"]
+    assert ["smoke-block", "copy", "softmax", 1] in summary["missing"]
+    loaded = reference.load(out)
+    assert loaded.usable and loaded.protocols == {"smoke-block"}
+    assert list(dict.fromkeys(loaded.rows["mechanism"])) == ["softmax", "linear"]
+    # both tracks held: the rows in the tuple's order, the block track first here
+    monkeypatch.setattr(builder, "REFERENCE_PROTOCOLS", ("smoke-block", "smoke"))
+    builder.build([two_track_tree], out)
+    rows = reference.load(out).rows
+    assert list(dict.fromkeys(zip(rows["protocol"], rows["mechanism"], strict=True))) == [
+        ("smoke-block", "softmax"), ("smoke-block", "linear"),
+        ("smoke", "softmax"), ("smoke", "linear"),
+    ]  # fmt: skip
+    # a run of another protocol version is dropped, named by its protocol
+    run = rows[rows["protocol"] == "smoke-block"].iloc[:1].assign(protocol_version=99)
+    why = builder.why_dropped(run, builder.expected_run_ids())
+    assert why == "protocol smoke-block v99 (today: v1)"

@@ -34,6 +34,7 @@ from synthbench.run import provenance, runner
 from synthbench.run.devices import default_jobs, resolve_device, worker_devices
 from synthbench.run.executors import InProcess, LocalPool
 from synthbench.run.limits import check_runs
+from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.spec import MAX_THREADS
 from synthbench.run.store import ResultStore
 
@@ -50,6 +51,10 @@ def reproduce_command(
     mech: Annotated[
         str | None,
         typer.Option(help="Only reference runs of these mechanisms (comma-separated)."),
+    ] = None,
+    protocol: Annotated[
+        str | None,
+        typer.Option(help="Only reference runs of these protocols (comma-separated)."),
     ] = None,
     max_seconds: Annotated[
         float | None,
@@ -85,7 +90,8 @@ def reproduce_command(
     device: DeviceOption = "cpu",
 ) -> None:
     """Train a random sample of the reference runs shipped with synthbench again and check
-    that they reproduce.
+    that they reproduce. The sample takes its runs from the reference's protocols (both
+    tracks) in turn: --runs 2 trains one of each.
 
     Each run is rebuilt from its stored config (its run id must come out the same: if not,
     the shipped reference is stale) and trained at every lr of its sweep. Where the torch
@@ -119,12 +125,16 @@ def reproduce_command(
         rows = rows[rows["task"].isin(filter_names(task, ref.rows["task"], TASKS))]
     if mech:
         rows = rows[rows["mechanism"].isin(filter_names(mech, ref.rows["mechanism"], MECHANISMS))]
+    if protocol:
+        names = filter_names(protocol, ref.rows["protocol"], PROTOCOLS)
+        rows = rows[rows["protocol"].isin(names)]
     candidates = _runs(rows)
     if candidates.empty:
         held = ", ".join(dict.fromkeys(ref.rows["mechanism"]))
+        protocols = ", ".join(dict.fromkeys(ref.rows["protocol"]))
         raise UsageError(
             f"no reference run matches the selection (the reference holds {held} on "
-            f"{plural(ref.rows['task'].nunique(), 'task')})"
+            f"{plural(ref.rows['task'].nunique(), 'task')}, protocol {protocols})"
         )
     if max_seconds is not None:
         cheap = candidates[candidates["seconds"] < max_seconds]
@@ -135,8 +145,8 @@ def reproduce_command(
             )
         candidates = cheap
     seed = secrets.randbelow(1_000_000) if sample_seed is None else sample_seed
-    picked = random.Random(seed).sample(sorted(candidates.index), min(runs, len(candidates)))
-    chosen = candidates.loc[picked].sort_values(["task", "mechanism", "seed"])
+    picked = _sample(candidates, runs, random.Random(seed))
+    chosen = candidates.loc[picked].sort_values(["protocol", "task", "mechanism", "seed"])
     try:
         specs = [reference.spec_of(r, threads) for r in chosen["first"]]
     except reference.StaleReference as exc:
@@ -193,15 +203,32 @@ def _setting(row) -> str:
 
 
 def _runs(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per reference run (by run id): task, mechanism, seed, the stored seconds of
-    all its trainings, and its first row (what its spec is rebuilt from)."""
+    """One row per reference run (by run id): protocol, task, mechanism, seed, the stored
+    seconds of all its trainings, and its first row (what its spec is rebuilt from)."""
     if rows.empty:
-        return pd.DataFrame(columns=["task", "mechanism", "seed", "seconds", "first"])
+        return pd.DataFrame(columns=["protocol", "task", "mechanism", "seed", "seconds", "first"])
     grouped = rows.groupby("run_id", sort=True)
-    runs = grouped[["task", "mechanism", "seed"]].first()
+    runs = grouped[["protocol", "task", "mechanism", "seed"]].first()
     runs["seconds"] = grouped["wall_seconds"].sum()
     runs["first"] = [part.iloc[0] for _, part in grouped]
     return runs
+
+
+def _sample(candidates: pd.DataFrame, runs: int, rng: random.Random) -> list[str]:
+    """``runs`` run ids of ``candidates``, round-robin over their protocols (the reference
+    holds both tracks: ``--runs 2`` retrains one of each), each protocol's runs and the
+    protocols' order shuffled by ``rng``: the same seed, the same sample."""
+    protocols = sorted(set(candidates["protocol"]))
+    rng.shuffle(protocols)  # which track comes first, where --runs is not a multiple
+    queues = []
+    for name in protocols:
+        ids = sorted(candidates.index[candidates["protocol"] == name])
+        rng.shuffle(ids)
+        queues.append(ids)
+    picked = []
+    for turn in range(max(len(q) for q in queues)):
+        picked += [q[turn] for q in queues if turn < len(q)]
+    return picked[:runs]
 
 
 def _records(rows: pd.DataFrame) -> list[dict[str, Any]]:
@@ -243,8 +270,8 @@ def _value(value: float | None) -> str:
 
 def _line(spec, verdict: reference.Verdict) -> str:
     head = (
-        f"{spec.task:<16} {spec.mechanism:<10} seed {spec.seed}  reference "
-        f"{_value(verdict.reference)}  reproduced {_value(verdict.reproduced)}  "
+        f"{spec.task:<16} {spec.mechanism:<14} seed {spec.seed}  {spec.protocol.name:<11}  "
+        f"reference {_value(verdict.reference)}  reproduced {_value(verdict.reproduced)}  "
     )
     if verdict.verdict == reference.IDENTICAL:
         return head + "identical"

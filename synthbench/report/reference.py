@@ -2,10 +2,13 @@
 
     synthbench/data/reference/quick.parquet   written by benchmarks/build_reference.py
 
-The file holds every lr row of the ``quick`` runs of softmax, linear, performer, cosformer,
-slay and none, seeds 0-2, on the built-in tasks at their default parameters, for the suite
-version and protocol version of this synthbench (the file's own metadata says what it holds
-and what it lacks). ``SYNTHBENCH_REFERENCE=PATH`` reads another file instead (tests do).
+The file is to hold every lr row of the runs of both tracks of ``quick``
+(``REFERENCE_PROTOCOLS``: ``quick`` and its block twin ``quick-block``) of the
+``REFERENCE_MECHANISMS``, seeds 0-2, on the built-in tasks at their default parameters, for
+the suite version and protocol versions of this synthbench; the file's own metadata says
+what it holds and what it lacks (a file built before a layout change is stale, never shown,
+until it is rebuilt).
+``SYNTHBENCH_REFERENCE=PATH`` reads another file instead (tests do).
 
 - ``load`` reads and validates it: rows of another suite or protocol version are never
   shown (``Reference.problem`` says why, in one line).
@@ -41,8 +44,12 @@ from synthbench.run.schema import COLUMNS, DATASET_SCHEMA, SCHEMA_VERSION
 ENV = "SYNTHBENCH_REFERENCE"  # another reference file (a path) instead of the shipped one
 SHIPPED = "reference/quick.parquet"  # under the synthbench.data package
 SUFFIX = " (reference)"  # what marks a reference run's mechanism in every output
-PROTOCOL = "quick"
-REFERENCE_MECHANISMS = ("softmax", "linear", "performer", "cosformer", "slay", "none")
+# both tracks of quick (synthbench/run/protocols.py): the core track, then its block twin
+REFERENCE_PROTOCOLS = ("quick", "quick-block")
+REFERENCE_MECHANISMS = (
+    "softmax", "linear", "performer", "cosformer", "slay", "none", "sliding-window", "retnet",
+    "gla", "deltanet", "gated-deltanet", "mamba2", "based",
+)  # fmt: skip
 SEEDS = (0, 1, 2)
 METADATA_KEY = b"synthbench_reference"  # the file's summary: what it holds and lacks (JSON)
 # the tolerance of a run made on another torch build, thread count or device type:
