@@ -59,3 +59,27 @@ def test_a_missing_executable_is_refused_before_any_leg(tmp_path):
     done = run(str(tmp_path / "nope"), sys.executable, tmp_path / "out")
     assert done.returncode == 1 and "is not an executable" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_side_runs_in_its_track_with_the_seeds_asked(tmp_path):
+    calls = tmp_path / "calls"
+    logger = tmp_path / "synthbench"
+    logger.write_text(f'#!/bin/sh\necho "$*" >> {calls}\n')
+    logger.chmod(0o755)
+    done = run(str(logger), str(logger), tmp_path / "out", "--tasks", "a", "--new-track", "block",
+               "--seeds", "1")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    base, new = calls.read_text().splitlines()  # task a: base first
+    assert "--track core --seeds 1" in base and "--track block --seeds 1" in new
+
+
+def test_the_paired_step_cost_of_the_two_tracks_runs(tmp_path):
+    script = SCRIPT.parent / "track_step_cost.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--mech", "deltanet", "--protocol", "smoke", "--tasks",
+         "copy", "--rounds", "2", "--steps", "1"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "smoke (core) against smoke-block (block)" in done.stdout
+    assert "suite (1 tasks, every task alike): block / core x" in done.stdout
