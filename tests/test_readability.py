@@ -222,10 +222,10 @@ def test_best_in_bold_is_said_only_where_a_cell_is_bold():
         assert grid.best_cells() == set()
         for text in (to_markdown(grid), to_latex(grid)):
             assert BEST_IN_BOLD not in text and "**" not in text.split("\n", 2)[2]
-            assert "protocol smoke v1." in text  # the sentence still ends
+            assert "protocol smoke v1 (core track)." in text  # the sentence still ends
     (two,) = build_tables(frame(row("copy", "softmax", 0, 0.5), row("copy", "linear", 0, 0.4)))
     assert two.full.best_cells() == {(0, 1)}
-    assert "protocol smoke v1; best in bold." in to_markdown(two.full)
+    assert "protocol smoke v1 (core track); best in bold." in to_markdown(two.full)
     assert "best in bold" in to_latex(two.full)
 
 
