@@ -244,10 +244,12 @@ for _core in ("smoke", "quick", "standard"):
         dataclasses.replace(
             _base,
             name=f"{_core}-block",
-            version=1,
+            # 2: no LayerNorm before the mixer or the head (synthbench/core/model.py, Block)
+            version=2,
             arch="block",
             description=f"the block track of {_core}: every mechanism as its published layer "
-            "(its core for the attention family) in a pre-norm residual block with an MLP",
+            "(its core for the attention family) in a residual block with an MLP, no norm "
+            "before the mixer or the head",
         )
     )
 
