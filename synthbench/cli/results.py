@@ -33,6 +33,7 @@ from synthbench.core.atomic import write_atomically
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.task import TASKS
 from synthbench.core.text import plural
+from synthbench.report import published_lm
 from synthbench.report import reference as shipped
 from synthbench.report.aggregate import (
     DEFAULT_METRIC,
@@ -40,6 +41,7 @@ from synthbench.report.aggregate import (
     latest_versions,
     metric_values,
 )
+from synthbench.report.compare import PUBLISHED_LM, check_comparison
 from synthbench.report.publish import FORMATS, write_reports
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.row_checks import JSON_COLUMNS
@@ -153,7 +155,11 @@ def report_command(
         str, typer.Option("--format", help=f"Comma-separated outputs: {','.join(FORMATS)}.")
     ] = ",".join(FORMATS),
     compare: Annotated[
-        str | None, typer.Option(help="Put published results beside ours: slay-paper.")
+        str | None,
+        typer.Option(
+            help="Put published results beside ours: slay-paper (its table beside ours), "
+            "published-lm (rank correlations with published language-model quality)."
+        ),
     ] = None,
     plugin: PluginOption = None,
     reference: Annotated[
@@ -168,16 +174,20 @@ def report_command(
     """Tables (Markdown, LaTeX), figures and the leaderboard page, one set per protocol."""
     if metric not in METRICS:
         raise UsageError(f"unknown metric '{metric}' ({', '.join(METRICS)})")
+    check_comparison(compare)  # a typo is told before any row is read
     check_writable_folder(out_dir, "--out")
     load_plugins(plugin)  # a plugin's tasks and mechanisms have names and categories
     hint = f" {shipped.FIRST_RUN_HINT}" if reference else ""
+    # --compare published-lm with nothing of the user's (a fresh clone): the shipped reference's
+    # rows alone are compared, marked as ever
+    alone = reference and compare == PUBLISHED_LM and not _has_rows(results)
     try:
-        rows = load_results(results).rows
+        rows = _shipped_rows() if alone else load_results(results).rows
     except UsageError as exc:
         if hint and not results.exists():
             raise UsageError(f"{exc}{hint}") from None
         raise
-    hint = hint if rows.empty else ""
+    hint = hint if rows.empty or alone else ""
     tasks = select_tasks(task or "all", category) if task or category else None
     mechs = [MECHANISMS.canonical(m) for m in split(mech)] if mech else None
     keep = pd.Series(True, index=rows.index)
@@ -194,7 +204,15 @@ def report_command(
     for name, versions in left_out.items():
         old = ", ".join(f"v{v}" for v in versions)
         warn(f"protocol {name}: rows of older versions ({old}) left out; reporting the newest")
-    if reference:  # synthbench/report/reference.py: marked, so never taken for the user's own
+    if alone:
+        rows = shipped.mark(rows)
+        out.print(
+            f"no runs of yours under {results}/: comparing the shipped reference runs alone "
+            f"({plural(rows['run_id'].nunique(), 'run')}), marked '{shipped.SUFFIX.strip()}'",
+            highlight=False,
+            markup=False,
+        )
+    elif reference:  # synthbench/report/reference.py: marked, so never taken for the user's own
         rows, added, problem = shipped.for_report(rows, tasks, mechs)
         if problem is not None:
             warn(problem)
@@ -208,9 +226,45 @@ def report_command(
         raise fail(f"cannot write the reports: {os_error(exc)}", 1) from None
     for path in written:
         out.print(f"wrote {path}", highlight=False)
+    if compare == PUBLISHED_LM:
+        _say_uncompared(rows, written, "" if metric == DEFAULT_METRIC else f"-{metric}")
     summary = [p for p in written if p.name == "summary.md"]
     for path in summary:
         out.print(f"\n{path.parent}:\n{path.read_text()}", highlight=False, markup=False)
+
+
+def _has_rows(results: Path) -> bool:
+    """Whether ``results`` holds any stored row (a missing folder holds none)."""
+    if not results.exists():
+        return False
+    return not load_results(results, columns=["run_id"]).rows.empty
+
+
+def _shipped_rows() -> pd.DataFrame:
+    """The shipped reference's rows, unmarked (``shipped.mark`` marks them once filtered)."""
+    found = shipped.load()
+    if found.problem is not None:
+        raise UsageError(f"{found.problem}: no rows of yours, and no reference runs to compare")
+    return found.rows
+
+
+def _say_uncompared(rows: pd.DataFrame, written: list[Path], suffix: str) -> None:
+    """A warning for each protocol ``--compare published-lm`` wrote nothing for: fewer than
+    published_lm.MIN_MECHANISMS of the mechanisms the published tables cover."""
+    data = published_lm.load()
+    known = list(dict.fromkeys(data.loc[data["mechanism"] != "", "mechanism"]))
+    names = {p.stem for p in written}
+    for protocol, part in rows.groupby("protocol"):
+        if f"{PUBLISHED_LM}-{protocol}{suffix}" in names:
+            continue
+        have = {str(m).removesuffix(shipped.SUFFIX) for m in part["mechanism"]}
+        mine = [m for m in known if m in have]
+        warn(
+            f"--compare {PUBLISHED_LM}: protocol {protocol} has a complete leaderboard score "
+            f"for fewer than {published_lm.MIN_MECHANISMS} of the mechanisms the published "
+            f"tables cover ({', '.join(known)}; its rows have {', '.join(mine) or 'none'}): "
+            "nothing compared"
+        )
 
 
 def migrate_command(results: ResultsOption = Path("results")) -> None:

@@ -6,6 +6,7 @@ protocol whose rows are comparable with it.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from importlib import resources
 
@@ -35,6 +36,26 @@ PUBLISHED = {
         3,
     )
 }
+
+
+# not a table of ours beside theirs: rank correlations with published language-model quality
+# (synthbench/report/published_lm.py), one file per protocol under --out
+PUBLISHED_LM = "published-lm"
+COMPARISONS = (*PUBLISHED, PUBLISHED_LM)  # every name `report --compare` takes
+
+
+def check_comparison(name: str | None) -> None:
+    """Refuse (ValueError, one line) a name ``--compare`` does not know, with the close
+    matches in parentheses where there are any."""
+    if name is None or name in COMPARISONS:
+        return
+    close = difflib.get_close_matches(name, COMPARISONS, n=3, cutoff=0.5)
+    if close:
+        raise ValueError(
+            f"unknown comparison '{name}' ({', '.join(close)}); the comparisons are "
+            f"{', '.join(COMPARISONS)}"
+        )
+    raise ValueError(f"unknown comparison '{name}' ({', '.join(COMPARISONS)})")
 
 
 def published(name: str) -> pd.DataFrame:

@@ -8,7 +8,11 @@
     <out>/<protocol>/<metric>/tables.tex             a standalone document with all of them
     <out>/<protocol>/<metric>/heatmap.{png,pdf}, categories.{png,pdf}, curves.{png,pdf},
                                                      length.{png,pdf}
-    <out>/<protocol>/<metric>/compare-<name>.{md,tex} with --compare
+    <out>/<protocol>/<metric>/compare-<name>.{md,tex} with --compare <a published table>
+    <out>/published-lm-<protocol>.{md,tex}          with --compare published-lm: rank correlations
+                                                     with published LM quality, for each protocol
+                                                     with 3 mechanisms the published tables cover
+                                                     (synthbench/report/published_lm.py)
     <out>/<protocol>/separation.{md,tex}             which pairs each task tells apart, and head
                                                      to head (always on the target metric)
     <out>/<protocol>/lrs.{md,tex}                    the lr each run selected
@@ -31,9 +35,9 @@ import pandas as pd
 
 from synthbench.core.atomic import write_atomically
 from synthbench.core.text import plural
-from synthbench.report import curves, frontier, leaderboard, separation, tracks
+from synthbench.report import curves, frontier, leaderboard, published_lm, separation, tracks
 from synthbench.report.aggregate import CHANCE_COLUMN, DEFAULT_METRIC, length_metric, length_points
-from synthbench.report.compare import PUBLISHED, comparison_grid
+from synthbench.report.compare import PUBLISHED, PUBLISHED_LM, check_comparison, comparison_grid
 from synthbench.report.formats import latex_document, to_latex, to_markdown
 from synthbench.report.tables import Grid, ReportTables, build_tables, lr_grid
 
@@ -153,11 +157,11 @@ def write_reports(
         raise ValueError(f"unknown format {', '.join(unknown)} ({', '.join(FORMATS)})")
     if not formats:  # `--format ''`: nothing to write is not a success
         raise ValueError(f"no report format given ({', '.join(FORMATS)})")
-    if compare is not None and compare not in PUBLISHED:
-        raise ValueError(f"unknown comparison {compare!r} ({', '.join(PUBLISHED)})")
+    check_comparison(compare)
+    paper = PUBLISHED.get(compare)  # a published table, beside ours; None: another comparison
     all_tables = build_tables(rows, metric)
-    if compare is not None and PUBLISHED[compare].protocol not in {t.protocol for t in all_tables}:
-        protocol = PUBLISHED[compare].protocol
+    if paper is not None and paper.protocol not in {t.protocol for t in all_tables}:
+        protocol = paper.protocol
         raise ValueError(
             f"--compare {compare} needs rows of protocol {protocol}: run "
             f"`synthbench run --task all --mech softmax,yat-spherical,performer,linear,slay "
@@ -186,9 +190,9 @@ def write_reports(
             curve_grids = curves.curve_grids(runs, tables.protocol, tables.protocol_version)
             _write_grids(folder, "curves", curve_grids, formats, written)
             grids += curve_grids
-        if compare is not None and tables.protocol == PUBLISHED[compare].protocol:
+        if paper is not None and tables.protocol == paper.protocol:
             # on the paper's metric (teacher-forced token accuracy), whatever the report's
-            paper_metric = PUBLISHED[compare].metric
+            paper_metric = paper.metric
             ours = tables
             if tables.metric != paper_metric:
                 (ours,) = build_tables(rows[rows["protocol"] == tables.protocol], paper_metric)
@@ -227,9 +231,16 @@ def write_reports(
             )
         )
     stem = "leaderboard" if metric == DEFAULT_METRIC else f"leaderboard-{metric}"
+    suffix = "" if metric == DEFAULT_METRIC else f"-{metric}"
+    if compare == PUBLISHED_LM:
+        data = published_lm.load()
+        for board in boards:  # each protocol, so each track, on its own
+            lm_grids = published_lm.grids(board, data)  # [] below 3 mechanisms covered
+            stem_lm = f"{PUBLISHED_LM}-{board.protocol}{suffix}"
+            if lm_grids:
+                _write_grids(out, stem_lm, lm_grids, formats, written)
     track_grids = [tracks.side_by_side(core, block) for core, block in tracks.twins(boards)]
     for grid, (core, _) in zip(track_grids, tracks.twins(boards), strict=True):
-        suffix = "" if metric == DEFAULT_METRIC else f"-{metric}"
         _write_grids(out, f"tracks-{core.protocol}{suffix}", [grid], formats, written)
     if "md" in formats:
         text = "\n".join(
