@@ -24,7 +24,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from synthbench.core.task import IGNORE, TASKS
+from synthbench.core.task import IGNORE, TASKS, in_default_suite
 from synthbench.run.protocols import protocol_of_track
 from synthbench.run.spec import RunSpec
 from synthbench.run.train import build_model
@@ -77,7 +77,7 @@ def main() -> None:
     core = protocol_of_track(args.protocol, "core")
     block = protocol_of_track(args.protocol, "block")
     tasks = [t for t in args.tasks.split(",") if t] or sorted(
-        e.name for e in TASKS.entries() if e.source == "builtin"
+        e.name for e in TASKS.entries() if e.source == "builtin" and in_default_suite(e)
     )
     weights = stored_steps(args.rows, core.name, args.mech) if args.rows else {}
     totals = {"core": 0.0, "block": 0.0}

@@ -1,4 +1,5 @@
-"""Built-in task generators; importing this package registers them in TASKS."""
+"""Built-in task generators; importing this package registers them in TASKS (the State
+tasks, mod_counting and permutation, outside the default suite: suite="extended")."""
 
 from . import (  # noqa: F401
     addition,
@@ -13,11 +14,13 @@ from . import (  # noqa: F401
     kv_recall,
     long_copy,
     majority,
+    mod_counting,
     modular,
     multihop,
     noisy_copy,
     parity,
     pattern,
+    permutation,
     retrieval,
     reverse,
     selective_copy,

@@ -195,7 +195,11 @@ def test_show_task_errors(args, message):
 def test_list_tasks_shows_22_tasks_in_7_categories():
     result = invoke("list", "tasks")
     assert result.exit_code == 0, result.output
-    assert "22 tasks in 7 categories" in result.stdout
+    assert "22 tasks in 7 categories in the default suite (--task all)" in result.stdout
+    # the State tasks are listed too, marked as outside the default suite
+    assert "2 outside it, in --task extended: mod_counting, permutation" in result.stdout
+    listed = {line.split()[0]: line.split() for line in result.stdout.splitlines() if line}
+    assert "extended" in listed["permutation"] and "extended" not in listed["copy"]
 
 
 def test_run_accepts_aliases_and_deduplicates(tmp_path, stored):

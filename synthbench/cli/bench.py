@@ -44,7 +44,7 @@ from synthbench.cli.common import (
     select_tasks,
     split,
 )
-from synthbench.core.task import TASKS
+from synthbench.core.task import task_set
 from synthbench.core.text import plural
 from synthbench.mechanisms.slay import MAX_QUAD_NODES
 from synthbench.report.formats import to_markdown
@@ -334,7 +334,9 @@ def fidelity_command(
 @guard
 def train_command(
     protocol: Annotated[str, typer.Option(help="Protocol (synthbench list protocols).")] = "quick",
-    task: Annotated[str, typer.Option(help="'all' or comma-separated task names.")] = "all",
+    task: Annotated[
+        str, typer.Option(help="'all', 'extended' or comma-separated task names.")
+    ] = "all",
     mech: Annotated[
         str, typer.Option(help="'all' or comma-separated mechanism names.")
     ] = "softmax",
@@ -372,7 +374,7 @@ def train_command(
     rows = pd.DataFrame(file.rows)
     echo()
     for name in names:
-        echo(throughput.suite_line(name, rows[rows["mechanism"] == name], proto, TASKS.names()))
+        echo(throughput.suite_line(name, rows[rows["mechanism"] == name], proto, task_set("all")))
 
 
 # -- plot -----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from synthbench.core.mechanism import (
     state_size_at_defaults,
 )
 from synthbench.core.params import parse_assignments
-from synthbench.core.task import CATEGORIES, IGNORE, TASKS
+from synthbench.core.task import CATEGORIES, IGNORE, TASK_SETS, TASKS, in_default_suite, task_set
 from synthbench.integrity.audit import MARGIN, TRAIN_ANSWERS, audit, markdown_table
 from synthbench.run.grid import task_defaults
 from synthbench.run.limits import check_length
@@ -39,6 +39,7 @@ LISTINGS = {
         "description": "description",
         "defaults": "defaults",
         "length_param": "length knob",
+        "suite": "suite",
         "source": "source",
     },
     "mechs": {
@@ -93,8 +94,14 @@ def list_command(
     ]
     caption = None
     if kind == "tasks":
-        categories = {r["category"] for r in records}
-        caption = f"{len(records)} tasks in {len(categories)} categories"
+        suite = [r for r in records if r["suite"] == "default"]
+        caption = f"{len(suite)} tasks in {len({r['category'] for r in suite})} categories"
+        extended = [r["name"] for r in records if r["suite"] != "default"]
+        if extended:  # the State tasks: run with --task extended, never with --task all
+            caption += (
+                f" in the default suite (--task all), and {len(extended)} outside it, "
+                f"in --task extended: {', '.join(extended)}"
+            )
     print_rows(out, list(columns.values()), cells, caption)
 
 
@@ -111,6 +118,7 @@ def _records(kind: str) -> list[dict]:
                 "description": e.metadata["description"],
                 "defaults": task_defaults(e.obj),
                 "length_param": e.obj.length_param,
+                "suite": "default" if in_default_suite(e) else "extended",
                 "source": e.source,
             }
             for e in entries
@@ -183,13 +191,20 @@ def show_task_command(
     check_length(task, f"task {entry.name} ({_cell(task.param_dict())})")
     batch = task.generate(1, torch.Generator().manual_seed(seed))
     inputs, targets = batch.inputs[0].tolist(), batch.targets[0].tolist()
-    # the full sequence is the inputs plus the last target (the final answer token)
-    sequence = inputs + ([targets[-1]] if targets[-1] != IGNORE else [])
-    answer = [False] + [t != IGNORE for t in targets]
-    words = [
-        f"[{task.token_name(t)}]" if is_answer else task.token_name(t)
-        for t, is_answer in zip(sequence, answer, strict=False)
-    ]
+    if task.answers_in_stream:
+        # the full sequence is the inputs plus the last target (the final answer token)
+        sequence = inputs + ([targets[-1]] if targets[-1] != IGNORE else [])
+        answer = [False] + [t != IGNORE for t in targets]
+        words = [
+            f"[{task.token_name(t)}]" if is_answer else task.token_name(t)
+            for t, is_answer in zip(sequence, answer, strict=False)
+        ]
+    else:  # labels of the positions (State tasks): each input, then its answer, if any
+        answer = [t != IGNORE for t in targets]
+        words = [
+            task.token_name(x) + (f"[{task.token_name(t)}]" if t != IGNORE else "")
+            for x, t in zip(inputs, targets, strict=True)
+        ]
     params = " ".join(f"{k}={v}" for k, v in task.param_dict().items())
     out.print(
         f"{entry.name} ({entry.metadata['category']}): {entry.metadata['description']}\n"
@@ -202,7 +217,10 @@ def show_task_command(
 
 
 def audit_command(
-    name: Annotated[str, typer.Argument(help="Task name, or 'all' (plugins included).")],
+    name: Annotated[
+        str,
+        typer.Argument(help="Task name, 'all' (plugins included) or 'extended' (all and State)."),
+    ],
     difficulty: Annotated[
         str, typer.Option(help="A preset (easy, default, hard, ...) or 'all' of the task's.")
     ] = "all",
@@ -221,7 +239,7 @@ def audit_command(
     computation it tests? (The method: docs/TASKS.md, "Shortcut audit".)"""
     load_plugins(plugin)
     overrides = parse_assignments(param)
-    names = TASKS.names() if name == "all" else [TASKS.canonical(name)]
+    names = task_set(name) if name in TASK_SETS else [TASKS.canonical(name)]
     audits = []
     for task_name in names:
         presets = TASKS.get(task_name).presets()

@@ -5,6 +5,10 @@ builds whole sequences ``S`` of length ``T`` plus a mask of the answer tokens; t
 reads ``inputs = S[:, :-1]`` and at every position predicts the next token, so
 ``targets[:, i] = S[:, i + 1]`` where ``S[:, i + 1]`` is an answer token and ``IGNORE``
 elsewhere (teacher forcing, loss on answer positions only).
+
+The one exception: a task with ``answers_in_stream = False`` (the State category) labels
+positions instead, ``targets[:, i]`` the state after ``inputs[:, i]``, and its answers are
+never tokens of the stream (``Task.answers_in_stream`` says why).
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ from typing import Any, ClassVar
 import torch
 
 from synthbench.core.params import REQUIRED, resolve_params
-from synthbench.core.registry import Registry
+from synthbench.core.registry import Entry, Registry
 
-CATEGORIES = ("Basic", "Arithmetic", "Long-Range", "Memory", "Patterns", "Reasoning", "Robustness")
+CATEGORIES = (
+    "Basic", "Arithmetic", "Long-Range", "Memory", "Patterns", "Reasoning", "Robustness", "State",
+)  # fmt: skip
 IGNORE = -100  # the target outside answer positions (torch's cross-entropy ignore_index)
 
 TASKS: Registry[type[Task]] = Registry(
@@ -27,8 +33,23 @@ TASKS: Registry[type[Task]] = Registry(
     entry_point_group="synthbench.tasks",
     builtins="synthbench.tasks",
     required=("category", "description"),
-    choices={"category": CATEGORIES},
+    choices={"category": CATEGORIES, "suite": ("default", "extended")},
 )
+# The named task sets that ``--task`` takes: "all" is the default suite, every registered task
+# (plugins included) but those registered with ``suite="extended"``; "extended" adds those.
+TASK_SETS = ("all", "extended")
+
+
+def in_default_suite(entry: Entry) -> bool:
+    """Whether a registry entry belongs to the default suite (not ``suite="extended"``)."""
+    return entry.metadata.get("suite", "default") == "default"
+
+
+def task_set(name: str) -> list[str]:
+    """The task names of a named set (``TASK_SETS``), in registry order."""
+    if name not in TASK_SETS:
+        raise ValueError(f"unknown task set {name!r} (sets: {', '.join(TASK_SETS)})")
+    return [e.name for e in TASKS.entries() if name == "extended" or in_default_suite(e)]
 
 
 @dataclass
@@ -172,6 +193,13 @@ class Task:
     # the fixed-positions family solving it is no shortcut. The audit still shows their
     # scores; any other family above chance + 0.2 is a shortcut.
     computes: ClassVar[dict[str, str]] = {}
+    # True: every answer is the next token of the stream (teacher forced), and the free-running
+    # evaluation writes each prediction where the next position reads it. False: the answers
+    # are labels of the positions they stand at (``targets[:, i]`` is the state after
+    # ``inputs[:, i]``) and never enter the stream: fed back, a running state would be one
+    # lookup from the previous answer (the State tasks, docs/TASKS.md), so nothing is fed
+    # back and the free-running accuracy is the teacher-forced one.
+    answers_in_stream: ClassVar[bool] = True
 
     def __init__(self, **overrides: Any) -> None:
         defaults = {
@@ -305,7 +333,7 @@ class SepTask(Task):
 
 def markdown_table() -> str:
     """The built-in tasks at their defaults, by category (docs/TASKS.md embeds this; a test
-    checks it)."""
+    checks it); a task outside the default suite has "(extended)" after its category."""
     order = {c: i for i, c in enumerate(CATEGORIES)}
     entries = sorted(TASKS.entries(), key=lambda e: (order[e.metadata["category"]], e.name))
     lines = [
@@ -322,8 +350,9 @@ def markdown_table() -> str:
             f"{name}: " + ", ".join(f"{k} {v}" for k, v in overrides.items())
             for name, overrides in e.obj.difficulties.items()
         )
+        category = e.metadata["category"] + ("" if in_default_suite(e) else " (extended)")
         lines.append(
-            f"| {e.metadata['category']} | {e.name} | {e.metadata['description']} | "
+            f"| {category} | {e.name} | {e.metadata['description']} | "
             f"{defaults} | {task.seq_len} | {task.vocab_size} | {e.obj.length_param or '-'} | "
             f"{presets} |"
         )

@@ -86,7 +86,8 @@ def _audit_data(task: Task, train_answers: int, test_answers: int) -> tuple[Answ
         examples_for(task, train_answers), torch.Generator().manual_seed(TRAIN_SEED)
     )
     test = task.generate(examples_for(task, test_answers), torch.Generator().manual_seed(TEST_SEED))
-    return Answers.of(train), Answers.of(test)
+    in_stream = task.answers_in_stream  # labels (State tasks): no input holds an answer
+    return Answers.of(train, in_stream), Answers.of(test, in_stream)
 
 
 def _position_constant(train: Answers, test: Answers) -> tuple[np.ndarray, np.ndarray]:

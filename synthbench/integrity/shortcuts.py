@@ -74,13 +74,15 @@ class Answers:
     is_answer: np.ndarray  # (n, L): inputs[:, p] holds an earlier answer (teacher forced)
 
     @classmethod
-    def of(cls, batch: Batch) -> Answers:
+    def of(cls, batch: Batch, in_stream: bool = True) -> Answers:
+        """``in_stream``: the task's answers are tokens of the stream (``is_answer`` marks
+        them); False for labels that never enter it (``Task.answers_in_stream``)."""
         mask = batch.targets != IGNORE
         example, position = mask.nonzero(as_tuple=True)
         example, position = example.numpy(), position.numpy()
         first = np.searchsorted(example, example)  # each example's first answer
         is_answer = np.zeros(mask.shape, dtype=bool)
-        is_answer[:, 1:] = mask[:, :-1].numpy()
+        is_answer[:, 1:] = mask[:, :-1].numpy() & in_stream
         return cls(
             example,
             position,

@@ -35,7 +35,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from synthbench.core.task import TASKS
+from synthbench.core.task import TASKS, in_default_suite
 from synthbench.core.text import plural
 from synthbench.run.protocols import PROTOCOLS
 
@@ -480,7 +480,8 @@ def suite_seconds(
 
 
 def builtin_tasks() -> list[str]:
-    return sorted(e.name for e in TASKS.entries() if e.source == "builtin")
+    """The built-in tasks of the default suite (not the State tasks: ``--task extended``)."""
+    return sorted(e.name for e in TASKS.entries() if e.source == "builtin" and in_default_suite(e))
 
 
 def markdown_table(table: pd.DataFrame | None = None) -> str:

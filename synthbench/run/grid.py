@@ -186,7 +186,7 @@ def point_label(spec, keys: tuple[str, ...]) -> str:
 
 # key -> what it is; the keys of `synthbench run` a sweep file may hold
 SWEEP_KEYS = {
-    "task": "task names: a name, 'all' or a list",
+    "task": "task names: a name, 'all', 'extended' or a list",
     "category": "only the tasks of this category",
     "mech": "mechanism names: a name, 'all' or a list",
     "protocol": "protocol preset",

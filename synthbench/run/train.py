@@ -109,10 +109,15 @@ def evaluate(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
 
 
 @torch.no_grad()
-def held_out_metrics(model: Model, data: Batch, batch_size: int) -> dict[str, float]:
+def held_out_metrics(
+    model: Model, data: Batch, batch_size: int, feed_back: bool = True
+) -> dict[str, float]:
     """``evaluate``'s metrics with their standard errors, and the token accuracy of answers
     generated free-running (greedy), ``free_token_acc`` (and its ``_se``): every answer token
     is fed back to the model as the model produced it, not as the data has it.
+    ``feed_back=False``, for a task whose answers are labels that never enter the stream
+    (``Task.answers_in_stream``): nothing is written back, one pass, and the free-running
+    accuracy is the teacher-forced one.
 
     Exact, and in parallel (Jacobi iteration): a pass over the whole sequence predicts every
     answer; each is written where the next position reads it back, and the pass is repeated
@@ -131,8 +136,9 @@ def held_out_metrics(model: Model, data: Batch, batch_size: int) -> dict[str, fl
         inputs = data.inputs[start : start + batch_size].clone()
         targets = data.targets[start : start + batch_size]
         answer = targets != IGNORE
-        # an answer predicted at i is read back at i + 1 (the last position reads nothing)
-        fed_back = answer[:, :-1]
+        # an answer predicted at i is read back at i + 1 (the last position reads nothing);
+        # labels that are not tokens of the stream are never read back (one pass)
+        fed_back = answer[:, :-1] & feed_back
         predicted = torch.empty_like(targets)
         active = torch.arange(len(inputs), device=inputs.device)
         first_pass = True
@@ -371,7 +377,8 @@ def finish(
                     raise Leaky(f"not causal after training: {verdict.detail}")
 
     with phase("test evaluation"):
-        row.update(held_out_metrics(model, data.test, p.eval_batch_size))
+        feed_back = data.task.answers_in_stream
+        row.update(held_out_metrics(model, data.test, p.eval_batch_size, feed_back))
         if data.long_test is not None:
             long_metrics = evaluate(model, data.long_test, p.eval_batch_size)
             row.update({f"long_{k}": v for k, v in long_metrics.items()})
