@@ -22,6 +22,7 @@ from clitools import SMOKE, invoke  # noqa: E402  (tests/clitools.py, beside thi
 
 from synthbench.core.mechanism import MECHANISMS  # noqa: E402
 from synthbench.core.task import TASKS  # noqa: E402
+from synthbench.facts.fact import FACTS  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +68,10 @@ def afile(tmp_path):
 def forget_plugins():
     """What a test's plugin files register in this process is forgotten afterwards (the
     registries have no public way to unregister: their dicts are restored)."""
-    saved = [(r, dict(r._entries), dict(r._aliases)) for r in (TASKS, MECHANISMS)]
+    registries = (TASKS, MECHANISMS, FACTS)
+    for r in registries:
+        r.names()  # the built-ins first: what is restored must hold them
+    saved = [(r, dict(r._entries), dict(r._aliases)) for r in registries]
     loaded = dict(registry._loaded_files)
     yield
     for r, entries, aliases in saved:

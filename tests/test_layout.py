@@ -29,7 +29,8 @@ ALLOWED = {
     "integrity": {"core", "run"},
     "report": {"core", "run", "integrity"},
     "bench": {"core", "run", "report", "mechanisms"},
-    "cli": {"core", "run", "integrity", "report", "bench", "mechanisms"},
+    "facts": {"core", "run", "report"},
+    "cli": {"core", "run", "integrity", "report", "bench", "facts", "mechanisms"},
 }
 
 

@@ -425,7 +425,7 @@ def test_plugin_file_that_registers_nothing_is_a_warning(tmp_path: Path) -> None
     result = CliRunner().invoke(app, ["list", "mechs", "--plugin", str(path)], env=ENV)
     assert result.exit_code == 0, result.output
     assert result.stderr.splitlines() == [
-        f"warning: plugin file {path} registers no task or mechanism"
+        f"warning: plugin file {path} registers no task, mechanism or fact"
     ]
 
 

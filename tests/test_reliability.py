@@ -357,7 +357,7 @@ FAULTS = [
           setup=plugin("clash.py"), message="cannot register mechanism 'softmax' (plugin file"),
     fault("plugin-registers-nothing", *RUN, "--plugin", "{tmp}/nothing.py", code=0,
           setup=plugin("nothing.py"),
-          message="plugin file {tmp}/nothing.py registers no task or mechanism"),
+          message="plugin file {tmp}/nothing.py registers no task, mechanism or fact"),
     fault("plugin-is-a-folder", *RUN, "--plugin", "{tmp}", code=2,
           message="plugin {tmp} is a directory, not a Python file"),
     fault("plugin-path-empty", *RUN, "--plugin", "", code=2, message="--plugin is empty"),

@@ -7,6 +7,7 @@ audit
 results, report,    cli/results.py
 migrate
 bench ...           cli/bench.py     (the measurements: synthbench/bench)
+facts ...           cli/facts.py     (the literature's findings: synthbench/facts)
 --version,          here
 --*-completion
 """
@@ -31,7 +32,7 @@ from typing import Annotated  # noqa: E402
 import torch  # noqa: E402
 import typer  # noqa: E402
 
-from synthbench.cli import bench, catalog, check, reproduce, results, run  # noqa: E402
+from synthbench.cli import bench, catalog, check, facts, reproduce, results, run  # noqa: E402
 from synthbench.cli.common import (  # noqa: E402
     INTERRUPTED,
     STDOUT,
@@ -122,6 +123,7 @@ app.command("report")(guard(results.report_command))
 app.command("migrate")(guard(results.migrate_command))
 app.command("reproduce")(guard(reproduce.reproduce_command))  # synthbench/report/reference.py
 app.add_typer(bench.bench_app, name="bench")  # cost and fidelity benchmarks
+app.add_typer(facts.facts_app, name="facts")  # synthbench/facts: the literature's findings
 
 
 def main() -> None:

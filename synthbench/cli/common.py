@@ -26,8 +26,9 @@ from synthbench.core.atomic import TMP_PREFIX
 from synthbench.core.interrupts import count_interrupts, describe, from_user
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
-from synthbench.core.task import CATEGORIES, TASKS
+from synthbench.core.task import CATEGORIES, TASK_SETS, TASKS, task_set
 from synthbench.core.text import plural
+from synthbench.facts.fact import FACTS
 from synthbench.run.executors import ExecutorError
 from synthbench.run.packed import notes_on_one_line
 from synthbench.run.store import LoadReport, ResultStore
@@ -276,13 +277,13 @@ def _check_writable(folder: Path, given: Path, option: str) -> None:
 
 def load_plugins(files: list[Path] | None) -> None:
     """Entry-point plugins (a failed one is a warning line) and the given plugin files."""
-    for registry in (TASKS, MECHANISMS):
+    for registry in (TASKS, MECHANISMS, FACTS):
         registry.load_plugins()
         for error in registry.plugin_errors:
             warn(str(error))
     for path in files or []:
-        if not load_plugin_file(path, [TASKS, MECHANISMS]):  # the wrong file, most likely
-            warn(f"plugin file {path} registers no task or mechanism")
+        if not load_plugin_file(path, [TASKS, MECHANISMS, FACTS]):  # the wrong file, most likely
+            warn(f"plugin file {path} registers no task, mechanism or fact")
 
 
 def split(value: str) -> list[str]:
@@ -290,8 +291,13 @@ def split(value: str) -> list[str]:
 
 
 def select_tasks(task: str, category: str | None) -> list[str]:
-    """'all' or comma-separated names, optionally only one category -> canonical names."""
-    names = TASKS.names() if task == "all" else [TASKS.canonical(n) for n in split(task)]
+    """'all' (the default suite), 'extended' (all and the State tasks) or comma-separated
+    names, optionally only one category -> canonical names. A category with 'all' picks
+    from every task: ``--category State`` names the State tasks itself."""
+    if task in TASK_SETS:
+        names = task_set("extended" if category is not None else task)
+    else:
+        names = [TASKS.canonical(n) for n in split(task)]
     if category is not None:
         wanted = {c.lower(): c for c in CATEGORIES}
         if category.lower() not in wanted:

@@ -94,7 +94,13 @@ YesOption = Annotated[
 
 
 def run_command(
-    task: Annotated[str, typer.Option(help="'all' or comma-separated task names.")] = "all",
+    task: Annotated[
+        str,
+        typer.Option(
+            help="'all' (the default suite), 'extended' (all and the State tasks) or "
+            "comma-separated task names."
+        ),
+    ] = "all",
     category: Annotated[str | None, typer.Option(help="Only the tasks of this category.")] = None,
     mech: Annotated[
         str, typer.Option(help="'all' or comma-separated mechanism names.")
@@ -288,27 +294,11 @@ def run_grid(
         proto = protocol_of_track(protocol, track)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    if executor not in EXECUTORS:
-        raise UsageError(f"unknown executor '{executor}' ({', '.join(EXECUTORS)})")
-    if not 1 <= threads <= MAX_THREADS:
-        raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {threads}")
-    if jobs is not None and jobs < 1:
-        raise UsageError(f"--jobs must be >= 1, got {jobs}")
-    if pack is not None and not 1 <= pack <= MAX_PACK:
-        raise UsageError(f"--pack must be in [1, {MAX_PACK}], got {pack}")
-    if cpus_per_run is not None and not 0 < cpus_per_run < math.inf:
-        raise UsageError(f"--cpus-per-run must be > 0 and finite, got {cpus_per_run:g}")
-    if not 0 <= gpus_per_run < math.inf:
-        raise UsageError(f"--gpus-per-run must be >= 0 and finite, got {gpus_per_run:g}")
-    if executor == "ray" and device not in ("auto", "cpu"):
-        raise UsageError("with --executor ray the device follows --gpus-per-run, not --device")
+    check_execution(threads, jobs, pack, executor, device, cpus_per_run, gpus_per_run)
     n_seeds = proto.seeds if seeds is None else seeds
     if not 1 <= n_seeds <= MAX_SEEDS:
         raise UsageError(f"--seeds must be in [1, {MAX_SEEDS}], got {n_seeds}")
     check_writable_folder(results, "--results")
-    dev = resolve_device(device) if executor == "local" else None
-    if pack is None:  # where it is measured to help (synthbench/run/packed.py)
-        pack = default_pack(dev or torch.device("cuda" if gpus_per_run else "cpu"))
     tasks, mechs = select_tasks(task, category), select_mechanisms(mech)
     difficulties = split(difficulty) if difficulty is not None else None
     size = runner.plan_size(
@@ -337,6 +327,76 @@ def run_grid(
             difficulties=difficulties,
             protocol_params=protocol_params,
         )
+    presets = set(difficulties or ()) - {"default"}
+    train_specs(
+        specs,
+        device=device,
+        jobs=jobs,
+        pack=pack,
+        threads=threads,
+        executor=executor,
+        ray_address=ray_address,
+        cpus_per_run=cpus_per_run,
+        gpus_per_run=gpus_per_run,
+        results=results,
+        plugin=plugin,
+        force=force,
+        resized=bool(task_params or mech_params or protocol_params or presets),
+        positions=bool(pos is not None or pos_params),
+    )
+
+
+def check_execution(
+    threads: int,
+    jobs: int | None,
+    pack: int | None,
+    executor: str,
+    device: str,
+    cpus_per_run: float | None,
+    gpus_per_run: float,
+) -> None:
+    """The options of how runs execute (shared by run, sweep and ``facts run``), checked
+    before anything is planned."""
+    if executor not in EXECUTORS:
+        raise UsageError(f"unknown executor '{executor}' ({', '.join(EXECUTORS)})")
+    if not 1 <= threads <= MAX_THREADS:
+        raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {threads}")
+    if jobs is not None and jobs < 1:
+        raise UsageError(f"--jobs must be >= 1, got {jobs}")
+    if pack is not None and not 1 <= pack <= MAX_PACK:
+        raise UsageError(f"--pack must be in [1, {MAX_PACK}], got {pack}")
+    if cpus_per_run is not None and not 0 < cpus_per_run < math.inf:
+        raise UsageError(f"--cpus-per-run must be > 0 and finite, got {cpus_per_run:g}")
+    if not 0 <= gpus_per_run < math.inf:
+        raise UsageError(f"--gpus-per-run must be >= 0 and finite, got {gpus_per_run:g}")
+    if executor == "ray" and device not in ("auto", "cpu"):
+        raise UsageError("with --executor ray the device follows --gpus-per-run, not --device")
+
+
+def train_specs(
+    specs: list[RunSpec],
+    *,
+    device: str,
+    jobs: int | None,
+    pack: int | None,
+    threads: int,
+    executor: str,
+    ray_address: str | None,
+    cpus_per_run: float | None,
+    gpus_per_run: float,
+    results: Path,
+    plugin: list[Path] | None,
+    force: bool,
+    resized: bool = False,
+    positions: bool = False,
+) -> None:
+    """Train the planned runs that are not stored (all with ``force``), render the progress,
+    and exit non-zero if any raised, diverged everywhere or leaked. ``resized``: the plan
+    changes default sizes (the cost estimate says so); ``positions``: it sets positions."""
+    dev = resolve_device(device) if executor == "local" else None
+    if pack is None:  # where it is measured to help (synthbench/run/packed.py)
+        pack = default_pack(dev or torch.device("cuda" if gpus_per_run else "cpu"))
+    with out.status("checking the plan"), phase("planning"):
         check_run_paths(ResultStore(results), specs)  # before any training: where files go
         check_runs(specs, dev)  # sequence lengths, the memory a run needs
     names = list(dict.fromkeys(s.mechanism for s in specs))
@@ -359,8 +419,6 @@ def run_grid(
     where = f"device {dev}" if dev is not None else f"Ray at {ray_address or 'a local instance'}"
     # the device a stored row names (a GPU's model); under Ray, --gpus-per-run's
     row_device = device_name(dev) if dev is not None else None if gpus_per_run else "cpu"
-    presets = set(difficulties or ()) - {"default"}
-    resized = bool(task_params or mech_params or protocol_params or presets)
 
     def estimate(units: list[Unit], capacity: int) -> list[str]:
         """What the trainings will cost (synthbench/run/cost.py), said before they start."""
@@ -372,7 +430,7 @@ def run_grid(
         plugins = "".join(f" --plugin {p}" for p in plugin or [])
         return cost.lines(found, capacity, "".join(notes), plugins)
 
-    view = RunView(specs, results, where, bool(pos is not None or pos_params), estimate=estimate)
+    view = RunView(specs, results, where, positions, estimate=estimate)
     try:
         try:
             outcome = runner.execute(

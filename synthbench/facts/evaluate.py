@@ -1,0 +1,106 @@
+"""A fact's runs, planned as ``synthbench run`` plans them, and its verdict from stored rows.
+
+An arm's runs are found by run id (the hash of each run's resolved config), so a fact reads
+exactly the runs it declared, whichever command stored them: ``facts run``, a plain
+``synthbench run`` with the same options, or another fact that shares them. Each seed's
+value is the arm's target metric (or the ``metric`` it names) at the lr its validation set
+selected; an arm of several tasks averages them per seed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from synthbench.facts.fact import Arm, Fact
+from synthbench.facts.rules import INCONCLUSIVE, NOT_RUN, ArmResult, Decision
+from synthbench.report.aggregate import run_outcomes, selected_runs
+from synthbench.run import runner
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.spec import RunSpec
+
+
+def arm_specs(arm: Arm, seeds: int, first_seed: int = 0, threads: int = 1) -> list[RunSpec]:
+    """The runs of ``arm`` at seeds ``first_seed`` .. ``first_seed + seeds - 1``."""
+    firsts = runner.plan(
+        list(arm.tasks),
+        [arm.mech],
+        PROTOCOLS.get(arm.protocol),
+        1,
+        task_params=dict(arm.task_params),
+        mechanism_params=dict(arm.mech_params),
+        protocol_params=dict(arm.protocol_params),
+        eval_length_mult=arm.eval_length_mult,
+        threads=threads,
+    )
+    return [s.with_seed(seed) for s in firsts for seed in range(first_seed, first_seed + seeds)]
+
+
+def fact_specs(fact: Fact, first_seed: int = 0, threads: int = 1) -> dict[str, list[RunSpec]]:
+    """Arm label -> its runs."""
+    return {
+        label: arm_specs(arm, fact.seeds, first_seed, threads) for label, arm in fact.arms.items()
+    }
+
+
+def arm_result(arm: Arm, specs: list[RunSpec], rows: pd.DataFrame, measure: str) -> ArmResult:
+    """The per-seed values of one arm from the stored ``rows`` (any rows: those of its run
+    ids are taken)."""
+    empty = pd.Series(dtype=float)
+    mine = rows[rows["run_id"].isin({s.run_id for s in specs})] if len(rows) else rows
+    if mine.empty:
+        return ArmResult(empty, empty, problem="not run yet", missing=True)
+    stored = set(mine["run_id"])
+    missing = [s for s in specs if s.run_id not in stored]
+    failed = run_outcomes(mine)
+    failed = failed[failed["status"] != "ok"]
+    if len(failed):
+        first = failed.iloc[0]
+        problem = f"{len(failed)} of {len(specs)} runs failed ({first['status']}, {first['task']}"
+        return ArmResult(empty, empty, problem=f"{problem} seed {int(first['seed'])})")
+    if missing:
+        return ArmResult(empty, empty, problem=f"{len(missing)} of {len(specs)} runs not stored")
+    metric = arm.metric or "target"
+    runs = selected_runs(mine, metric)
+    column = "score" if measure == "score" else "value"  # long_* metrics: no chance, as is
+    scaled = runs["chance"].notna() & (measure == "score")
+    se = runs["se"].where(~scaled, runs["se"] / (1 - runs["chance"]))
+    runs = runs.assign(measured=runs[column], measured_se=se)
+    per_seed = runs.groupby("seed").agg(
+        measured=("measured", "mean"),
+        # independent test sets: the mean of k values has sqrt(sum se^2) / k
+        measured_se=("measured_se", lambda s: float(np.sqrt((s**2).sum())) / len(s)),
+        tasks=("task", "nunique"),
+    )
+    per_seed = per_seed[per_seed["tasks"] == len(arm.tasks)]
+    return ArmResult(
+        per_seed["measured"].astype(float),
+        per_seed["measured_se"].astype(float),
+        lr_edge=bool(runs["lr_edge"].any()),
+    )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    name: str
+    fact: Fact
+    results: dict[str, ArmResult]
+    decision: Decision
+
+
+def decide(name: str, fact: Fact, rows: pd.DataFrame, first_seed: int = 0) -> Outcome:
+    """The verdict of ``fact`` on the stored ``rows``: not run when none of its runs is
+    stored; inconclusive, with the reason, when some are missing or failed."""
+    specs = fact_specs(fact, first_seed)
+    results = {
+        label: arm_result(arm, specs[label], rows, fact.measure) for label, arm in fact.arms.items()
+    }
+    if all(r.missing for r in results.values()):
+        return Outcome(name, fact, results, Decision(NOT_RUN, "", "none of its runs is stored"))
+    decision = fact.rule.decide(results)
+    if decision.verdict == INCONCLUSIVE and not decision.figures:
+        figures = "; ".join(f"{label} {r.text()}" for label, r in results.items())
+        decision = Decision(INCONCLUSIVE, figures, decision.reason)
+    return Outcome(name, fact, results, decision)

@@ -1,0 +1,132 @@
+"""A fact: what a paper found, the runs that test it here, and the rule declared before them.
+
+An ``Arm`` is one group of runs: a mechanism on a task (or several tasks, averaged per seed)
+under a protocol, with parameters; a ``Fact`` names its arms and a rule
+(synthbench/facts/rules.py) over the arms' per-seed values. Facts register in ``FACTS``,
+like tasks and mechanisms (plugins through the entry-point group ``synthbench.facts`` or
+``--plugin file.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from synthbench.core.layer import LAYER_ARCHS
+from synthbench.core.registry import Registry
+from synthbench.facts.rules import Rule
+from synthbench.run.protocols import PROTOCOLS
+
+TRACKS = ("core", "block")
+# what an arm's per-seed value is: the target metric as it is, or normalised by chance
+# ((value - chance) / (1 - chance): Grazzi et al.'s "scaled accuracy")
+MEASURES = ("value", "score")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """The runs of one mechanism on ``task`` (a name, or a tuple of names whose values are
+    averaged per seed) under ``protocol``, with the given parameters (as ``synthbench run``'s
+    ``--task-param``, ``--mech-param``, ``--protocol-param``, ``--eval-length-mult``)."""
+
+    mech: str
+    task: str | tuple[str, ...]
+    protocol: str = "quick"
+    task_params: Mapping[str, Any] = field(default_factory=dict)
+    mech_params: Mapping[str, Any] = field(default_factory=dict)
+    protocol_params: Mapping[str, Any] = field(default_factory=dict)
+    eval_length_mult: float | None = None
+    # the stored metric a long-length arm reads (long_token_acc) instead of the target one
+    metric: str | None = None
+
+    @property
+    def tasks(self) -> tuple[str, ...]:
+        return (self.task,) if isinstance(self.task, str) else tuple(self.task)
+
+    def describe(self) -> str:
+        """The arm as command-line options, e.g. ``kv_recall, pairs=16 / deltanet``."""
+        settings = [
+            f"{k}={_text(v)}"
+            for values in (self.task_params, self.mech_params, self.protocol_params)
+            for k, v in values.items()
+        ]
+        if self.eval_length_mult:
+            settings.append(f"tested at {self.eval_length_mult:g}x length")
+        where = f" ({', '.join(settings)})" if settings else ""
+        return f"{self.mech} on {', '.join(self.tasks)}{where}"
+
+    def command(self, seeds: int) -> str:
+        """The ``synthbench run`` command that stores this arm's runs."""
+        words = [f"synthbench run --task {','.join(self.tasks)} --mech {self.mech}"]
+        words.append(f"--protocol {self.protocol} --seeds {seeds}")
+        for flag, values in (
+            ("--task-param", self.task_params),
+            ("--mech-param", self.mech_params),
+            ("--protocol-param", self.protocol_params),
+        ):
+            words += [f"{flag} {k}={_text(v)}" for k, v in values.items()]
+        if self.eval_length_mult:
+            words.append(f"--eval-length-mult {self.eval_length_mult:g}")
+        return " ".join(words)
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple | list):
+        return "[" + ",".join(map(str, value)) + "]"
+    return str(value)
+
+
+@dataclass(frozen=True)
+class Fact:
+    """``source`` (paper, table or figure), ``claim`` (one line), ``arms`` (label -> Arm),
+    ``rule`` (declared before any run), ``track`` (core or block), ``seeds``, ``measure``
+    (``value`` or ``score``), ``published`` (label -> the source's figure, printed beside
+    ours), ``notes`` (how our setting differs from the source's, and the cost)."""
+
+    source: str
+    claim: str
+    arms: Mapping[str, Arm]
+    rule: Rule
+    track: str = "core"
+    seeds: int = 3
+    measure: str = "value"
+    published: Mapping[str, str] = field(default_factory=dict)
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.track not in TRACKS:
+            raise ValueError(f"a fact's track is one of {', '.join(TRACKS)}, not {self.track!r}")
+        if self.measure not in MEASURES:
+            raise ValueError(f"a fact's measure is {' or '.join(MEASURES)}, not {self.measure!r}")
+        if not 1 <= self.seeds <= 100:
+            raise ValueError(f"a fact needs 1 to 100 seeds, not {self.seeds}")
+        unknown = sorted(set(self.rule.arms()) - set(self.arms))
+        if unknown:
+            raise ValueError(f"the rule names arms the fact lacks: {', '.join(unknown)}")
+        for label, arm in self.arms.items():
+            if arm_track(arm) != self.track:
+                raise ValueError(
+                    f"arm {label!r} trains in the {arm_track(arm)} track, the fact is {self.track}"
+                )
+        for label in self.published:
+            if label not in self.arms:
+                raise ValueError(f"a published figure for an arm the fact lacks: {label}")
+
+
+def arm_track(arm: Arm) -> str:
+    """The track an arm's runs train in: its protocol's, or that of the arch it sets."""
+    arch = arm.protocol_params.get("arch")
+    if arch is not None:
+        return "block" if arch in LAYER_ARCHS else "core"
+    return PROTOCOLS.get(arm.protocol).track
+
+
+FACTS: Registry[Fact] = Registry(
+    "fact",
+    entry_point_group="synthbench.facts",
+    builtins="synthbench.facts.builtin",
+    required=("paper",),
+)

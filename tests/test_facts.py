@@ -1,0 +1,233 @@
+"""synthbench facts: the rules decide as declared, the built-in facts are well formed, and a
+plugin's fact runs, is judged from the stored rows and reported end to end."""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from clitools import assert_error, invoke
+
+from synthbench.facts import FACTS, All, Arm, AtLeast, AtMost, Better, Close, Fact
+from synthbench.facts.evaluate import fact_specs
+from synthbench.facts.rules import (
+    INCONCLUSIVE,
+    NOT_REPRODUCED,
+    REPRODUCED,
+    ArmResult,
+)
+from synthbench.run.store import ResultStore
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def arm(*values, se=0.01, edge=False, problem=None) -> ArmResult:
+    seeds = range(len(values))
+    return ArmResult(
+        pd.Series(values, index=seeds, dtype=float),
+        pd.Series(se, index=seeds, dtype=float),
+        lr_edge=edge,
+        problem=problem,
+    )
+
+
+# -- rules ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "a, b, verdict",
+    [
+        ((0.9, 0.95, 0.92), (0.5, 0.6, 0.4), REPRODUCED),
+        ((0.52, 0.55, 0.51), (0.5, 0.5, 0.5), NOT_REPRODUCED),  # below the effect 0.1
+        ((0.5, 0.5, 0.5), (0.9, 0.9, 0.9), NOT_REPRODUCED),  # the other way round
+        ((0.9, 0.45, 0.9), (0.5, 0.5, 0.5), INCONCLUSIVE),  # a seed's difference is negative
+        ((0.9,), (0.5,), INCONCLUSIVE),  # one seed
+    ],
+)
+def test_better_decides_on_the_mean_and_every_seed(a, b, verdict):
+    decision = Better("a", "b", 0.1).decide({"a": arm(*a), "b": arm(*b)})
+    assert decision.verdict == verdict, decision
+
+
+def test_better_is_inconclusive_within_the_test_noise():
+    # differences of 0.2, each within 2 standard errors (se 0.1 per arm: 2 * 0.141)
+    results = {"a": arm(0.7, 0.7, 0.7, se=0.1), "b": arm(0.5, 0.5, 0.5, se=0.1)}
+    decision = Better("a", "b", 0.1).decide(results)
+    assert decision.verdict == INCONCLUSIVE and "SE" in decision.reason
+
+
+def test_an_arm_with_failed_runs_or_an_lr_at_the_edge_is_inconclusive_with_the_reason():
+    failed = {"a": arm(problem="2 of 3 runs failed (diverged, copy seed 1)"), "b": arm(0.1, 0.1)}
+    decision = Better("a", "b").decide(failed)
+    assert decision.verdict == INCONCLUSIVE and "diverged" in decision.reason
+    edge = {"a": arm(0.9, 0.9, edge=True), "b": arm(0.1, 0.1)}
+    assert "edge" in Better("a", "b").decide(edge).reason
+
+
+@pytest.mark.parametrize(
+    "a, b, verdict",
+    [
+        ((0.98, 0.99), (0.97, 0.99), REPRODUCED),
+        ((0.98, 0.99), (0.5, 0.6), NOT_REPRODUCED),
+        ((0.98, 0.5), (0.5, 0.98), REPRODUCED),  # the mean difference is 0
+        ((0.98, 0.5), (0.5, 0.7), INCONCLUSIVE),  # a gap one seed does not show
+    ],
+)
+def test_close(a, b, verdict):
+    assert Close("a", "b", 0.05).decide({"a": arm(*a), "b": arm(*b)}).verdict == verdict
+
+
+def test_thresholds_and_all():
+    results = {"a": arm(0.95, 0.92, 0.91), "b": arm(0.1, 0.05, 0.12)}
+    assert AtLeast("a", 0.9).decide(results).verdict == REPRODUCED
+    assert AtLeast("b", 0.9).decide(results).verdict == NOT_REPRODUCED
+    assert AtMost("b", 0.2).decide(results).verdict == REPRODUCED
+    both = All((AtLeast("a", 0.9), AtMost("b", 0.2)))
+    assert both.decide(results).verdict == REPRODUCED
+    one_fails = All((AtLeast("a", 0.9), AtLeast("b", 0.9)))
+    assert one_fails.decide(results).verdict == NOT_REPRODUCED
+    unsure = {**results, "c": arm(problem="not run yet")}
+    assert All((AtLeast("a", 0.9), AtLeast("c", 0.5))).decide(unsure).verdict == INCONCLUSIVE
+    assert set(both.arms()) == {"a", "b"}
+
+
+# -- the built-in facts ------------------------------------------------------------------------
+
+
+def test_the_builtin_facts_cover_at_least_12_findings_of_6_papers():
+    entries = [e for e in FACTS.entries() if e.source == "builtin"]
+    assert len(entries) >= 12
+    assert len({e.metadata["paper"] for e in entries}) >= 6
+    for entry in entries:
+        fact = entry.obj
+        assert set(fact.rule.arms()) <= set(fact.arms) and set(fact.published) <= set(fact.arms)
+        specs = fact_specs(fact)  # every arm plans: its names and parameters resolve
+        assert all(len(s) == fact.seeds * len(fact.arms[label].tasks) for label, s in specs.items())
+        protocols = {s.protocol.name for arm_specs in specs.values() for s in arm_specs}
+        assert all(p.endswith("-block") == (fact.track == "block") for p in protocols), entry.name
+
+
+def test_a_malformed_fact_is_refused_in_one_line():
+    arms = {"a": Arm("softmax", "copy")}
+    with pytest.raises(ValueError, match="names arms the fact lacks: b"):
+        Fact("src", "claim", arms, Better("a", "b"))
+    with pytest.raises(ValueError, match="trains in the core track, the fact is block"):
+        Fact("src", "claim", arms, AtLeast("a", 0.5), track="block")
+    with pytest.raises(ValueError, match="track is one of core, block"):
+        Fact("src", "claim", arms, AtLeast("a", 0.5), track="blocks")
+
+
+def test_other_seeds_are_other_runs():
+    fact = FACTS.get("deltanet-mqar-without-conv")
+    first = fact_specs(fact)["deltanet"]
+    later = fact_specs(fact, first_seed=3)["deltanet"]
+    assert [s.seed for s in first] == [0, 1, 2] and [s.seed for s in later] == [3, 4, 5]
+    assert not {s.run_id for s in first} & {s.run_id for s in later}
+
+
+def test_docs_list_every_builtin_fact():
+    table = invoke("facts", "list", "--markdown").stdout.strip()
+    assert table in (REPO / "docs" / "FACTS.md").read_text(), "regenerate: facts list --markdown"
+
+
+def test_an_unknown_fact_names_the_close_matches():
+    result = invoke("facts", "report", "olsson-induction", "--results", "results")
+    assert_error(result, 2, "unknown fact 'olsson-induction'; did you mean")
+
+
+# -- a plugin's fact, end to end --------------------------------------------------------------
+
+PLUGIN = """
+from synthbench.facts import FACTS, All, Arm, AtLeast, Better, Fact
+
+FACTS.add(
+    "copy-needs-mixing",
+    Fact(
+        source="a test",
+        claim="softmax copies better than no mixing at all",
+        arms={
+            "softmax": Arm("softmax", "copy", "smoke"),
+            "none": Arm("none", "copy", "smoke"),
+        },
+        rule=All((Better("softmax", "none", 0.0), AtLeast("softmax", 0.0))),
+        seeds=2,
+        published={"softmax": "1.0"},
+    ),
+    paper="test",
+)
+FACTS.add(
+    "broken-fact",
+    Fact(
+        source="a test",
+        claim="a mechanism whose runs raise",
+        arms={"boom": Arm("boom", "copy", "smoke"), "none": Arm("none", "copy", "smoke")},
+        rule=Better("boom", "none"),
+        seeds=2,
+    ),
+    paper="test",
+)
+"""
+BOOM = """
+import torch
+from synthbench.core.mechanism import MECHANISMS
+
+@MECHANISMS.register("boom", family="test", complexity="quadratic", reference="-")
+class Boom(torch.nn.Module):
+    def __init__(self, head_dim, n_heads):
+        super().__init__()
+
+    def forward(self, q, k, v, causal=True):
+        if self.training:  # the trainings raise; the causality check before them does not
+            raise RuntimeError("boom")
+        return v
+"""
+
+
+def test_a_plugin_fact_runs_and_is_judged_from_the_stored_rows(tmp_path, forget_plugins):
+    plugin = tmp_path / "facts_plugin.py"
+    plugin.write_text(textwrap.dedent(PLUGIN))
+    results, out = tmp_path / "results", tmp_path / "reports"
+    ran = invoke(
+        "facts", "run", "copy-needs-mixing", "--results", results, "--jobs", "1", "--plugin", plugin
+    )
+    assert ran.exit_code == 0, ran.output
+    assert "4 runs for 1 fact" in ran.stdout and "1 fact: " in ran.stdout
+    rows = ResultStore(results).load(warn=False).rows
+    assert sorted(rows["mechanism"].unique()) == ["none", "softmax"]
+    # the verdict, recomputed here from the rows: the selected lr's target metric per seed
+    chosen = rows[rows["selected"].astype(bool)].set_index(["mechanism", "seed"])["token_acc"]
+    difference = (chosen["softmax"] - chosen["none"]).mean()
+    reported = invoke("facts", "report", "copy-needs-mixing", "--results", results, "--out", out,
+                      "--plugin", plugin)  # fmt: skip
+    assert reported.exit_code == 0, reported.output
+    page = (out / "facts.md").read_text()
+    assert f"{difference:+.3f} over 2 seeds" in page
+    # smoke has one lr, alone at the edge of its grid: the runs show nothing beyond it
+    verdict = re.search(r"## copy-needs-mixing: (\w[\w ]*)", page).group(1)
+    assert verdict == INCONCLUSIVE and "alone at an edge of its grid" in page
+    assert "softmax" in (out / "facts.tex").read_text()
+    # run again: nothing new trains (the runs are stored), the same verdict
+    again = invoke(
+        "facts", "run", "copy-needs-mixing", "--results", results, "--jobs", "1", "--plugin", plugin
+    )
+    assert again.exit_code == 0 and "nothing new" in again.stdout
+
+
+def test_a_fact_whose_runs_raise_is_inconclusive_with_the_reason(tmp_path, forget_plugins):
+    plugin, boom = tmp_path / "facts_plugin.py", tmp_path / "boom.py"
+    plugin.write_text(textwrap.dedent(PLUGIN))
+    boom.write_text(textwrap.dedent(BOOM))
+    results = tmp_path / "results"
+    ran = invoke("facts", "run", "broken-fact", "--results", results, "--jobs", "1",
+                 "--plugin", boom, "--plugin", plugin)  # fmt: skip
+    assert ran.exit_code == 1
+    line = next(li for li in ran.stdout.splitlines() if li.startswith("broken-fact"))
+    assert INCONCLUSIVE in line and "error" in line
+
+
+def test_the_command_line_is_listed():
+    result = invoke("facts", "--help")
+    assert result.exit_code == 0 and all(c in result.stdout for c in ("list", "run", "report"))
