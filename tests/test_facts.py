@@ -12,6 +12,7 @@ import pytest
 from clitools import assert_error, invoke
 
 from synthbench.facts import FACTS, All, Arm, AtLeast, AtMost, Better, Close, Fact
+from synthbench.facts import shipped as facts_shipped
 from synthbench.facts.evaluate import fact_specs
 from synthbench.facts.rules import (
     INCONCLUSIVE,
@@ -19,6 +20,7 @@ from synthbench.facts.rules import (
     REPRODUCED,
     ArmResult,
 )
+from synthbench.report import reference
 from synthbench.run.store import ResultStore
 
 REPO = Path(__file__).resolve().parents[1]
@@ -231,3 +233,58 @@ def test_a_fact_whose_runs_raise_is_inconclusive_with_the_reason(tmp_path, forge
 def test_the_command_line_is_listed():
     result = invoke("facts", "--help")
     assert result.exit_code == 0 and all(c in result.stdout for c in ("list", "run", "report"))
+
+
+# -- the facts runs shipped with synthbench ----------------------------------------------------
+
+
+def test_shipped_rows_stand_in_for_runs_you_lack_and_yours_take_precedence(
+    tmp_path, forget_plugins, monkeypatch
+):
+    plugin = tmp_path / "facts_plugin.py"
+    plugin.write_text(textwrap.dedent(PLUGIN))
+    measured = tmp_path / "measured"
+    args = ["copy-needs-mixing", "--jobs", "1", "--plugin", plugin]
+    assert invoke("facts", "run", *args, "--results", measured).exit_code == 0
+    rows = ResultStore(measured).load(warn=False).rows
+    shipped_file = tmp_path / "facts_runs.parquet"
+    reference.write(rows, shipped_file)
+    monkeypatch.setattr(facts_shipped, "shipped_path", lambda: shipped_file)
+    fresh = tmp_path / "fresh"  # a new results folder: nothing of the user's
+    ran = invoke("facts", "run", *args, "--results", fresh)
+    assert ran.exit_code == 0, ran.output
+    assert "4 of them measured in the shipped facts runs" in ran.stdout
+    assert not ResultStore(fresh).load(warn=False).rows.size  # nothing trained
+    out = tmp_path / "reports"
+    shown = invoke("facts", "report", "copy-needs-mixing", "--results", tmp_path / "absent",
+                   "--out", out, "--plugin", plugin)  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    chosen = rows[rows["selected"].astype(bool)].set_index(["mechanism", "seed"])["token_acc"]
+    difference = (chosen["softmax"] - chosen["none"]).mean()
+    page = (out / "facts.md").read_text()
+    assert f"{difference:+.3f} over 2 seeds" in page and "shipped with synthbench" in page
+    # --no-shipped: judged on the user's rows alone, here none
+    alone = invoke("facts", "run", *args, "--results", fresh, "--no-shipped", "--jobs", "1")
+    assert alone.exit_code == 0 and "4 runs for 1 fact" in alone.stdout
+    assert len(ResultStore(fresh).load(warn=False).rows) == len(rows)
+
+
+def test_a_users_row_of_the_same_run_and_lr_wins():
+    ours = pd.DataFrame({"run_id": ["a", "a"], "lr": [1e-3, 3e-3], "token_acc": [0.5, 0.6]})
+    theirs = pd.DataFrame(
+        {"run_id": ["a", "a", "b"], "lr": [1e-3, 1e-2, 1e-3], "token_acc": [0.9, 0.7, 0.8]}
+    )
+    merged = facts_shipped.with_shipped(ours, theirs)
+    got = sorted(zip(merged["run_id"], merged["lr"], merged["token_acc"], strict=True))
+    assert got == [("a", 1e-3, 0.5), ("a", 3e-3, 0.6), ("a", 1e-2, 0.7), ("b", 1e-3, 0.8)]
+
+
+def test_a_run_is_measured_once_its_sweep_is_settled():
+    rows = pd.DataFrame(
+        {
+            "run_id": ["done", "done", "diverged", "raised", "open"],
+            "selected": [False, True, False, False, False],
+            "status": ["ok", "ok", "diverged", "error", "ok"],
+        }
+    )
+    assert facts_shipped.complete_runs(rows) == {"done", "diverged"}

@@ -47,6 +47,8 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
     assert {"synthbench/tasks/copy.py", "synthbench/mechanisms/softmax.py"} <= names
     # the reference baselines `report` shows beside a user's rows (synthbench/report/reference.py)
     assert "synthbench/data/reference/quick.parquet" in names
+    # the facts' measured runs (synthbench/facts/shipped.py) and the published LM numbers
+    assert {"synthbench/data/facts_runs.parquet", "synthbench/data/published_lm.csv"} <= names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "synthbench = synthbench.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 

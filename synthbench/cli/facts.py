@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated
 
+import pandas as pd
 import typer
 
 from synthbench.cli.common import (
@@ -21,6 +22,7 @@ from synthbench.cli.common import (
     path_parser,
     print_rows,
     split,
+    warn,
 )
 from synthbench.cli.run import (
     ExecutorOption,
@@ -34,6 +36,7 @@ from synthbench.cli.run import (
 )
 from synthbench.core.text import plural
 from synthbench.facts import report
+from synthbench.facts import shipped as facts_shipped
 from synthbench.facts.evaluate import decide, fact_specs
 from synthbench.facts.fact import FACTS
 from synthbench.report.formats import markdown_table
@@ -45,6 +48,14 @@ facts_app = typer.Typer(
 )
 NamesArgument = Annotated[
     str, typer.Argument(help="'all', or comma-separated fact names (synthbench facts list).")
+]
+ShippedOption = Annotated[
+    bool,
+    typer.Option(
+        "--shipped/--no-shipped",
+        help="Count the facts' runs that ship with synthbench (measured rows; yours of the "
+        "same run take precedence): run trains only what neither holds.",
+    ),
 ]
 FirstSeedOption = Annotated[
     int,
@@ -103,6 +114,7 @@ def run_command(
     results: ResultsOption = Path("results"),
     plugin: PluginOption = None,
     force: ForceOption = False,
+    shipped: ShippedOption = True,
 ) -> None:
     """Train the runs the facts need (stored as any run is: resumable, shared between facts
     and with `synthbench run`), then print their verdicts."""
@@ -115,29 +127,55 @@ def run_command(
     for name in chosen:
         for arm_specs in fact_specs(FACTS.get(name), first_seed, threads).values():
             specs.update((s.run_id, s) for s in arm_specs)  # facts share runs: each trains once
-    out.print(f"{plural(len(specs), 'run')} for {plural(len(chosen), 'fact')}", highlight=False)
+    shipped_rows = _shipped_rows(shipped)
+    measured = set() if force else facts_shipped.complete_runs(shipped_rows)
+    todo = [s for run_id, s in specs.items() if run_id not in measured]
+    line = f"{plural(len(specs), 'run')} for {plural(len(chosen), 'fact')}"
+    if len(todo) < len(specs):
+        line += f", {len(specs) - len(todo)} of them measured in the shipped facts runs"
+    out.print(line, highlight=False)
     try:
-        train_specs(
-            list(specs.values()),
-            device=device,
-            jobs=jobs,
-            pack=pack,
-            threads=threads,
-            executor=executor,
-            ray_address=ray_address,
-            cpus_per_run=None,
-            gpus_per_run=0.0,
-            results=results,
-            plugin=plugin,
-            force=force,
-            resized=True,
-        )
+        if todo:
+            train_specs(
+                todo,
+                device=device,
+                jobs=jobs,
+                pack=pack,
+                threads=threads,
+                executor=executor,
+                ray_address=ray_address,
+                cpus_per_run=None,
+                gpus_per_run=0.0,
+                results=results,
+                plugin=plugin,
+                force=force,
+                resized=True,
+            )
+        else:
+            out.print("done: nothing new to train", highlight=False)
     finally:  # what the stored runs say, even when some failed (those facts: inconclusive)
-        _print_verdicts(chosen, results, first_seed)
+        _print_verdicts(chosen, _rows(results, shipped_rows), first_seed)
 
 
-def _print_verdicts(chosen: list[str], results: Path, first_seed: int) -> None:
-    rows = load_results(results).rows
+def _shipped_rows(shipped: bool) -> pd.DataFrame:
+    """The shipped facts runs (none with ``--no-shipped``, or where the file is stale: said)."""
+    if not shipped:
+        return pd.DataFrame()
+    found = facts_shipped.load()
+    if found.problem:
+        warn(f"{found.problem}: judged on your rows alone")
+    return found.rows
+
+
+def _rows(results: Path, shipped_rows: pd.DataFrame) -> pd.DataFrame:
+    """Your rows under ``results`` (none: a folder that does not exist, where shipped rows
+    stand in) with the shipped runs you lack."""
+    if not results.exists() and not shipped_rows.empty:
+        return shipped_rows
+    return facts_shipped.with_shipped(load_results(results).rows, shipped_rows)
+
+
+def _print_verdicts(chosen: list[str], rows: pd.DataFrame, first_seed: int) -> None:
     outcomes = [decide(name, FACTS.get(name), rows, first_seed) for name in chosen]
     print_rows(
         out,
@@ -163,6 +201,7 @@ def report_command(
         ),
     ] = Path("reports"),
     plugin: PluginOption = None,
+    shipped: ShippedOption = True,
 ) -> None:
     """reports/facts.md (a page: every fact, its rule, our figures beside the source's) and
     reports/facts.tex (a table for a paper's appendix), from the stored rows."""
@@ -170,8 +209,12 @@ def report_command(
     chosen = _select(names)
     _check_first_seed(first_seed)
     check_writable_folder(out_dir, "--out")
-    rows = load_results(results).rows
+    shipped_rows = _shipped_rows(shipped)
+    rows = _rows(results, shipped_rows)
+    source = f"the rows under {results}/"
+    if not shipped_rows.empty:
+        source += " and the facts runs shipped with synthbench (yours take precedence)"
     outcomes = [decide(name, FACTS.get(name), rows, first_seed) for name in chosen]
-    for path in report.write(outcomes, out_dir, str(results)):
+    for path in report.write(outcomes, out_dir, source):
         out.print(f"wrote {path}", highlight=False)
     out.print(report.counts_line(outcomes), highlight=False)

@@ -35,11 +35,11 @@ def _published(outcome: Outcome) -> str:
     return "; ".join(f"{label} {value}" for label, value in outcome.fact.published.items()) or "-"
 
 
-def to_markdown(outcomes: list[Outcome], results: str) -> str:
+def to_markdown(outcomes: list[Outcome], source: str) -> str:
     lines = [
         "# Facts: what the literature found, checked here",
         "",
-        f"From the rows under `{markdown_text(results)}`; {counts_line(outcomes)}. Each rule was "
+        f"From {markdown_text(source)}; {counts_line(outcomes)}. Each rule was "
         "declared with its fact, before any run (synthbench/facts/builtin.py); a fact that "
         "does not reproduce is reported with its figures, never tuned away. Our figures: "
         "mean over seeds (min-max) of the target metric at each run's selected lr, or its "
@@ -88,12 +88,12 @@ def to_latex(outcomes: list[Outcome]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write(outcomes: list[Outcome], out: Path, results: str) -> list[Path]:
+def write(outcomes: list[Outcome], out: Path, source: str) -> list[Path]:
     """reports/facts.md and reports/facts.tex, each replaced whole or not at all."""
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in (
-        ("facts.md", to_markdown(outcomes, results)),
+        ("facts.md", to_markdown(outcomes, source)),
         ("facts.tex", to_latex(outcomes)),
     ):
         write_atomically(out / name, text)
