@@ -560,4 +560,4 @@ def test_builder_keeps_the_block_track(two_track_tree, tmp_path, capsys, monkeyp
     # a run of another protocol version is dropped, named by its protocol
     run = rows[rows["protocol"] == "smoke-block"].iloc[:1].assign(protocol_version=99)
     why = builder.why_dropped(run, builder.expected_run_ids())
-    assert why == "protocol smoke-block v99 (today: v1)"
+    assert why == f"protocol smoke-block v99 (today: v{PROTOCOLS.get('smoke-block').version})"
