@@ -98,7 +98,8 @@ def decide(name: str, fact: Fact, rows: pd.DataFrame, first_seed: int = 0) -> Ou
         label: arm_result(arm, specs[label], rows, fact.measure) for label, arm in fact.arms.items()
     }
     if all(r.missing for r in results.values()):
-        return Outcome(name, fact, results, Decision(NOT_RUN, "", "none of its runs is stored"))
+        why = f"none of its runs is stored: synthbench facts run {name}"
+        return Outcome(name, fact, results, Decision(NOT_RUN, "", why))
     decision = fact.rule.decide(results)
     if decision.verdict == INCONCLUSIVE and not decision.figures:
         figures = "; ".join(f"{label} {r.text()}" for label, r in results.items())

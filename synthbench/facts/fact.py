@@ -45,7 +45,7 @@ class Arm:
         return (self.task,) if isinstance(self.task, str) else tuple(self.task)
 
     def describe(self) -> str:
-        """The arm as command-line options, e.g. ``kv_recall, pairs=16 / deltanet``."""
+        """The arm in words, e.g. ``deltanet on kv_recall (pairs=16, queries=0)``."""
         settings = [
             f"{k}={_text(v)}"
             for values in (self.task_params, self.mech_params, self.protocol_params)
@@ -55,20 +55,6 @@ class Arm:
             settings.append(f"tested at {self.eval_length_mult:g}x length")
         where = f" ({', '.join(settings)})" if settings else ""
         return f"{self.mech} on {', '.join(self.tasks)}{where}"
-
-    def command(self, seeds: int) -> str:
-        """The ``synthbench run`` command that stores this arm's runs."""
-        words = [f"synthbench run --task {','.join(self.tasks)} --mech {self.mech}"]
-        words.append(f"--protocol {self.protocol} --seeds {seeds}")
-        for flag, values in (
-            ("--task-param", self.task_params),
-            ("--mech-param", self.mech_params),
-            ("--protocol-param", self.protocol_params),
-        ):
-            words += [f"{flag} {k}={_text(v)}" for k, v in values.items()]
-        if self.eval_length_mult:
-            words.append(f"--eval-length-mult {self.eval_length_mult:g}")
-        return " ".join(words)
 
 
 def _text(value: Any) -> str:
