@@ -192,7 +192,9 @@ fact(
     arms={"mamba2": Arm("mamba2", "selective_copy"), "retnet": Arm("retnet", "selective_copy")},
     rule=Better("mamba2", "retnet", 0.2),
     published={"mamba2": "selective (S6): solved", "retnet": "LTI (S4): fails"},
-    notes="RetNet's fixed per-head decay stands for an LTI recurrence; Mamba-2's core for S6.",
+    notes="RetNet's fixed per-head decay stands for an LTI recurrence; Mamba-2's core for S6. "
+    "Unlike S4, RetNet reads its state with content-based q.k, which can select by itself: "
+    "where the runs show no gap, that is the likely cause (added after the first runs).",
 )
 fact(
     "olsson-induction-needs-two-layers",
