@@ -98,6 +98,25 @@ def _differences(a: ArmResult, b: ArmResult) -> tuple[pd.Series, pd.Series]:
     return differences, noise
 
 
+def _compare(rule: Rule, results: Mapping[str, ArmResult], a: str, b: str):
+    """What a rule over the pair (a, b) reads: a Decision already reached (an arm unusable,
+    too few common seeds, an lr at the edge) or None, then the per-seed differences a - b,
+    their noise, the mean difference and the figures text."""
+    unusable = rule._unusable(results)
+    if unusable:
+        return unusable, None, None, math.nan, ""
+    differences, noise = _differences(results[a], results[b])
+    mean = float(differences.mean()) if len(differences) else math.nan
+    figures = (
+        f"{a} {results[a].text()} vs {b} {results[b].text()}: "
+        f"{mean:+.3f} over {len(differences)} seeds"
+    )
+    if len(differences) < MIN_SEEDS:
+        early = Decision(INCONCLUSIVE, figures, f"fewer than {MIN_SEEDS} common seeds")
+        return early, differences, noise, mean, figures
+    return rule._edge(results, figures), differences, noise, mean, figures
+
+
 @dataclass(frozen=True)
 class Better(Rule):
     """Arm ``a`` beats arm ``b`` by at least ``effect`` (module docstring)."""
@@ -116,20 +135,9 @@ class Better(Rule):
         )
 
     def decide(self, results: Mapping[str, ArmResult]) -> Decision:
-        unusable = self._unusable(results)
-        if unusable:
-            return unusable
-        differences, noise = _differences(results[self.a], results[self.b])
-        mean = float(differences.mean()) if len(differences) else math.nan
-        figures = (
-            f"{self.a} {results[self.a].text()} vs {self.b} {results[self.b].text()}: "
-            f"{mean:+.3f} over {len(differences)} seeds"
-        )
-        if len(differences) < MIN_SEEDS:
-            return Decision(INCONCLUSIVE, figures, f"fewer than {MIN_SEEDS} common seeds")
-        edge = self._edge(results, figures)
-        if edge:
-            return edge
+        early, differences, noise, mean, figures = _compare(self, results, self.a, self.b)
+        if early:
+            return early
         if mean < self.effect - TOLERANCE:
             return Decision(NOT_REPRODUCED, figures, f"the difference is below {self.effect:g}")
         if (differences <= 0).any():
@@ -156,20 +164,9 @@ class Close(Rule):
         return f"|{self.a} - {self.b}| <= {self.tolerance:g} on the mean over common seeds"
 
     def decide(self, results: Mapping[str, ArmResult]) -> Decision:
-        unusable = self._unusable(results)
-        if unusable:
-            return unusable
-        differences, noise = _differences(results[self.a], results[self.b])
-        mean = float(differences.mean()) if len(differences) else math.nan
-        figures = (
-            f"{self.a} {results[self.a].text()} vs {self.b} {results[self.b].text()}: "
-            f"{mean:+.3f} over {len(differences)} seeds"
-        )
-        if len(differences) < MIN_SEEDS:
-            return Decision(INCONCLUSIVE, figures, f"fewer than {MIN_SEEDS} common seeds")
-        edge = self._edge(results, figures)
-        if edge:
-            return edge
+        early, differences, noise, mean, figures = _compare(self, results, self.a, self.b)
+        if early:
+            return early
         if abs(mean) <= self.tolerance + TOLERANCE:
             return Decision(REPRODUCED, figures)
         same_sign = (differences > 0).all() or (differences < 0).all()
