@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from clitools import assert_error, invoke
 
-from synthbench.facts import FACTS, All, Arm, AtLeast, AtMost, Better, Close, Fact
+from synthbench.facts import FACTS, All, Arm, AtLeast, AtMost, Better, Close, Fact, Given
 from synthbench.facts import shipped as facts_shipped
 from synthbench.facts.evaluate import fact_specs
 from synthbench.facts.rules import (
@@ -94,6 +94,34 @@ def test_thresholds_and_all():
     unsure = {**results, "c": arm(problem="not run yet")}
     assert All((AtLeast("a", 0.9), AtLeast("c", 0.5))).decide(unsure).verdict == INCONCLUSIVE
     assert set(both.arms()) == {"a", "b"}
+
+
+def test_given_decides_only_where_its_precondition_holds():
+    learned = {"a": arm(0.95, 0.97, 0.96), "b": arm(0.92, 0.94, 0.99)}
+    far = {"a far": arm(0.9, 0.85, 0.95), "b far": arm(0.2, 0.1, 0.3)}
+    rule = Given(All((AtLeast("a", 0.9), AtLeast("b", 0.9))), Better("a far", "b far", 0.2))
+    assert set(rule.arms()) == {"a", "b", "a far", "b far"}
+    assert rule.decide({**learned, **far}).verdict == REPRODUCED
+    same_far = {"a far": arm(0.9, 0.85, 0.95), "b far": arm(0.9, 0.85, 0.95)}
+    assert rule.decide({**learned, **same_far}).verdict == NOT_REPRODUCED
+    # b never learned the task: its failure far away says nothing, whatever the gap there
+    unlearned = {**learned, "b": arm(0.1, 0.1, 0.1), **far}
+    decision = rule.decide(unlearned)
+    assert decision.verdict == INCONCLUSIVE and "does not hold" in decision.reason
+    assert "b 0.100" in decision.figures
+    unsure = {**learned, "b": arm(problem="not run yet"), **far}
+    assert "not established" in rule.decide(unsure).reason
+
+
+def test_an_arms_positional_encoding_reaches_its_runs():
+    plain = Arm("softmax", "induction", "smoke-block", eval_length_mult=2.0)
+    rope = Arm("softmax", "induction", "smoke-block", pos="rope", eval_length_mult=2.0)
+    arms = {"p": plain, "r": rope}
+    fact = Fact(source="s", claim="c", arms=arms, rule=Better("r", "p"), track="block")
+    specs = fact_specs(fact)
+    assert specs["r"][0].protocol.pos == "rope" and specs["p"][0].protocol.pos == "learned"
+    assert specs["r"][0].eval_length_mult == 2.0
+    assert "pos=rope" in rope.describe() and "tested at 2x length" in rope.describe()
 
 
 # -- the built-in facts ------------------------------------------------------------------------

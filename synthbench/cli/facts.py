@@ -91,7 +91,7 @@ def list_command(
     rows = []
     for entry in FACTS.entries():
         fact = entry.obj
-        runs = sum(len(specs) for specs in fact_specs(fact).values())
+        runs = len({s.run_id for specs in fact_specs(fact).values() for s in specs})  # shared
         rows.append([entry.name, fact.track, str(runs), fact.source, fact.claim])
     headers = ["fact", "track", "runs", "source", "claim"]
     if markdown:

@@ -3,6 +3,6 @@ facts (fact.py), the rules that decide them (rules.py), their runs and verdicts 
 rows (evaluate.py) and the report (report.py). The built-in facts are in builtin.py."""
 
 from synthbench.facts.fact import FACTS, Arm, Fact
-from synthbench.facts.rules import All, AtLeast, AtMost, Better, Close
+from synthbench.facts.rules import All, AtLeast, AtMost, Better, Close, Given
 
-__all__ = ["FACTS", "All", "Arm", "AtLeast", "AtMost", "Better", "Close", "Fact"]
+__all__ = ["FACTS", "All", "Arm", "AtLeast", "AtMost", "Better", "Close", "Fact", "Given"]

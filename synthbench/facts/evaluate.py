@@ -33,6 +33,7 @@ def arm_specs(arm: Arm, seeds: int, first_seed: int = 0, threads: int = 1) -> li
         mechanism_params=dict(arm.mech_params),
         protocol_params=dict(arm.protocol_params),
         eval_length_mult=arm.eval_length_mult,
+        pos=arm.pos,
         threads=threads,
     )
     return [s.with_seed(seed) for s in firsts for seed in range(first_seed, first_seed + seeds)]

@@ -28,7 +28,8 @@ MEASURES = ("value", "score")
 class Arm:
     """The runs of one mechanism on ``task`` (a name, or a tuple of names whose values are
     averaged per seed) under ``protocol``, with the given parameters (as ``synthbench run``'s
-    ``--task-param``, ``--mech-param``, ``--protocol-param``, ``--eval-length-mult``)."""
+    ``--task-param``, ``--mech-param``, ``--protocol-param``, ``--pos``,
+    ``--eval-length-mult``)."""
 
     mech: str
     task: str | tuple[str, ...]
@@ -36,6 +37,7 @@ class Arm:
     task_params: Mapping[str, Any] = field(default_factory=dict)
     mech_params: Mapping[str, Any] = field(default_factory=dict)
     protocol_params: Mapping[str, Any] = field(default_factory=dict)
+    pos: str | None = None  # the positional encoding instead of the protocol's
     eval_length_mult: float | None = None
     # the stored metric a long-length arm reads (long_token_acc) instead of the target one
     metric: str | None = None
@@ -51,6 +53,8 @@ class Arm:
             for values in (self.task_params, self.mech_params, self.protocol_params)
             for k, v in values.items()
         ]
+        if self.pos:
+            settings.append(f"pos={self.pos}")
         if self.eval_length_mult:
             settings.append(f"tested at {self.eval_length_mult:g}x length")
         where = f" ({', '.join(settings)})" if settings else ""

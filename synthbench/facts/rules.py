@@ -249,3 +249,29 @@ class All(Rule):
         if unsure:
             return Decision(INCONCLUSIVE, figures, "; ".join(d.reason or "" for d in unsure))
         return Decision(REPRODUCED, figures)
+
+
+@dataclass(frozen=True)
+class Given(Rule):
+    """``rule`` decides only where ``precondition`` holds: a claim about what a model does
+    beyond its training (a longer test, say) says nothing where the arms never learned the
+    task at all. Inconclusive, naming the precondition, where it does not hold."""
+
+    precondition: Rule
+    rule: Rule
+
+    def arms(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self.precondition.arms() + self.rule.arms()))
+
+    def declaration(self) -> str:
+        return f"given {self.precondition.declaration()}: {self.rule.declaration()}"
+
+    def decide(self, results: Mapping[str, ArmResult]) -> Decision:
+        given = self.precondition.decide(results)
+        if given.verdict != REPRODUCED:
+            state = "does not hold" if given.verdict == NOT_REPRODUCED else "is not established"
+            why = f"the precondition {state} ({given.reason or given.verdict})"
+            return Decision(INCONCLUSIVE, given.figures, why)
+        decision = self.rule.decide(results)
+        figures = "; ".join(f for f in (given.figures, decision.figures) if f)
+        return Decision(decision.verdict, figures, decision.reason)
