@@ -1,0 +1,152 @@
+"""Which part of the block track's block keeps softmax attention from learning kv_recall?
+
+    python benchmarks/block_recall_ablation.py --variants as-is,no-mlp,zero-fc2 --lr 0.01
+    python benchmarks/block_recall_ablation.py --variants as-is --lr 0.003 --steps 3000
+    python benchmarks/block_recall_ablation.py --variants as-is --task-param pairs=16 queries=0
+
+Trains softmax under quick-block (one lr, one seed, no lr sweep) with one part of the block
+changed after the model is built, and prints per variant the test token accuracy, the step
+the training stopped at and the validation curve. The variants:
+
+- ``as-is``: the block track's block (synthbench/core/model.py, ``Block``);
+- ``no-mlp``: every block without its MLP: the attention-only model of the core track;
+- ``mlp-first`` / ``mlp-last``: the MLP in the first / last block only;
+- ``zero-fc2``: the MLP's output layer starts at zero (the block starts as the core's model);
+- ``gpt2-scaled``: PyTorch's init, the residual outputs (attention and MLP) divided by
+  sqrt(2 n_layers) as GPT-2;
+- ``zoology-init``: Zoology's ``_init_weights`` (every Linear and Embedding N(0, 0.02), the
+  residual outputs N(0, 0.02 / sqrt(2 n_layers)));
+- ``mlp-no-ln``: the MLP without its LayerNorm.
+
+``--protocol-param`` changes the protocol (steps=3000, grad_clip=0, pos=rope). One thread,
+as the project measures. The rows are not stored: this is a diagnosis, not a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import time
+
+import torch
+from torch import nn
+
+from synthbench.core.model import Block
+from synthbench.run import train
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.spec import RunSpec
+
+
+class Zero(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.zeros_like(x)
+
+
+def _drop_mlps(blocks: list[Block]) -> None:
+    for block in blocks:
+        block.mlp = Zero()
+
+
+def _zero_fc2(blocks: list[Block]) -> None:
+    for block in blocks:
+        nn.init.zeros_(block.mlp[2].weight)
+        nn.init.zeros_(block.mlp[2].bias)
+
+
+def _gpt2_scaled(blocks: list[Block]) -> None:
+    with torch.no_grad():
+        for block in blocks:
+            for out in (block.mlp[2], block.attn.out):
+                out.weight /= math.sqrt(2 * len(blocks))
+
+
+def _zoology_init(model: nn.Module, blocks: list[Block]) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.Linear | nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+    for block in blocks:
+        for out in (block.mlp[2], block.attn.out):
+            nn.init.normal_(out.weight, std=0.02 / math.sqrt(2 * len(blocks)))
+
+
+def change(variant: str, model: nn.Module) -> None:
+    blocks = [m for m in model.modules() if isinstance(m, Block)]
+    if variant == "as-is":
+        return
+    if variant == "no-mlp":
+        _drop_mlps(blocks)
+    elif variant == "mlp-first":
+        _drop_mlps(blocks[1:])
+    elif variant == "mlp-last":
+        _drop_mlps(blocks[:-1])
+    elif variant == "zero-fc2":
+        _zero_fc2(blocks)
+    elif variant == "gpt2-scaled":
+        _gpt2_scaled(blocks)
+    elif variant == "zoology-init":
+        _zoology_init(model, blocks)
+    elif variant == "mlp-no-ln":
+        for block in blocks:
+            block.norm2 = nn.Identity()
+    else:
+        raise SystemExit(f"unknown variant {variant!r}")
+
+
+def values(pairs: list[str]) -> dict[str, object]:
+    out = {}
+    for pair in pairs:
+        key, value = pair.split("=", 1)
+        out[key] = value
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variants", default="as-is,no-mlp")
+    parser.add_argument("--task", default="kv_recall")
+    parser.add_argument("--mech", default="softmax")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--task-param", nargs="*", default=[])
+    parser.add_argument("--protocol-param", nargs="*", default=[])
+    args = parser.parse_args()
+
+    protocol = PROTOCOLS.get("quick-block")
+    fields = {f.name: f.type for f in dataclasses.fields(protocol)}
+    changes = values(args.protocol_param)
+    for key in changes:
+        if key not in fields:
+            raise SystemExit(f"unknown protocol field {key!r}")
+        changes[key] = type(getattr(protocol, key))(changes[key])
+    protocol = dataclasses.replace(protocol, **changes)
+    task_params = {k: int(v) for k, v in values(args.task_param).items()}
+    spec = RunSpec.resolve(args.task, args.mech, protocol, args.seed, task_params or None)
+
+    built = train.seeded_model
+    print("variant        token_acc  steps  seconds  validation curve")
+    for variant in args.variants.split(","):
+
+        def seeded_model(*a, variant=variant, **k):
+            model = built(*a, **k)
+            change(variant, model)
+            return model
+
+        train.seeded_model = seeded_model
+        start = time.perf_counter()
+        row = train.train_eval(spec, args.lr, torch.device("cpu"))
+        seconds = time.perf_counter() - start
+        if row["status"] != "ok":
+            print(f"{variant:14} {row['status']}: {row['error']}")
+            continue
+        curve = " ".join(f"{v:.2f}" for v in row["curve_val_token_acc"])
+        acc, steps = row["token_acc"], row["steps_done"]
+        print(f"{variant:14} {acc:9.3f}  {steps:5d}  {seconds:7.0f}  {curve}")
+    train.seeded_model = built
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main()
