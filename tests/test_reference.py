@@ -46,7 +46,7 @@ def reference_tree(smoke_tree) -> pd.DataFrame:
 @pytest.fixture(scope="module")
 def two_track_tree(smoke_tree, tmp_path_factory) -> Path:
     """The smoke tree and its block-track twin: copy x (softmax, linear), seed 0, of smoke
-    and of smoke-block (20 steps), as the reference's quick and quick-block are."""
+    and of smoke-block (40 steps), as the reference's quick and quick-block are."""
     root = tmp_path_factory.mktemp("two_track_tree") / "results"
     shutil.copytree(smoke_tree, root)
     previous = torch.get_num_threads()

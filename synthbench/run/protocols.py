@@ -244,12 +244,16 @@ for _core in ("smoke", "quick", "standard"):
         dataclasses.replace(
             _base,
             name=f"{_core}-block",
-            # 2: no LayerNorm before the mixer or the head (synthbench/core/model.py, Block)
-            version=2,
+            # 2: no LayerNorm before the mixer or the head (synthbench/core/model.py, Block);
+            # 3: twice the core's steps: with an MLP, softmax learns default kv_recall only
+            # after about 1,000-2,000 steps, where attention alone does by 800
+            # (docs/MECHANISMS.md, "The block track's budget")
+            version=3,
             arch="block",
+            steps=2 * _base.steps,
             description=f"the block track of {_core}: every mechanism as its published layer "
             "(its core for the attention family) in a residual block with an MLP, no norm "
-            "before the mixer or the head",
+            "before the mixer or the head, twice the core's steps",
         )
     )
 
