@@ -1,7 +1,8 @@
 """Which part of the block track's block keeps softmax attention from learning kv_recall?
 
     python benchmarks/block_recall_ablation.py --variants as-is,no-mlp,zero-fc2 --lr 0.01
-    python benchmarks/block_recall_ablation.py --variants as-is --lr 0.003 --steps 3000
+    python benchmarks/block_recall_ablation.py --variants as-is --lr 0.003 \
+        --protocol-param steps=3000
     python benchmarks/block_recall_ablation.py --variants as-is --task-param pairs=16 queries=0
 
 Trains softmax under quick-block (one lr, one seed, no lr sweep) with one part of the block
@@ -18,14 +19,14 @@ the training stopped at and the validation curve. The variants:
   residual outputs N(0, 0.02 / sqrt(2 n_layers)));
 - ``mlp-no-ln``: the MLP without its LayerNorm.
 
-``--protocol-param`` changes the protocol (steps=3000, grad_clip=0, pos=rope). One thread,
-as the project measures. The rows are not stored: this is a diagnosis, not a run.
+``--protocol-param`` changes the protocol (steps=3000, grad_clip=0) and ``--pos`` its
+positional encoding (rope), as ``synthbench run``'s options do. One thread, as the project
+measures. The rows are not stored: this is a diagnosis, not a run.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import time
 
@@ -33,7 +34,9 @@ import torch
 from torch import nn
 
 from synthbench.core.model import Block
+from synthbench.core.params import parse_assignments
 from synthbench.run import train
+from synthbench.run.grid import protocol_points
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.spec import RunSpec
 
@@ -95,14 +98,6 @@ def change(variant: str, model: nn.Module) -> None:
         raise SystemExit(f"unknown variant {variant!r}")
 
 
-def values(pairs: list[str]) -> dict[str, object]:
-    out = {}
-    for pair in pairs:
-        key, value = pair.split("=", 1)
-        out[key] = value
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", default="as-is,no-mlp")
@@ -112,39 +107,41 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--task-param", nargs="*", default=[])
     parser.add_argument("--protocol-param", nargs="*", default=[])
+    parser.add_argument("--pos", default=None, help="positional encoding, e.g. rope")
     args = parser.parse_args()
 
-    protocol = PROTOCOLS.get("quick-block")
-    fields = {f.name: f.type for f in dataclasses.fields(protocol)}
-    changes = values(args.protocol_param)
-    for key in changes:
-        if key not in fields:
-            raise SystemExit(f"unknown protocol field {key!r}")
-        changes[key] = type(getattr(protocol, key))(changes[key])
-    protocol = dataclasses.replace(protocol, **changes)
-    task_params = {k: int(v) for k, v in values(args.task_param).items()}
-    spec = RunSpec.resolve(args.task, args.mech, protocol, args.seed, task_params or None)
+    try:  # the options are checked as synthbench run checks them: a one-line error
+        overrides = parse_assignments(args.protocol_param)
+        points = protocol_points(PROTOCOLS.get("quick-block"), overrides)
+        if len(points) != 1:
+            raise ValueError("one value per --protocol-param: this script trains one protocol")
+        tasks = parse_assignments(args.task_param) or None
+        spec = RunSpec.resolve(args.task, args.mech, points[0], args.seed, tasks, pos=args.pos)
+    except (KeyError, ValueError) as exc:
+        raise SystemExit(f"error: {exc}") from None
 
     built = train.seeded_model
     print("variant        token_acc  steps  seconds  validation curve")
-    for variant in args.variants.split(","):
+    try:
+        for variant in args.variants.split(","):
 
-        def seeded_model(*a, variant=variant, **k):
-            model = built(*a, **k)
-            change(variant, model)
-            return model
+            def seeded_model(*a, variant=variant, **k):
+                model = built(*a, **k)
+                change(variant, model)
+                return model
 
-        train.seeded_model = seeded_model
-        start = time.perf_counter()
-        row = train.train_eval(spec, args.lr, torch.device("cpu"))
-        seconds = time.perf_counter() - start
-        if row["status"] != "ok":
-            print(f"{variant:14} {row['status']}: {row['error']}")
-            continue
-        curve = " ".join(f"{v:.2f}" for v in row["curve_val_token_acc"])
-        acc, steps = row["token_acc"], row["steps_done"]
-        print(f"{variant:14} {acc:9.3f}  {steps:5d}  {seconds:7.0f}  {curve}")
-    train.seeded_model = built
+            train.seeded_model = seeded_model
+            start = time.perf_counter()
+            row = train.train_eval(spec, args.lr, torch.device("cpu"))
+            seconds = time.perf_counter() - start
+            if row["status"] != "ok":
+                print(f"{variant:14} {row['status']}: {row['error']}")
+                continue
+            curve = " ".join(f"{v:.2f}" for v in row["curve_val_token_acc"])
+            acc, steps = row["token_acc"], row["steps_done"]
+            print(f"{variant:14} {acc:9.3f}  {steps:5d}  {seconds:7.0f}  {curve}")
+    finally:
+        train.seeded_model = built
 
 
 if __name__ == "__main__":

@@ -18,8 +18,8 @@ sys.modules[spec.name] = ablation
 spec.loader.exec_module(ablation)
 
 
-def model(variant: str) -> torch.nn.Module:
-    run = RunSpec.resolve("kv_recall", "softmax", PROTOCOLS.get("smoke-block"), 0)
+def model(variant: str, protocol: str = "smoke-block") -> torch.nn.Module:
+    run = RunSpec.resolve("kv_recall", "softmax", PROTOCOLS.get(protocol), 0)
     task, _ = train.run_tasks(run)
     built = train.seeded_model(run, task, None, torch.device("cpu"))
     ablation.change(variant, built)
@@ -33,12 +33,13 @@ def test_a_zero_mlp_output_starts_as_the_model_without_mlps():
 
 
 def test_variants_touch_only_what_they_name():
-    first, last = model("mlp-first"), model("mlp-last")
-    blocks = [m for m in first.modules() if isinstance(m, ablation.Block)]
-    assert not isinstance(blocks[0].mlp, ablation.Zero)  # smoke-block has 1 layer: first = last
-    assert all(isinstance(b.mlp, ablation.Zero) for b in blocks[1:])
-    assert not isinstance([m for m in last.modules() if isinstance(m, ablation.Block)][-1].mlp,
-                          ablation.Zero)  # fmt: skip
+    def dropped(variant: str) -> list[bool]:  # per block (quick-block has 2): MLP dropped?
+        built = model(variant, "quick-block")
+        return [isinstance(m.mlp, ablation.Zero) for m in built.modules()
+                if isinstance(m, ablation.Block)]  # fmt: skip
+
+    assert dropped("mlp-first") == [False, True] and dropped("mlp-last") == [True, False]
+    assert dropped("no-mlp") == [True, True] and dropped("as-is") == [False, False]
     zoology = model("zoology-init")
     assert zoology.head.weight.std().item() == pytest.approx(0.02, rel=0.2)
     with pytest.raises(SystemExit, match="unknown variant"):
