@@ -408,3 +408,14 @@ def test_the_throughput_benchmark_runs(tmp_path):
     )
     assert report["peak_rss_mib"]["packed"] > 0
     assert "ratio" in done.stdout
+
+
+def test_packs_off_the_cpu_take_the_math_attention_kernel():
+    # CUDA's fused attention kernels fail under vmap in the backward; the CPU keeps its own
+    with packed._quiet_vmap(torch.device("cuda")):
+        assert torch.backends.cuda.math_sdp_enabled()
+        assert not torch.backends.cuda.flash_sdp_enabled()
+        assert not torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.flash_sdp_enabled()
+    with packed._quiet_vmap(torch.device("cpu")):
+        assert torch.backends.cuda.flash_sdp_enabled()

@@ -51,8 +51,10 @@ def _flag_type(option: typer.core.TyperOption, ctx) -> str | None:
 
 
 # typer has no hook for the class of the options it builds: its method is replaced here, once
-_option_type = typer.core.TyperOption.display_type_rich
-typer.core.TyperOption.display_type_rich = _flag_type
+# (a typer without it shows the type column of flags too: cosmetic)
+_option_type = getattr(typer.core.TyperOption, "display_type_rich", None)
+if _option_type is not None:
+    typer.core.TyperOption.display_type_rich = _flag_type
 
 
 class _OneLineErrors(typer.core.TyperGroup):

@@ -44,12 +44,13 @@ import math
 import time
 import warnings
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from synthbench.core.interrupts import caught, describe
 from synthbench.core.mechanism import MECHANISMS
@@ -297,9 +298,14 @@ def _finish_member(m: _Member, pack: _Pack, index: int, data: RunData, steps_don
 
 
 @contextmanager
-def _quiet_vmap() -> Iterator[None]:
-    with warnings.catch_warnings():
+def _quiet_vmap(device: torch.device) -> Iterator[None]:
+    """vmap as a pack runs it. Off the CPU, scaled_dot_product_attention takes its math
+    kernel: CUDA's fused kernels have no batching rule, and their backward fails on vmap's
+    strides ("LSE is not correctly aligned", torch 2.11 on an H200)."""
+    with warnings.catch_warnings(), ExitStack() as stack:
         warnings.filterwarnings("ignore", message=_SDPA_LOOP)
+        if device.type != "cpu":
+            stack.enter_context(sdpa_kernel(SDPBackend.MATH))
         yield
 
 
@@ -368,7 +374,7 @@ class _Pack:
         params = self.params(one, leaves=True)
         buffers = {n: b[one] for n, b in self.buffers.items()}
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with _quiet_vmap():
+            with _quiet_vmap(self.weights.device):
                 torch.vmap(self._loss)(params, buffers, inputs[None], labels[None])
         self.saved_per_member = saved
         budget = activation_budget(self.weights.device)
@@ -415,7 +421,7 @@ class _Pack:
             rows = slice(start, start + self.per_pass)
             params = self.params(rows, leaves=True)
             buffers = {n: b[rows] for n, b in self.buffers.items()}
-            with _quiet_vmap():
+            with _quiet_vmap(self.weights.device):
                 loss = torch.vmap(self._loss)(params, buffers, inputs[rows], labels[rows])
                 finite = torch.isfinite(loss)
                 # a member whose loss is not finite stops: nothing of it is used
@@ -512,7 +518,7 @@ class _Pack:
         scores: list[list] = [[] for _ in rows]
         failed: list[Diverged | None] = [None] * len(rows)
         self.base.eval()
-        with _quiet_vmap():
+        with _quiet_vmap(self.weights.device):
             for inputs, targets in evaluation_batches(data, max(1, batch_size // (2 * len(rows)))):
                 logits = torch.vmap(self._logits, in_dims=(0, 0, None))(params, buffers, inputs)
                 for j in range(len(rows)):
