@@ -18,9 +18,11 @@ and writes every lr row of those runs, every stored column, to ONE zstd-compress
 file (what ``synthbench report`` shows beside a user's rows and ``synthbench reproduce``
 re-runs: synthbench/report/reference.py), ordered by protocol (as ``REFERENCE_PROTOCOLS``),
 mechanism (as ``REFERENCE_MECHANISMS``), task, seed and lr. It prints what it dropped and
-why, and per (protocol, mechanism) how many runs and tasks it holds and which (task, seed)
-are missing; the file's metadata (``synthbench_reference``) says the same, per protocol its
-version, the missing runs as [protocol, task, mechanism, seed]. A run id found in several
+why, per (protocol, mechanism) how many runs and tasks it holds and which (task, seed) are
+missing, and per mechanism the block track's training seconds over the core track's on the
+runs both hold; the file's metadata (``synthbench_reference``) says the same, per protocol
+its version, the missing runs as [protocol, task, mechanism, seed], the costs as
+``track_cost``. A run id found in several
 trees is taken from the first tree given. The output is deterministic: the same trees give
 the same bytes.
 """
@@ -150,6 +152,35 @@ def report_cell(rows: pd.DataFrame, held: set, summary: dict, name: str, mech: s
     return {"runs": int(runs), "tasks": int(tasks)}
 
 
+def track_costs(rows: pd.DataFrame) -> dict[str, dict]:
+    """Per mechanism, the training seconds of its block-track runs over those of its
+    core-track runs, on the (task, seed) both tracks hold: every lr row's ``wall_seconds``,
+    one thread each (the cost the published-layers issue asks to measure)."""
+    by_track = {PROTOCOLS.get(name).track: name for name in REFERENCE_PROTOCOLS}
+    core, block = by_track.get("core"), by_track.get("block")
+    costs = {}
+    for mech in REFERENCE_MECHANISMS:
+        mine = rows[rows["mechanism"] == mech]
+        runs = pd.Series(list(zip(mine["task"], mine["seed"], strict=True)), index=mine.index)
+        both = set(runs[mine["protocol"] == core]) & set(runs[mine["protocol"] == block])
+        if not both:
+            continue
+        in_both = mine[runs.isin(both)]
+        seconds = in_both.groupby("protocol")["wall_seconds"].sum()
+        costs[mech] = {
+            "runs": len(both),
+            "core_seconds": round(float(seconds[core]), 1),
+            "block_seconds": round(float(seconds[block]), 1),
+            "ratio": round(float(seconds[block] / seconds[core]), 3),
+        }
+        c = costs[mech]
+        print(
+            f"cost {mech:<14} block/core {c['ratio']:.2f}x on {c['runs']} runs in both "
+            f"({c['block_seconds']:,.0f} s against {c['core_seconds']:,.0f} s of training)"
+        )
+    return costs
+
+
 def build(trees: list[Path], out: Path) -> dict:
     rows, notes = load_trees(trees)
     for note in notes:
@@ -201,6 +232,7 @@ def build(trees: list[Path], out: Path) -> dict:
         summary["mechanisms"][name] = {}
         for mech in REFERENCE_MECHANISMS:
             summary["mechanisms"][name][mech] = report_cell(table_rows, held, summary, name, mech)
+    summary["track_cost"] = track_costs(table_rows)
     write(table_rows, out, summary)
     total = table_rows["run_id"].nunique()
     print(f"wrote {out}: {total} runs, {len(table_rows)} rows, {out.stat().st_size:,} bytes")

@@ -551,8 +551,18 @@ def test_builder_keeps_the_block_track(two_track_tree, tmp_path, capsys, monkeyp
     assert list(dict.fromkeys(loaded.rows["mechanism"])) == ["softmax", "linear"]
     # both tracks held: the rows in the tuple's order, the block track first here
     monkeypatch.setattr(builder, "REFERENCE_PROTOCOLS", ("smoke-block", "smoke"))
-    builder.build([two_track_tree], out)
+    summary = builder.build([two_track_tree], out)
     rows = reference.load(out).rows
+    # the block track's training seconds over the core track's, on the runs both hold
+    seconds = rows.groupby(["mechanism", "protocol"])["wall_seconds"].sum()
+    assert set(summary["track_cost"]) == {"softmax", "linear"}
+    for mech, cost in summary["track_cost"].items():
+        ratio = seconds[mech, "smoke-block"] / seconds[mech, "smoke"]
+        assert cost["runs"] == 1 and cost["ratio"] == round(ratio, 3)
+    assert (
+        f"cost softmax        block/core {summary['track_cost']['softmax']['ratio']:.2f}x on 1 runs"
+        in capsys.readouterr().out
+    )
     assert list(dict.fromkeys(zip(rows["protocol"], rows["mechanism"], strict=True))) == [
         ("smoke-block", "softmax"), ("smoke-block", "linear"),
         ("smoke", "softmax"), ("smoke", "linear"),
