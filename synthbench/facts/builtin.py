@@ -100,7 +100,12 @@ fact(
     arms={"deltanet": Arm("deltanet", "kv_recall", task_params=MQAR16)},
     rule=AtLeast("deltanet", 0.9),
     published={"deltanet": "MQAR solved without convolution"},
-    notes="core track: the delta rule alone, no convolution, no MLP.",
+    notes="core track: the delta rule alone, no convolution, no MLP. Added after the runs: "
+    "DeltaNet's published layer without its convolution, in the block track (the block's "
+    "MLP and norms, twice the steps), scores 0.207 as well (0.205-0.208, fact "
+    "deltanet-conv-helps-recall), and 0.995 with it; so the core's missing MLP and norms "
+    "are not the cause. Whether far more training (Zoology's MQAR budget) would close the "
+    "gap, the runs do not say.",
 )
 fact(
     "deltanet-beats-linear-recall",
