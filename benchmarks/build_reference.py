@@ -22,9 +22,8 @@ why, per (protocol, mechanism) how many runs and tasks it holds and which (task,
 missing, and per mechanism the block track's training seconds over the core track's on the
 runs both hold; the file's metadata (``synthbench_reference``) says the same, per protocol
 its version, the missing runs as [protocol, task, mechanism, seed], the costs as
-``track_cost``. A run id found in several
-trees is taken from the first tree given. The output is deterministic: the same trees give
-the same bytes.
+``track_cost``. A run id found in several trees is taken from the first tree given. The
+output is deterministic: the same trees give the same bytes.
 """
 
 from __future__ import annotations

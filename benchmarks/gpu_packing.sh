@@ -22,15 +22,11 @@ for pack in 16 1; do
   echo "pack $pack rc $? wall $($PY -c "import time;print(round(time.time()-$s,1))")" | tee -a $OUT/main.txt
 done
 $PY - "$OUT" <<'PY'
-import glob, sys, pandas as pd
-rows = []
-for pack in (16, 1):
-    for f in glob.glob(f"/tmp/main{pack}/**/*.parquet", recursive=True):
-        d = pd.read_parquet(f)
-        d["task"] = f.split("task=")[1].split("/")[0]
-        d["pack"] = pack
-        rows.append(d)
-d = pd.concat(rows)
+import sys, pandas as pd
+from pathlib import Path
+from synthbench.run.store import ResultStore
+legs = [(pack, Path(f"/tmp/main{pack}")) for pack in (16, 1)]
+d = pd.concat(ResultStore(tree).load(warn=False).rows.assign(pack=pack) for pack, tree in legs if tree.is_dir())
 cols = ["pack", "task", "seed", "lr", "selected", "status", "steps_done", "token_acc", "target_metric", "wall_seconds", "device"]
 d[cols].sort_values(["task", "seed", "lr", "pack"]).to_csv(sys.argv[1] + "/main_rows.csv", index=False)
 print(d.groupby("pack").agg(trainings=("lr", "size"), wall=("wall_seconds", "sum"), tasks=("task", "nunique")))
