@@ -19,11 +19,11 @@ file (what ``synthbench report`` shows beside a user's rows and ``synthbench rep
 re-runs: synthbench/report/reference.py), ordered by protocol (as ``REFERENCE_PROTOCOLS``),
 mechanism (as ``REFERENCE_MECHANISMS``), task, seed and lr. It prints what it dropped and
 why, per (protocol, mechanism) how many runs and tasks it holds and which (task, seed) are
-missing, and per mechanism the block track's training seconds over the core track's on the
-runs both hold; the file's metadata (``synthbench_reference``) says the same, per protocol
-its version, the missing runs as [protocol, task, mechanism, seed], the costs as
-``track_cost``. A run id found in several trees is taken from the first tree given. The
-output is deterministic: the same trees give the same bytes.
+missing, and per mechanism and device the block track's training seconds over the core
+track's on the runs both hold there; the file's metadata (``synthbench_reference``) says the
+same, per protocol its version, the missing runs as [protocol, task, mechanism, seed], the
+costs as ``track_cost``. A run id found in several trees is taken from the first tree given.
+The output is deterministic: the same trees give the same bytes.
 """
 
 from __future__ import annotations
@@ -151,32 +151,38 @@ def report_cell(rows: pd.DataFrame, held: set, summary: dict, name: str, mech: s
     return {"runs": int(runs), "tasks": int(tasks)}
 
 
-def track_costs(rows: pd.DataFrame) -> dict[str, dict]:
-    """Per mechanism, the training seconds of its block-track runs over those of its
-    core-track runs, on the (task, seed) both tracks hold: every lr row's ``wall_seconds``,
-    one thread each (the cost the published-layers issue asks to measure)."""
+def track_costs(rows: pd.DataFrame) -> dict[str, dict[str, dict]]:
+    """Per mechanism and device, the training seconds of its block-track runs over those of
+    its core-track runs, on the (task, seed) both tracks hold on that device: every lr row's
+    ``wall_seconds``, one thread each (the cost the published-layers issue asks to measure).
+    Runs of one device are paired only with runs of the same device: a GPU's seconds over a
+    CPU's would measure the machines, not the tracks."""
     by_track = {PROTOCOLS.get(name).track: name for name in REFERENCE_PROTOCOLS}
     core, block = by_track.get("core"), by_track.get("block")
-    costs = {}
+    costs: dict[str, dict[str, dict]] = {}
     for mech in REFERENCE_MECHANISMS:
         mine = rows[rows["mechanism"] == mech]
-        runs = pd.Series(list(zip(mine["task"], mine["seed"], strict=True)), index=mine.index)
-        both = set(runs[mine["protocol"] == core]) & set(runs[mine["protocol"] == block])
-        if not both:
-            continue
-        in_both = mine[runs.isin(both)]
-        seconds = in_both.groupby("protocol")["wall_seconds"].sum()
-        costs[mech] = {
-            "runs": len(both),
-            "core_seconds": round(float(seconds[core]), 1),
-            "block_seconds": round(float(seconds[block]), 1),
-            "ratio": round(float(seconds[block] / seconds[core]), 3),
-        }
-        c = costs[mech]
-        print(
-            f"cost {mech:<14} block/core {c['ratio']:.2f}x on {c['runs']} runs in both "
-            f"({c['block_seconds']:,.0f} s against {c['core_seconds']:,.0f} s of training)"
-        )
+        for device, on_device in mine.groupby(mine["device"].str.split(":").str[0], sort=True):
+            runs = pd.Series(
+                list(zip(on_device["task"], on_device["seed"], strict=True)), index=on_device.index
+            )
+            both = set(runs[on_device["protocol"] == core]) & set(
+                runs[on_device["protocol"] == block]
+            )
+            if not both:
+                continue
+            seconds = on_device[runs.isin(both)].groupby("protocol")["wall_seconds"].sum()
+            c = costs.setdefault(mech, {})[device] = {
+                "runs": len(both),
+                "core_seconds": round(float(seconds[core]), 1),
+                "block_seconds": round(float(seconds[block]), 1),
+                "ratio": round(float(seconds[block] / seconds[core]), 3),
+            }
+            print(
+                f"cost {mech:<14} block/core {c['ratio']:.2f}x on {c['runs']} runs in both on "
+                f"{device} ({c['block_seconds']:,.0f} s against {c['core_seconds']:,.0f} s of "
+                "training)"
+            )
     return costs
 
 

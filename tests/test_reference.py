@@ -558,9 +558,11 @@ def test_builder_keeps_the_block_track(two_track_tree, tmp_path, capsys, monkeyp
     assert set(summary["track_cost"]) == {"softmax", "linear"}
     for mech, cost in summary["track_cost"].items():
         ratio = seconds[mech, "smoke-block"] / seconds[mech, "smoke"]
-        assert cost["runs"] == 1 and cost["ratio"] == round(ratio, 3)
+        assert list(cost) == ["cpu"]
+        assert cost["cpu"]["runs"] == 1 and cost["cpu"]["ratio"] == round(ratio, 3)
+    softmax = summary["track_cost"]["softmax"]["cpu"]
     assert (
-        f"cost softmax        block/core {summary['track_cost']['softmax']['ratio']:.2f}x on 1 runs"
+        f"cost softmax        block/core {softmax['ratio']:.2f}x on 1 runs in both on cpu"
         in capsys.readouterr().out
     )
     assert list(dict.fromkeys(zip(rows["protocol"], rows["mechanism"], strict=True))) == [
@@ -571,3 +573,41 @@ def test_builder_keeps_the_block_track(two_track_tree, tmp_path, capsys, monkeyp
     run = rows[rows["protocol"] == "smoke-block"].iloc[:1].assign(protocol_version=99)
     why = builder.why_dropped(run, builder.expected_run_ids())
     assert why == f"protocol smoke-block v99 (today: v{PROTOCOLS.get('smoke-block').version})"
+
+
+def test_track_costs_pair_runs_of_one_device_only(capsys):
+    """A run trained on a GPU is paired only with the other track's run on a GPU: a cost
+    ratio across two machines would measure the machines."""
+    builder = load_builder()
+
+    def row(protocol, task, device, seconds):
+        return {"protocol": protocol, "mechanism": "softmax", "task": task, "seed": 0,
+                "device": device, "wall_seconds": seconds}  # fmt: skip
+
+    rows = pd.DataFrame([
+        row("quick", "copy", "cpu", 10.0), row("quick-block", "copy", "cpu", 25.0),
+        row("quick", "sort", "cuda:0", 2.0), row("quick-block", "sort", "cuda", 3.0),
+        row("quick", "parity", "cpu", 10.0), row("quick-block", "parity", "cuda", 1.0),
+    ])  # fmt: skip
+    costs = builder.track_costs(rows)
+    assert costs == {
+        "softmax": {
+            "cpu": {"runs": 1, "core_seconds": 10.0, "block_seconds": 25.0, "ratio": 2.5},
+            "cuda": {"runs": 1, "core_seconds": 2.0, "block_seconds": 3.0, "ratio": 1.5},
+        }
+    }
+    printed = capsys.readouterr().out
+    assert "cost softmax        block/core 2.50x on 1 runs in both on cpu" in printed
+    assert "block/core 1.50x on 1 runs in both on cuda" in printed
+
+
+def test_a_gpu_is_never_asked_for_bit_identity():
+    """On a GPU neither torch's deterministic mode nor a training's pack is fixed, so the
+    same torch, threads and device type still only ask for the tolerance; a CPU with the
+    same instruction set asks for identity."""
+    made = {"torch_version": "2.11.0+cu130", "threads": 1, "device": "cuda:0", "cpu_isa": None}
+    here = {**made, "device": "cuda:3"}
+    why = reference.setting_difference(made, here)
+    assert why == "on cuda, kernels need not repeat bit for bit"
+    cpu = {**made, "device": "cpu", "cpu_isa": "AVX2"}
+    assert reference.setting_difference(cpu, dict(cpu)) is None
