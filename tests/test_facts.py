@@ -9,10 +9,13 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import torch
 from clitools import assert_error, invoke
 
+from synthbench.core.task import IGNORE, TASKS
 from synthbench.facts import FACTS, All, Arm, AtLeast, AtMost, Better, Close, Fact, Given
 from synthbench.facts import shipped as facts_shipped
+from synthbench.facts.builtin import MQAR16
 from synthbench.facts.evaluate import fact_specs
 from synthbench.facts.rules import (
     INCONCLUSIVE,
@@ -156,6 +159,32 @@ def test_other_seeds_are_other_runs():
     later = fact_specs(fact, first_seed=3)["deltanet"]
     assert [s.seed for s in first] == [0, 1, 2] and [s.seed for s in later] == [3, 4, 5]
     assert not {s.run_id for s in first} & {s.run_id for s in later}
+
+
+def test_mqar16_without_binding_scores_the_harmonic_level():
+    """The notes of deltanet-mqar-without-conv and its neighbours read their 0.21 plateau as
+    a rule that knows the context's values and which were answered, but no key's value:
+    guessing among the values left scores H_16 / 16 = 0.2113 on the arms' kv_recall. Read
+    off the generated stream, not the generator's code: the pairs are the tokens before the
+    first answer's query, and every answer is fed back into the stream after it."""
+    task = TASKS.get("kv_recall")(**MQAR16)
+    batch = task.generate(500, torch.Generator().manual_seed(0))
+    expected = []
+    for tokens, targets in zip(batch.inputs.tolist(), batch.targets.tolist(), strict=True):
+        answers = [p for p, t in enumerate(targets) if t != IGNORE]
+        assert len(answers) == MQAR16["pairs"]  # queries=0: every key, once
+        context = tokens[: answers[0]]  # k1 v1 ... k16 v16
+        values = set(context[1::2])
+        assert {targets[p] for p in answers} == values
+        for j, p in enumerate(answers):
+            if p + 1 < len(tokens):
+                assert tokens[p + 1] == targets[p]  # the answer enters the stream
+            left = values - {targets[q] for q in answers[:j]}
+            expected.append(1 / len(left))
+    harmonic = sum(1 / k for k in range(1, 17)) / 16
+    assert sum(expected) / len(expected) == pytest.approx(harmonic, abs=1e-12)
+    assert round(harmonic, 3) == 0.211
+    assert "0.211" in FACTS.get("deltanet-mqar-without-conv").notes
 
 
 def test_docs_list_every_builtin_fact():

@@ -105,7 +105,14 @@ fact(
     "MLP and norms, twice the steps), scores 0.207 as well (0.205-0.208, fact "
     "deltanet-conv-helps-recall), and 0.995 with it; so the core's missing MLP and norms "
     "are not the cause. Whether far more training (Zoology's MQAR budget) would close the "
-    "gap, the runs do not say.",
+    "gap, the runs do not say. Where 0.207 comes from (added after the runs): every key is "
+    "queried once and each answer enters the stream, so a model that knows which values the "
+    "context holds and which it has already answered, but not which key each belongs to, "
+    "scores H_16 / 16 = 0.211 by guessing among the values left (tests/test_facts.py "
+    "measures it on the task's examples). Without the convolution deltanet sits at that "
+    "level on every seed in both tracks: it learns the values and the exclusion, not the "
+    "binding, which the convolution supplies by mixing each key's token into its value's "
+    "position.",
 )
 fact(
     "deltanet-beats-linear-recall",
@@ -118,6 +125,9 @@ fact(
     },
     rule=Better("deltanet", "linear", 0.1),
     published={"deltanet": "above linear attention", "linear": "below"},
+    notes="Added after the runs: deltanet's 0.205-0.210 is the level of guessing among the "
+    "values not yet answered (0.211, see deltanet-mqar-without-conv); linear attention "
+    "binds keys to values on one seed of three (0.983; 0.171 and 0.066 on the others).",
 )
 fact(
     "deltanet-conv-helps-recall",
@@ -159,7 +169,9 @@ fact(
     notes="Added after the runs: these sequences are 64 tokens and Based's window heads see "
     "the last 64 positions, so without its convolutions the layer still holds exact softmax "
     "attention over the whole sequence. Seed 2 learned the recall without them (0.993); "
-    "seeds 0 and 1 did not within the budget (0.213, 0.216, at 3 lrs each). Here the "
+    "seeds 0 and 1 did not within the budget (0.213, 0.216, at 3 lrs each: the level of "
+    "guessing among the values not yet answered, 0.211, see deltanet-mqar-without-conv). "
+    "Here the "
     "convolutions make recall learnable reliably in quick's budget; the runs do not show "
     "them holding what the window cannot.",
 )
