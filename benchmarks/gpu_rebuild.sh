@@ -9,14 +9,15 @@
 # devices never share a run). Every row records its device and torch version. Give a GPU
 # whole mechanisms in both tracks, so that a mechanism's block/core cost ratio compares one
 # device with itself (build_reference.py's track_costs pairs rows of one device only).
-# MECHS, TRACKS, CAP, JOBS (trainings at once, default 8 of the lease's 16 cores), PROTO, DEV,
-# PY and OUT change it; DEV=cpu PROTO=smoke MECHS=softmax CAP=60 PY=python tries it on a CPU.
-DEV=${DEV:-cuda}; PROTO=${PROTO:-quick}; CAP=${CAP:-480}; JOBS=${JOBS:-8}
+# MECHS, TRACKS, CAP, JOBS (trainings at once, default 8 of the lease's 16 cores), TASKS
+# (default all), PROTO, DEV, ROWS, PY and OUT change it; DEV=cpu PROTO=smoke MECHS=softmax
+# CAP=60 PY=python tries it on a CPU (tests/test_gpu_rebuild.py does).
+DEV=${DEV:-cuda}; PROTO=${PROTO:-quick}; CAP=${CAP:-480}; JOBS=${JOBS:-8}; TASKS=${TASKS:-all}
 MECHS=${MECHS:?name the mechanisms, e.g. MECHS=slay,none}; TRACKS=${TRACKS:-block core}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 OUT=${OUT:-/tmp/gpuout}; mkdir -p $OUT
 PY=${PY:-python3}
-ROWS=/tmp/rebuild_rows; rm -rf $ROWS
+ROWS=${ROWS:-/tmp/rebuild_rows}; rm -rf $ROWS
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; nproc --all
   $PY -c "import torch,sys;print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"; } 2>&1 | tee $OUT/env.txt
 end=$(( $(date +%s) + CAP ))
@@ -25,7 +26,7 @@ for track in $TRACKS; do
   [ $left -gt 10 ] || break
   echo "=== $(date -u +%FT%T) $track $MECHS (${left} s left)" | tee -a $OUT/rebuild.log
   # SIGINT first: the runner stops cleanly and keeps every run it finished
-  timeout -s INT -k 30 $left $PY -m synthbench.cli run --task all --mech $MECHS --track $track \
+  timeout -s INT -k 30 $left $PY -m synthbench.cli run --task $TASKS --mech $MECHS --track $track \
     --protocol $PROTO --device $DEV --jobs $JOBS --threads 1 --results $ROWS 2>&1 \
     | grep --line-buffered -v "━" >> $OUT/rebuild.log
   echo "=== $track rc ${PIPESTATUS[0]}" | tee -a $OUT/rebuild.log

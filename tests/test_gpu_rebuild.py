@@ -1,0 +1,39 @@
+"""benchmarks/gpu_rebuild.sh, the script a lent GPU runs for a slice of the reference rebuild,
+tried on the CPU under smoke: it must not waste a lease, and only whole runs come back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+from synthbench.run.lr_selection import sweep_state
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.store import ResultStore
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_a_slice_brings_back_only_complete_runs(tmp_path):
+    env = {**os.environ, "DEV": "cpu", "PROTO": "smoke", "MECHS": "none", "TRACKS": "core",
+           "TASKS": "copy,parity,sort", "CAP": "120", "JOBS": "1", "PY": sys.executable,
+           "OUT": str(tmp_path / "out"), "ROWS": str(tmp_path / "rows")}  # fmt: skip
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_rebuild.sh"], cwd=REPO, env=env, capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    tree = tmp_path / "tree"
+    with tarfile.open(tmp_path / "out" / "rows.tar") as tar:
+        tar.extractall(tree, filter="data")
+    rows = ResultStore(tree).load(warn=False).rows
+    assert not rows.empty and set(rows["protocol"]) == {"smoke"}
+    for _, run in rows.groupby("run_id"):
+        protocol = PROTOCOLS.get(run["protocol"].iloc[0])
+        assert sweep_state(protocol, run.to_dict("records")).complete
+    started = ResultStore(tmp_path / "rows").load(warn=False).rows["run_id"].nunique()
+    archived = rows["run_id"].nunique()
+    assert f"{archived} complete of {started} runs started" in done.stdout
+    assert (tmp_path / "out" / "env.txt").is_file()
