@@ -226,9 +226,10 @@ def test_the_best_fixed_lag_is_chosen_on_training_data():
 
 def test_occurrence_counts_against_python():
     rng = np.random.default_rng(0)
-    inputs = rng.integers(0, 5, size=(7, 30))
-    expected = [[list(row[: i + 1]).count(row[i]) for i in range(30)] for row in inputs]
-    assert shortcuts.occurrences(inputs).tolist() == expected
+    for low, high in ((0, 5), (-1, 3), (100, 400)):  # PAD is negative; large ids
+        inputs = rng.integers(low, high, size=(7, 30))
+        expected = [[list(row[: i + 1]).count(row[i]) for i in range(30)] for row in inputs]
+        assert shortcuts.occurrences(inputs).tolist() == expected
 
 
 def test_elimination_against_python():
