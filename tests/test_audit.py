@@ -25,16 +25,24 @@ from synthbench.integrity import audit, shortcuts
 SMALL = {"train_answers": 20_000, "test_answers": 4_000}
 
 
-def test_fit_is_the_most_frequent_answer_per_key_smallest_on_ties():
+@pytest.mark.parametrize(
+    "key_range, answer_range",
+    [((0, 30), (0, 4)), ((-(2**62), 2**62), (-1, 3))],  # hashed keys are any int64; PAD < 0
+)
+def test_fit_is_the_most_frequent_answer_per_key_smallest_on_ties(key_range, answer_range):
     rng = random.Random(0)
-    keys = [rng.randrange(30) for _ in range(2000)]
-    answers = [rng.randrange(4) for _ in range(2000)]
+    pool = [rng.randrange(*key_range) for _ in range(30)]
+    keys = [rng.choice(pool) for _ in range(2000)]
+    answers = [rng.randrange(*answer_range) for _ in range(2000)]
     table_keys, table_answers = shortcuts.fit(np.array(keys), np.array(answers))
+    assert table_keys.tolist() == sorted(set(keys))
     counts: dict[int, Counter] = {}
     for k, a in zip(keys, answers, strict=True):
         counts.setdefault(k, Counter())[a] += 1
     expected = {k: min(c, key=lambda a: (-c[a], a)) for k, c in counts.items()}
     assert dict(zip(table_keys.tolist(), table_answers.tolist(), strict=True)) == expected
+    if key_range[0] != 0:
+        return
     answer, found = shortcuts.lookup((table_keys, table_answers), np.array([3, 99]))
     assert found.tolist() == [3 in expected, False]
 

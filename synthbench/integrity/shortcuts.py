@@ -131,15 +131,19 @@ class Answers:
 
 def fit(keys: np.ndarray, answers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The most frequent answer of every key (ties: the smallest answer), keys sorted."""
-    order = np.lexsort((answers, keys))
-    k, a = keys[order], answers[order]
-    starts = np.flatnonzero(np.r_[True, (k[1:] != k[:-1]) | (a[1:] != a[:-1])])
-    counts = np.diff(np.r_[starts, len(k)])
-    pair_keys, pair_answers = k[starts], a[starts]
-    best = np.lexsort((pair_answers, -counts, pair_keys))  # per key: most counts first
-    pair_keys, pair_answers = pair_keys[best], pair_answers[best]
+    unique_keys, key_index = np.unique(keys, return_inverse=True)
+    answers = answers.astype(np.int64)
+    lowest = int(answers.min()) if answers.size else 0
+    span = int(answers.max()) - lowest + 1 if answers.size else 1
+    # each (key, answer) as one number, ordered by key then answer: one sort, not a lexsort
+    pairs, counts = np.unique(
+        key_index.astype(np.int64) * span + answers - lowest, return_counts=True
+    )
+    pair_keys, pair_answers = pairs // span, pairs % span + lowest
+    best = np.lexsort((-counts, pair_keys))  # per key most counts first; stable: ties keep
+    pair_keys, pair_answers = pair_keys[best], pair_answers[best]  # the smallest answer
     first = np.r_[True, pair_keys[1:] != pair_keys[:-1]]
-    return pair_keys[first], pair_answers[first]
+    return unique_keys[pair_keys[first]], pair_answers[first]
 
 
 def lookup(table: tuple[np.ndarray, np.ndarray], keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
