@@ -97,8 +97,15 @@ class Answers:
 
     def token_at(self, position: np.ndarray) -> np.ndarray:
         """The input token at ``position`` of each answer's example (PAD before the start)."""
-        token = self.inputs[self.example, np.maximum(position, 0)]
+        flat, row_start = self._flat
+        token = flat.take(row_start + np.maximum(position, 0))
         return np.where(position >= 0, token, PAD)
+
+    @cached_property
+    def _flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """The inputs flattened, and where each answer's example starts in them (a 1-D take
+        is faster than a 2-D fancy index)."""
+        return np.ascontiguousarray(self.inputs).reshape(-1), self.example * self.inputs.shape[1]
 
     def window(self, width: int) -> np.ndarray:
         """(N, width): the last ``width`` tokens read at each answer, the latest first."""
