@@ -94,14 +94,14 @@ def reproduce_command(
     tracks) in turn: --runs 2 trains one of each.
 
     Each run is rebuilt from its stored config (its run id must come out the same: if not,
-    the shipped reference is stale) and trained at every lr of its sweep. Where the torch
-    version, the thread count, the device type and (on a CPU) its vector instruction set are
-    those the reference was made with, it reproduces only if its results are identical, bit
-    for bit (the same selected lr, every metric of every lr). Elsewhere, bit-identity cannot
-    be asked for (the header says why): its selected test metric (the task's target metric)
-    must lie within max(3 x the std of the reference's values over its seeds of the same
-    task and mechanism, 1 / the protocol's test examples) of the reference's. One line per
-    run; exit status 0 when every run reproduces, 1 otherwise."""
+    the shipped reference is stale) and trained at every lr of its sweep. On a CPU, where
+    the torch version, the thread count and the vector instruction set are those the
+    reference was made with, it reproduces only if its results are identical, bit for bit
+    (the same selected lr, every metric of every lr). Elsewhere, and on any GPU,
+    bit-identity cannot be asked for (the header says why): its selected test metric (the
+    task's target metric) must lie within max(3 x the std of the reference's values over its
+    seeds of the same task and mechanism, 1 / the protocol's test examples) of the
+    reference's. One line per run; exit status 0 when every run reproduces, 1 otherwise."""
     if runs < 1:
         raise UsageError(f"--runs must be >= 1, got {runs}")
     if max_seconds is not None and not 0 < max_seconds < math.inf:
