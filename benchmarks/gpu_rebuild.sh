@@ -34,26 +34,25 @@ done
 # only runs whose lr sweep is complete travel: a half run stays behind, so the CPU never
 # finishes a run that a GPU began
 $PY - "$ROWS" "$OUT/rows.tar" <<'PY' 2>&1 | tee -a $OUT/rebuild.log
-import sys, tarfile
+import collections, sys, tarfile
 from pathlib import Path
 from synthbench.run.lr_selection import sweep_state
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.store import ResultStore
 root = Path(sys.argv[1])
-rows = ResultStore(root).load(warn=False).rows if root.is_dir() else None
+store = ResultStore(root)
+rows = store.load(warn=False).rows if root.is_dir() else None
 if rows is None or rows.empty:
     sys.exit("no rows stored")
-done = []
-for run_id, run in rows.groupby("run_id"):
-    first = run.iloc[0]
-    if sweep_state(PROTOCOLS.get(first["protocol"]), run.to_dict("records")).complete:
-        done.append((first["protocol"], first["mechanism"], run_id))
+complete = collections.Counter()
 with tarfile.open(sys.argv[2], "w") as tar:
-    for path in root.rglob("*.parquet"):
-        if path.stem in {run_id for *_, run_id in done}:
+    for run_id, run in rows.groupby("run_id"):
+        protocol, task, mech = run.iloc[0][["protocol", "task", "mechanism"]]
+        if sweep_state(PROTOCOLS.get(protocol), run.to_dict("records")).complete:
+            path = store.file_of(protocol, task, mech, run_id)
             tar.add(path, arcname=str(path.relative_to(root)))
-import collections
-for (protocol, mech), n in sorted(collections.Counter((p, m) for p, m, _ in done).items()):
+            complete[protocol, mech] += 1
+for (protocol, mech), n in sorted(complete.items()):
     print(f"{protocol:<12} {mech:<16} {n} complete runs")
-print(f"{len(done)} complete of {rows['run_id'].nunique()} runs started; archived in {sys.argv[2]}")
+print(f"{complete.total()} complete of {rows['run_id'].nunique()} runs started; archived in {sys.argv[2]}")
 PY

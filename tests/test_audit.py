@@ -41,10 +41,9 @@ def test_fit_is_the_most_frequent_answer_per_key_smallest_on_ties(key_range, ans
         counts.setdefault(k, Counter())[a] += 1
     expected = {k: min(c, key=lambda a: (-c[a], a)) for k, c in counts.items()}
     assert dict(zip(table_keys.tolist(), table_answers.tolist(), strict=True)) == expected
-    if key_range[0] != 0:
-        return
-    answer, found = shortcuts.lookup((table_keys, table_answers), np.array([3, 99]))
-    assert found.tolist() == [3 in expected, False]
+    present, absent = keys[0], max(pool) + 1
+    answer, found = shortcuts.lookup((table_keys, table_answers), np.array([present, absent]))
+    assert found.tolist() == [True, False] and answer[0] == expected[present]
 
 
 @dataclass(frozen=True)

@@ -171,9 +171,8 @@ fact(
     "attention over the whole sequence. Seed 2 learned the recall without them (0.993); "
     "seeds 0 and 1 did not within the budget (0.213, 0.216, at 3 lrs each: the level of "
     "guessing among the values not yet answered, 0.211, see deltanet-mqar-without-conv). "
-    "Here the "
-    "convolutions make recall learnable reliably in quick's budget; the runs do not show "
-    "them holding what the window cannot.",
+    "Here the convolutions make recall learnable reliably in quick's budget; the runs do "
+    "not show them holding what the window cannot.",
 )
 fact(
     "mad-ordering",
