@@ -9,6 +9,7 @@ interpreter they start (tests/test_plugins.py) or the registry they build
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 from synthbench.core import registry
@@ -23,6 +24,20 @@ from clitools import SMOKE, invoke  # noqa: E402  (tests/clitools.py, beside thi
 from synthbench.core.mechanism import MECHANISMS  # noqa: E402
 from synthbench.core.task import TASKS  # noqa: E402
 from synthbench.facts.fact import FACTS  # noqa: E402
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist runs one worker per core (pyproject.toml's addopts): torch's intra-op
+    # threads would only compete with the other workers' tests
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items):
+    """What runs together on one xdist worker (``--dist loadgroup``): each file's tests, as
+    they were written to run, one after another in one process; and every test that starts
+    Ray, whatever its file, so that two local Ray instances never share the machine."""
+    for item in items:
+        ray = "ray" in re.split(r"[^a-z0-9]+", item.nodeid.lower())
+        item.add_marker(pytest.mark.xdist_group("ray" if ray else item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(scope="module")
