@@ -3,7 +3,7 @@
 "Cost per mechanism").
 
     python benchmarks/step_costs.py --cache FILE [--out synthbench/data/step_costs.csv]
-        [--no-measure]
+        [--no-measure] [--protocols P,P...]
 
 Run it on the reference machine (the 2-core CPU the shipped reference was measured on), one
 thread. Every figure is seconds per optimizer step of one training at the protocol's whole
@@ -22,12 +22,14 @@ figure comes from (``source``):
   median over the mechanisms (a change of length hits them alike; one ratio carries the
   machine's noise);
 - ``measured``: the protocol's whole training measured here, as `synthbench run` trains it
-  (seed 0, its first lr): wall / steps (smoke's 20 steps, slay-paper's 200);
+  (seed 0, its first lr): wall / steps (smoke's 20 steps, smoke-block's 40, slay-paper's 200);
 - ``scaled``: the quick figure of the pair times the ratio (``scale``) of this protocol's step
   time to quick's, measured back to back on the tasks of SCALED_TASKS: the median over them
-  for the mechanism (a change of width and batch hits every task alike, each mechanism in its
-  own way); for a protocol too slow to train whole here (standard: 4000 steps of batch 64 at
-  d_model 128, 10 to 60 minutes a training).
+  for the mechanism (a change of width and batch, or of the block around the mechanism, hits
+  every task alike, each mechanism in its own way); for a protocol too slow to train the
+  pairs whole here (standard: 4000 steps of batch 64 at d_model 128, 10 to 60 minutes a
+  training; quick-block and standard-block, the block track's, twice quick's and standard's
+  steps).
 
 Step times are the mean interval between optimizer steps after the first tenth, as in
 `synthbench bench train` (``step_ms``), from a short training with tiny evaluation sets.
@@ -38,6 +40,9 @@ the machine's load (a shared machine) does between pairs.
 
 ``--cache`` keeps the measurements (JSON lines): an interrupted run resumes, and
 ``--no-measure`` writes the table from what the cache holds (leaving the rest out).
+``--protocols`` measures and writes only those protocols' rows, keeping the other rows of the
+table at ``--out``; a scaled protocol then scales that table's quick figures, unless quick is
+among those written.
 """
 
 from __future__ import annotations
@@ -55,7 +60,6 @@ import pandas as pd
 import torch
 
 from synthbench.bench.throughput import step_times
-from synthbench.core.task import TASKS
 from synthbench.run import cost
 from synthbench.run.protocols import PROTOCOLS, Protocol
 from synthbench.run.spec import RunSpec
@@ -76,8 +80,8 @@ FORMER = {
     "selective_copy": {"tail": 0},
     "stack": {"climb": 0, "nested": False, "practice": False},
 }
-WHOLE = ("smoke", "slay-paper")  # trained whole
-SCALED = ("standard",)  # scaled from quick by step times
+WHOLE = ("smoke", "smoke-block", "slay-paper")  # trained whole
+SCALED = ("standard", "quick-block", "standard-block")  # scaled from quick by step times
 # the tasks whose step times scale standard (short to long sequences)
 SCALED_TASKS = (
     "addition",
@@ -89,7 +93,8 @@ SCALED_TASKS = (
     "retrieval",
     "reverse",
 )
-STEPS = {"quick": 40, "standard": 12}  # of a training measured for its step time
+# steps of a training measured for its step time
+STEPS = {"quick": 40, "standard": 12, "quick-block": 40, "standard-block": 12}
 TINY = 16  # examples of each evaluation set of such a training
 
 
@@ -185,12 +190,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-measure", action="store_true", help="only what --cache holds (leave the rest out)"
     )
+    parser.add_argument(
+        "--protocols",
+        help="comma-separated: measure and write only these protocols' rows, keeping the "
+        "other rows of --out (default: every protocol)",
+    )
     args = parser.parse_args(argv)
+    every = ("quick", *WHOLE, *SCALED)
+    wanted = every if args.protocols is None else [p.strip() for p in args.protocols.split(",")]
+    unknown = [p for p in wanted if p not in every]
+    if unknown:
+        parser.error(
+            f"no figures for protocol {', '.join(unknown)}; choose from {', '.join(every)}"
+        )
+    kept = pd.DataFrame({"protocol": []})
+    if args.protocols is not None:
+        if not args.out.is_file():
+            parser.error(f"--protocols keeps the other rows of {args.out}, which does not exist")
+        kept = cost.read_table(args.out)
+        kept = kept[~kept["protocol"].isin(wanted)]
     torch.set_num_threads(1)
     measured = Measurements(args.cache, measure=not args.no_measure)
     quick = PROTOCOLS.get("quick")
     rows = quick_rows()
-    tasks = sorted(TASKS.names())
+    tasks = cost.builtin_tasks()
     mechanisms = list(dict.fromkeys(rows["mechanism"]))
     reference = set(rows.loc[rows["source"] == "reference", "mechanism"])
     derived = cost.figures_of_rows(rows).set_index(["task", "mechanism"])
@@ -199,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     changed = [
         t for t in tasks if layouts[t] != RunSpec.resolve(t, "softmax", quick, 0).task_params
     ]
-    print(f"layouts changed since the quick rows: {', '.join(changed) or 'none'}", flush=True)
+    if "quick" in wanted:
+        print(f"layouts changed since the quick rows: {', '.join(changed) or 'none'}", flush=True)
 
     def layout_scale(task: str, mech: str) -> tuple[float, dict] | None:
         new = measured.get(step_time, quick, task, mech)
@@ -211,26 +235,30 @@ def main(argv: list[str] | None = None) -> int:
         here = measured.get(step_time, protocol, task, mech)
         return None if base is None or here is None else (here["step_ms"] / base["step_ms"], here)
 
-    # measure, the cheap first: layouts and smoke, the standard step times, then slay-paper
-    # (the reference's mechanisms first)
+    # measure, the cheap first: layouts and the smoke trainings, the scaled protocols' step
+    # times, then slay-paper (the reference's mechanisms first)
     if measured.measure:
         for mech in mechanisms:
             for task in tasks:
-                if task in changed:
+                if "quick" in wanted and task in changed:
                     layout_scale(task, mech)
-                measured.get(whole, PROTOCOLS.get("smoke"), task, mech)
-        for name in SCALED:
+                for name in ("smoke", "smoke-block"):
+                    if name in wanted:
+                        measured.get(whole, PROTOCOLS.get(name), task, mech)
+        for name in (n for n in SCALED if n in wanted):
             for mech in mechanisms:
                 for task in SCALED_TASKS:
                     protocol_scale(PROTOCOLS.get(name), task, mech)
-        for mech in sorted(mechanisms, key=lambda m: m not in reference):
-            for task in tasks:
-                measured.get(whole, PROTOCOLS.get("slay-paper"), task, mech)
+        if "slay-paper" in wanted:
+            for mech in sorted(mechanisms, key=lambda m: m not in reference):
+                for task in tasks:
+                    measured.get(whole, PROTOCOLS.get("slay-paper"), task, mech)
 
     # a single ratio of step times carries the machine's noise (compression, whose length did
     # not change, measured 0.77 to 1.59): a figure is scaled by the median over a group,
-    # a layout's over the mechanisms (its length hits them alike), standard's over the tasks
-    # (its width and batch hit them alike, each mechanism in its own way)
+    # a layout's over the mechanisms (its length hits them alike), a scaled protocol's over
+    # the tasks (its width and batch, or its block, hit them alike, each mechanism in its
+    # own way)
     def ratios(scale, pairs) -> dict:
         found = {pair: scale(*pair) for pair in pairs}
         return {pair: r for pair, r in found.items() if r is not None}
@@ -244,23 +272,27 @@ def main(argv: list[str] | None = None) -> int:
     def measured_fields(m: dict | None) -> dict:
         return {} if m is None else {"measured_steps": m["measured_steps"], "step_ms": m["step_ms"]}
 
-    layout = ratios(layout_scale, [(t, m) for t in changed for m in mechanisms])
-    layout_medians = medians(layout, 0)
     figures, quick_figures = [], {}
-    for (task, mech), found in derived.iterrows():
-        source = rows.loc[rows["mechanism"] == mech, "source"].iloc[0]
-        fields = {k: found[k] for k in ("rows", "trainings_per_run", "steps_frac")}
-        fields |= {"protocol_version": int(found["protocol_version"])}
-        seconds = found["step_seconds"]
-        if task in changed:
-            if task not in layout_medians:
-                continue
-            fields |= measured_fields(layout.get((task, mech), (None, None))[1])
-            fields["scale"] = layout_medians[task]
-            seconds, source = seconds * layout_medians[task], "layout"
-        quick_figures[task, mech] = seconds
-        figures.append(figure(quick, task, mech, source, step_seconds=seconds, **fields))
-    for name in WHOLE:
+    if "quick" in wanted:
+        layout = ratios(layout_scale, [(t, m) for t in changed for m in mechanisms])
+        layout_medians = medians(layout, 0)
+        for (task, mech), found in derived.iterrows():
+            source = rows.loc[rows["mechanism"] == mech, "source"].iloc[0]
+            fields = {k: found[k] for k in ("rows", "trainings_per_run", "steps_frac")}
+            fields |= {"protocol_version": int(found["protocol_version"])}
+            seconds = found["step_seconds"]
+            if task in changed:
+                if task not in layout_medians:
+                    continue
+                fields |= measured_fields(layout.get((task, mech), (None, None))[1])
+                fields["scale"] = layout_medians[task]
+                seconds, source = seconds * layout_medians[task], "layout"
+            quick_figures[task, mech] = seconds
+            figures.append(figure(quick, task, mech, source, step_seconds=seconds, **fields))
+    else:  # the kept table's
+        for r in kept[kept["protocol"] == "quick"].itertuples():
+            quick_figures[r.task, r.mechanism] = r.step_seconds
+    for name in (n for n in WHOLE if n in wanted):
         protocol = PROTOCOLS.get(name)
         for mech in mechanisms:
             for task in tasks:
@@ -270,9 +302,10 @@ def main(argv: list[str] | None = None) -> int:
                         "step_seconds": m["wall_s"] / m["measured_steps"]
                     }
                     figures.append(figure(protocol, task, mech, "measured", **fields))
-    for name in SCALED:
+    for name in (n for n in SCALED if n in wanted):
         protocol = PROTOCOLS.get(name)
-        found = ratios(functools.partial(protocol_scale, protocol), list(quick_figures))
+        sample = [(t, m) for t, m in quick_figures if t in SCALED_TASKS]
+        found = ratios(functools.partial(protocol_scale, protocol), sample)
         by_mechanism = medians(found, 1)
         for (task, mech), seconds in quick_figures.items():
             if mech in by_mechanism:
@@ -282,9 +315,9 @@ def main(argv: list[str] | None = None) -> int:
                     "step_seconds": seconds * by_mechanism[mech],
                 }
                 figures.append(figure(protocol, task, mech, "scaled", **fields))
-    table = pd.DataFrame(figures)
+    table = pd.concat([t for t in (kept, pd.DataFrame(figures)) if len(t)], ignore_index=True)
     cost.write_table(table, args.out)
-    print(f"wrote {len(table)} figures to {args.out}")
+    print(f"wrote {len(figures)} figures ({', '.join(wanted)}), kept {len(kept)}, to {args.out}")
     return 0
 
 

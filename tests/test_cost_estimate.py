@@ -168,18 +168,35 @@ def test_stored_rows_beat_bench_rows_which_beat_the_table(tmp_path):
     assert gpu == {copy: cost.Cost(0.099, "stored")}
 
 
-def test_the_shipped_table_prices_every_builtin_task_under_every_core_protocol():
+def test_the_shipped_table_prices_every_builtin_task_under_every_protocol():
     shipped = cost.read_table()
     tasks = cost.builtin_tasks()  # the default suite's (the State tasks are not priced)
     assert list(shipped.columns) == cost.TABLE_COLUMNS
     assert set(shipped["source"]) <= set(cost.TABLE_SOURCES)
     assert (shipped["step_seconds"] > 0).all() and shipped["step_seconds"].map(math.isfinite).all()
-    # the block track's protocols are not measured yet: their estimate says "not known"
-    for protocol in (n for n in PROTOCOLS.names() if PROTOCOLS.get(n).track == "core"):
+    modern = ("sliding-window", "retnet", "gla", "deltanet", "mamba2", "based")
+    for protocol in PROTOCOLS.names():
         mine = shipped[shipped["protocol"] == protocol]
-        for mech in ("softmax", "linear", "performer", "cosformer", "slay", "none"):
+        mechanisms = ("softmax", "linear", "performer", "cosformer", "slay", "none")
+        if protocol != "slay-paper":  # a paper's attention-only setup
+            mechanisms += modern
+        for mech in mechanisms:
             assert sorted(mine[mine["mechanism"] == mech]["task"]) == tasks, (protocol, mech)
     assert not shipped.duplicated(["protocol", "task", "mechanism"]).any()
+
+
+def test_a_scaled_figure_is_its_quick_figure_times_one_ratio_per_mechanism():
+    """standard and the block track's quick-block and standard-block: the pair's quick figure
+    times the median ratio of step times measured for the mechanism (benchmarks/step_costs.py)."""
+    shipped = cost.read_table()
+    quick = shipped[shipped["protocol"] == "quick"].set_index(["task", "mechanism"])
+    for protocol in ("standard", "quick-block", "standard-block"):
+        mine = shipped[shipped["protocol"] == protocol].set_index(["task", "mechanism"])
+        assert len(mine) and (mine["source"] == "scaled").all(), protocol
+        assert (mine.groupby(level="mechanism")["scale"].nunique() == 1).all(), protocol
+        expected = quick.loc[mine.index, "step_seconds"] * mine["scale"]
+        assert ((mine["step_seconds"] / expected - 1).abs() < 1e-4).all(), protocol
+        assert (mine["protocol_version"] == PROTOCOLS.get(protocol).version).all(), protocol
 
 
 def test_the_quick_figures_are_the_references_medians():

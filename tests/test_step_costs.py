@@ -1,0 +1,72 @@
+"""benchmarks/step_costs.py: the block track's scaled figures written beside the kept rows,
+from cached measurements (--no-measure: nothing trains here)."""
+
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from synthbench.run import cost
+from synthbench.run.protocols import PROTOCOLS
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_costs.py"
+SAMPLE = ("addition", "sort", "multihop", "copy", "kv_recall", "pattern", "retrieval", "reverse")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+
+
+def cache_of(path: Path, mechanism: str, ratios: dict[str, float]) -> Path:
+    """Step times of quick (tagged quick-block) and quick-block, in the script's cache keys."""
+    lines = []
+    for task, ratio in ratios.items():
+        for key, step_ms in (
+            (f"quick/{task}/{mechanism}/default/quick-block/steps40", 10.0),
+            (f"quick-block/{task}/{mechanism}/default/steps40", 10.0 * ratio),
+        ):
+            record = {"key": key, "measured_steps": 40, "wall_s": 1.0, "step_ms": step_ms}
+            lines.append(json.dumps(record | {"at": "2026-11-26"}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_scaled_block_rows_join_the_kept_table(tmp_path):
+    shipped = cost.read_table()
+    out = tmp_path / "step_costs.csv"
+    cost.write_table(shipped[shipped["protocol"] != "quick-block"], out)
+    ratios = dict(zip(SAMPLE, (1.5, 1.7, 2.0, 1.6, 1.9, 1.8, 1.4, 1.75), strict=True))
+    cache = cache_of(tmp_path / "cache.jsonl", "deltanet", ratios)
+    done = run(
+        "--cache", str(cache), "--out", str(out), "--no-measure", "--protocols", "quick-block"
+    )
+    assert done.returncode == 0, done.stderr
+    table = cost.read_table(out)
+    block = table[table["protocol"] == "quick-block"]
+    assert set(block["mechanism"]) == {"deltanet"}  # only the measured mechanism
+    quick = table[(table["protocol"] == "quick") & (table["mechanism"] == "deltanet")]
+    assert set(block["task"]) == set(quick["task"])
+    scale = statistics.median(ratios.values())
+    merged = block.merge(quick, on="task", suffixes=("", "_quick"))
+    assert merged["scale"].tolist() == pytest.approx([scale] * len(merged))
+    assert merged["step_seconds"].to_numpy() == pytest.approx(
+        merged["step_seconds_quick"].to_numpy() * scale, rel=1e-5
+    )
+    assert (block["source"] == "scaled").all()
+    assert (block["protocol_version"] == PROTOCOLS.get("quick-block").version).all()
+    others = table[table["protocol"] != "quick-block"].reset_index(drop=True)
+    kept = shipped[shipped["protocol"] != "quick-block"]
+    assert len(others) == len(kept)
+    assert sorted(others["step_seconds"].round(9)) == sorted(kept["step_seconds"].round(9))
+
+
+def test_unknown_protocol_and_missing_table_are_one_line_errors(tmp_path):
+    done = run("--out", str(tmp_path / "t.csv"), "--no-measure", "--protocols", "quick-blok")
+    assert done.returncode == 2
+    assert "no figures for protocol quick-blok; choose from" in done.stderr.splitlines()[-1]
+    done = run("--out", str(tmp_path / "t.csv"), "--no-measure", "--protocols", "quick-block")
+    assert done.returncode == 2
+    assert "which does not exist" in done.stderr.splitlines()[-1]
