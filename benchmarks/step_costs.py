@@ -82,7 +82,7 @@ FORMER = {
 }
 WHOLE = ("smoke", "smoke-block", "slay-paper")  # trained whole
 SCALED = ("standard", "quick-block", "standard-block")  # scaled from quick by step times
-# the tasks whose step times scale standard (short to long sequences)
+# the tasks whose step times scale the SCALED protocols (short to long sequences)
 SCALED_TASKS = (
     "addition",
     "sort",
