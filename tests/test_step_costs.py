@@ -1,6 +1,7 @@
 """benchmarks/step_costs.py: the block track's scaled figures written beside the kept rows,
 from cached measurements (--no-measure: nothing trains here)."""
 
+import importlib.util
 import json
 import statistics
 import subprocess
@@ -13,7 +14,14 @@ from synthbench.run import cost
 from synthbench.run.protocols import PROTOCOLS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_costs.py"
-SAMPLE = ("addition", "sort", "multihop", "copy", "kv_recall", "pattern", "retrieval", "reverse")
+
+
+def script_constant(name: str):
+    """A constant of the script (it is not a package module): its sample of tasks."""
+    spec = importlib.util.spec_from_file_location("step_costs", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
@@ -38,7 +46,8 @@ def test_scaled_block_rows_join_the_kept_table(tmp_path):
     shipped = cost.read_table()
     out = tmp_path / "step_costs.csv"
     cost.write_table(shipped[shipped["protocol"] != "quick-block"], out)
-    ratios = dict(zip(SAMPLE, (1.5, 1.7, 2.0, 1.6, 1.9, 1.8, 1.4, 1.75), strict=True))
+    sample = script_constant("SCALED_TASKS")
+    ratios = {task: 1.4 + 0.1 * i for i, task in enumerate(sample)}
     cache = cache_of(tmp_path / "cache.jsonl", "deltanet", ratios)
     done = run(
         "--cache", str(cache), "--out", str(out), "--no-measure", "--protocols", "quick-block"
