@@ -12,6 +12,7 @@ from synthbench.core.params import (
     parse_assignments,
     resolve_params,
 )
+from synthbench.core.text import did_you_mean
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.spec import RunSpec
 
@@ -36,7 +37,9 @@ def test_resolve_params_fills_defaults_and_coerces_ints_to_floats():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"m": 1}, "has no parameter m"),
+        ({"m": 1}, "has no parameter m "),
+        ({"epss": 1}, "has no parameter epss; did you mean eps\\? \\(parameters: n, eps, flag\\)"),
+        ({"epss": 1, "m": 1}, "has no parameter epss, m \\(parameters"),
         ({"n": "abc"}, "parameter n must be int"),
         ({"n": 1.5}, "parameter n must be int"),
         ({"n": True}, "parameter n must be int"),
@@ -122,3 +125,11 @@ def test_a_refused_value_is_quoted_cut_to_a_line():
     with pytest.raises(ValueError) as error:
         resolve_params("task copy", {"n": 32}, parse_assignments(["n=" + "x" * 5_000]))
     assert len(str(error.value)) < 120 and str(error.value).endswith("...")
+
+
+def test_did_you_mean_names_the_close_matches_or_nothing():
+    assert did_you_mean("blok", ["core", "block"]) == "; did you mean block?"
+    hint = did_you_mean("pair", ("pairs", "keys", "pair_count"))
+    assert hint == "; did you mean pairs, pair_count?"
+    assert did_you_mean("zzz", ["core", "block"]) == ""
+    assert did_you_mean(3, [1, 3]) == "; did you mean 3?"  # names of any kind, compared as text

@@ -167,7 +167,7 @@ def test_unknown_comparison_names_the_close_ones(tmp_path):
         app, ["report", "--compare", "publishd-lm", "--out", str(tmp_path / "r")]
     )
     assert result.exit_code == 2
-    assert "unknown comparison 'publishd-lm' (published-lm)" in result.output
+    assert "unknown comparison 'publishd-lm'; did you mean published-lm?" in result.output
 
 
 def tiny_reference(path) -> None:

@@ -67,10 +67,16 @@ def test_the_block_model_takes_the_published_layer_or_the_core_in_plain_projecti
         Model(16, 24, _spec("deltanet").make_mechanism, d_model=32, n_heads=2)
 
 
-def test_a_layer_option_is_checked_with_the_close_matches():
+def test_a_layer_option_is_checked_with_the_close_matches(tmp_path):
     assert "conv_size" in _spec("deltanet").mechanism_params
-    with pytest.raises(ValueError, match="layer deltanet.*conv_size"):
+    typo = "layer deltanet has no parameter conv_sise; did you mean conv_size"
+    with pytest.raises(ValueError, match=typo):
         _spec("deltanet", conv_sise=3)
+    cli = invoke(
+        "run", "--track", "block", "--mech", "gla", "--mech-param", "use_shortconv=false",
+        "--results", tmp_path,
+    )  # fmt: skip
+    assert_error(cli, 2, "layer gla has no parameter use_shortconv; did you mean use_short_conv?")
     # an option of the layer is no parameter of the core track's rule
     with pytest.raises(ValueError, match="mechanism deltanet"):
         _spec("deltanet", "smoke", conv_size=3)

@@ -14,7 +14,6 @@ tables to ``reports/bench/``.
 
 from __future__ import annotations
 
-import difflib
 from pathlib import Path
 from typing import Annotated
 
@@ -45,7 +44,7 @@ from synthbench.cli.common import (
     split,
 )
 from synthbench.core.task import task_set
-from synthbench.core.text import plural
+from synthbench.core.text import did_you_mean, plural
 from synthbench.mechanisms.slay import MAX_QUAD_NODES
 from synthbench.report.formats import to_markdown
 from synthbench.run.allocator import reuse_freed_memory
@@ -76,8 +75,7 @@ def _choose(option: str, value: str, known) -> list[str]:
     chosen = split(value)
     for name in chosen:
         if name not in known:
-            close = difflib.get_close_matches(name, list(known), n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            hint = did_you_mean(name, known)
             raise ValueError(f"unknown {option} '{name}'{hint} (known: {', '.join(known)})")
     if not chosen:
         raise ValueError(f"--{option} names nothing")

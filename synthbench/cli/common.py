@@ -6,7 +6,6 @@ corrupt results file) ends in one line naming the culprit; nothing stored is tou
 
 from __future__ import annotations
 
-import difflib
 import functools
 import os
 import sys
@@ -27,7 +26,7 @@ from synthbench.core.interrupts import count_interrupts, describe, from_user
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.registry import PluginError, PluginWarning, UnknownNameError, load_plugin_file
 from synthbench.core.task import CATEGORIES, TASK_SETS, TASKS, task_set
-from synthbench.core.text import plural
+from synthbench.core.text import did_you_mean, plural
 from synthbench.facts.fact import FACTS
 from synthbench.run.executors import ExecutorError
 from synthbench.run.packed import notes_on_one_line
@@ -370,7 +369,6 @@ def filter_names(value: str, stored, registry=None, kind: str = "name") -> list[
         elif registry is not None:
             names.append(registry.canonical(name))
         else:
-            close = difflib.get_close_matches(name, stored, n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            hint = did_you_mean(name, stored)
             raise UsageError(f"unknown {kind} '{name}'{hint} (known: {', '.join(stored)})")
     return names

@@ -26,7 +26,6 @@ synthbench/core/positional.py), in which case nothing is added to the tokens.
 
 from __future__ import annotations
 
-import difflib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +38,7 @@ from synthbench.core.layer import LAYER_ARCHS, BaseConv, Layer
 from synthbench.core.mechanism import extra_inputs
 from synthbench.core.params import check_int, constructor_params
 from synthbench.core.positional import ROTATIONS
+from synthbench.core.text import did_you_mean
 
 ARCHS = ("attn-only", "attn-conv", "transformer", *LAYER_ARCHS)
 TRACKS = {"core": "attn-only", "block": "block"}  # a track: the arch its protocols use
@@ -50,10 +50,9 @@ POSITIONS = (*ABSOLUTE_POSITIONS, *ROTATIONS)
 def check_position(pos: str) -> None:
     """Raise ValueError for an unknown positional encoding, naming the close matches."""
     if pos not in POSITIONS:
-        close = difflib.get_close_matches(str(pos), POSITIONS, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(
-            f"unknown positional encoding '{pos}'{hint} (known: {', '.join(POSITIONS)})"
+            f"unknown positional encoding '{pos}'{did_you_mean(pos, POSITIONS)} "
+            f"(known: {', '.join(POSITIONS)})"
         )
 
 

@@ -7,7 +7,7 @@ import ast
 import inspect
 from typing import Any
 
-from synthbench.core.text import short_repr
+from synthbench.core.text import did_you_mean, short_repr
 
 REQUIRED = object()  # marks a parameter without a default
 # the longest value text parse_assignments reads: a sweep's list of a thousand values fits
@@ -93,8 +93,9 @@ def resolve_params(owner: str, defaults: dict[str, Any], overrides: dict[str, An
     the wrong type, or a required parameter left without a value."""
     unknown = sorted(set(overrides) - set(defaults))
     if unknown:
+        hint = did_you_mean(unknown[0], defaults) if len(unknown) == 1 else ""
         raise ValueError(
-            f"{owner} has no parameter {', '.join(unknown)} "
+            f"{owner} has no parameter {', '.join(unknown)}{hint} "
             f"(parameters: {', '.join(defaults) or 'none'})"
         )
     params = dict(defaults)

@@ -11,7 +11,6 @@ ids of its runs: edited plugin code is run again, not matched to the old results
 
 from __future__ import annotations
 
-import difflib
 import functools
 import hashlib
 import importlib
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from synthbench.core.interrupts import caught, describe
+from synthbench.core.text import did_you_mean
 
 T = TypeVar("T")
 # set (to anything but the empty string): installed plugins are not loaded
@@ -157,8 +157,7 @@ class Registry(Generic[T]):
         self.load_plugins()
         canonical = self._aliases.get(name)
         if canonical is None:
-            close = difflib.get_close_matches(name, list(self._aliases), n=3, cutoff=0.5)
-            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            hint = did_you_mean(name, self._aliases)
             raise UnknownNameError(
                 f"unknown {self.kind} '{name}'{hint} (known: {', '.join(self.names())})"
             )

@@ -22,6 +22,7 @@ import torch
 
 from synthbench.core.params import REQUIRED, resolve_params
 from synthbench.core.registry import Entry, Registry
+from synthbench.core.text import did_you_mean
 
 CATEGORIES = (
     "Basic", "Arithmetic", "Long-Range", "Memory", "Patterns", "Reasoning", "Robustness", "State",
@@ -222,7 +223,8 @@ class Task:
         knobs = [f.name for f in dataclasses.fields(cls.Params)]
         if knob not in knobs:
             raise ValueError(
-                f"task {TASKS.name_of(cls)} has no parameter {knob!r} (knobs: {', '.join(knobs)})"
+                f"task {TASKS.name_of(cls)} has no parameter {knob!r}{did_you_mean(knob, knobs)} "
+                f"(knobs: {', '.join(knobs)})"
             )
         return cls.harder.get(knob)
 

@@ -1,7 +1,11 @@
-"""Words for counts, in one place: every message says "1 seed" and "3 seeds", never
-"3 seed(s)" or "1 seeds"; and values quoted in a message, cut to a line."""
+"""Words for messages, in one place: counts (every message says "1 seed" and "3 seeds",
+never "3 seed(s)" or "1 seeds"), values quoted in a message, cut to a line, and the close
+matches of a name nobody knows."""
 
 from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
 
 
 def noun(n, word: str, many: str | None = None) -> str:
@@ -22,3 +26,10 @@ def short_repr(value, limit: int = 60) -> str:
     what it refuses can be a megabyte of brackets."""
     text = repr(value)
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
+
+
+def did_you_mean(name, known: Iterable, n: int = 3) -> str:
+    """``"; did you mean a, b?"`` for the names in ``known`` close to ``name`` (at most
+    ``n``), or ``""`` where none is: the hint every "unknown ..." message carries."""
+    close = difflib.get_close_matches(str(name), [str(k) for k in known], n=n, cutoff=0.5)
+    return f"; did you mean {', '.join(close)}?" if close else ""

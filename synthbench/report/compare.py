@@ -6,14 +6,13 @@ protocol whose rows are comparable with it.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import dataclass
 from importlib import resources
 
 import pandas as pd
 
 from synthbench.core.task import TASKS
-from synthbench.core.text import plural
+from synthbench.core.text import did_you_mean, plural
 from synthbench.report.tables import MISSING, Grid, ReportTables, Stat
 
 
@@ -46,16 +45,13 @@ COMPARISONS = (*PUBLISHED, PUBLISHED_LM)  # every name `report --compare` takes
 
 def check_comparison(name: str | None) -> None:
     """Refuse (ValueError, one line) a name ``--compare`` does not know, with the close
-    matches in parentheses where there are any."""
+    matches where there are any."""
     if name is None or name in COMPARISONS:
         return
-    close = difflib.get_close_matches(name, COMPARISONS, n=3, cutoff=0.5)
-    if close:
-        raise ValueError(
-            f"unknown comparison '{name}' ({', '.join(close)}); the comparisons are "
-            f"{', '.join(COMPARISONS)}"
-        )
-    raise ValueError(f"unknown comparison '{name}' ({', '.join(COMPARISONS)})")
+    raise ValueError(
+        f"unknown comparison '{name}'{did_you_mean(name, COMPARISONS)} "
+        f"(known: {', '.join(COMPARISONS)})"
+    )
 
 
 def published(name: str) -> pd.DataFrame:

@@ -19,7 +19,6 @@ repository; ``load_sweep_file`` reads it into the options of ``synthbench run``
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import inspect
 import itertools
 import math
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from synthbench.core.params import resolve_params
+from synthbench.core.text import did_you_mean
 from synthbench.run.protocols import PROTOCOLS, Protocol
 
 # Protocol fields a grid may set. Not: name, version, description (they name the preset),
@@ -127,8 +127,7 @@ def protocol_points(protocol: Protocol, overrides: dict[str, Any] | None) -> lis
                 f"protocol field {name} cannot be set per run"
                 + (f" ({why[name]})" if name in why else "")
             )
-        close = difflib.get_close_matches(name, PROTOCOL_FIELDS, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        hint = did_you_mean(name, PROTOCOL_FIELDS)
         raise ValueError(
             f"protocol has no field '{name}'{hint} (settable: {', '.join(PROTOCOL_FIELDS)})"
         )
@@ -237,8 +236,7 @@ def load_sweep_file(path: Path) -> dict[str, Any]:
     unknown = sorted(set(data) - set(SWEEP_KEYS))
     if unknown:
         name = unknown[0]
-        close = difflib.get_close_matches(name, SWEEP_KEYS, n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        hint = did_you_mean(name, SWEEP_KEYS)
         raise ValueError(
             f"sweep file {path}: unknown key '{name}'{hint} (keys: {', '.join(SWEEP_KEYS)})"
         )

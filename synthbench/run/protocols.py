@@ -8,13 +8,13 @@ whenever a preset's values change, so old rows are never mistaken for new ones.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from synthbench.core.layer import LAYER_ARCHS
 from synthbench.core.model import ARCHS, POSITIONS, TRACKS
 from synthbench.core.registry import Registry
+from synthbench.core.text import did_you_mean
 
 CURVE_POINTS = 10  # validation evaluations along training (the learning curve)
 # fields left out of a config while 0 (off), so run ids from before each field still hold
@@ -266,8 +266,7 @@ def protocol_of_track(name: str, track: str | None) -> Protocol:
     if track is None or track == protocol.track:
         return protocol
     if track not in TRACKS:
-        close = difflib.get_close_matches(str(track), TRACKS, n=2, cutoff=0.5)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        hint = did_you_mean(track, TRACKS, n=2)
         raise ValueError(f"unknown track '{track}'{hint} (known: {', '.join(TRACKS)})")
     base = protocol.name.removesuffix("-block")
     twin = base if track == "core" else f"{base}-block"
