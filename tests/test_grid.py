@@ -106,7 +106,8 @@ def test_a_difficulty_ladder_is_each_preset_with_the_task_params_on_top():
 
 
 def test_an_unknown_difficulty_names_the_presets():
-    with pytest.raises(ValueError, match="task copy has no difficulty 'harder' \\(presets: "):
+    typo = "task copy has no difficulty 'harder'; did you mean hard\\? \\(presets: "
+    with pytest.raises(ValueError, match=typo):
         runner.plan(["copy"], ["softmax"], QUICK, 1, difficulties=["harder"])
 
 

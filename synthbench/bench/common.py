@@ -29,6 +29,7 @@ import pandas as pd
 import pyarrow as pa
 import torch
 
+from synthbench.core.text import did_you_mean
 from synthbench.run import provenance
 from synthbench.run.store import BENCH_DIR, write_table
 
@@ -108,7 +109,9 @@ class BenchFile:
         bench_id: str,
     ) -> None:
         if kind not in KINDS:
-            raise ValueError(f"unknown bench kind {kind!r} ({', '.join(KINDS)})")
+            raise ValueError(
+                f"unknown bench kind {kind!r}{did_you_mean(kind, KINDS)} ({', '.join(KINDS)})"
+            )
         self.kind, self.bench_id = kind, bench_id
         self.path = bench_dir(bench_results, kind) / f"{bench_id}.parquet"
         self.schema = pa.schema(META + metrics, metadata={"synthbench_bench_kind": kind})

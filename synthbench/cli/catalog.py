@@ -24,6 +24,7 @@ from synthbench.core.mechanism import (
 )
 from synthbench.core.params import parse_assignments
 from synthbench.core.task import CATEGORIES, IGNORE, TASK_SETS, TASKS, in_default_suite, task_set
+from synthbench.core.text import did_you_mean
 from synthbench.integrity.audit import MARGIN, TRAIN_ANSWERS, audit, markdown_table
 from synthbench.run.grid import task_defaults
 from synthbench.run.limits import check_length
@@ -81,7 +82,8 @@ def list_command(
         "protocol": "protocols",
     }
     if what not in kinds:
-        raise UsageError(f"cannot list '{what}' (tasks, mechs, protocols)")
+        hint = did_you_mean(what, kinds)
+        raise UsageError(f"cannot list '{what}'{hint} (tasks, mechs, protocols)")
     load_plugins(plugin)
     kind = kinds[what]
     records = _records(kind)
@@ -244,8 +246,10 @@ def audit_command(
     for task_name in names:
         presets = TASKS.get(task_name).presets()
         if difficulty != "all" and difficulty not in presets:
+            hint = did_you_mean(difficulty, [*presets, "all"])
             raise UsageError(
-                f"task {task_name} has no difficulty {difficulty!r} (presets: {', '.join(presets)})"
+                f"task {task_name} has no difficulty {difficulty!r}{hint} "
+                f"(presets: {', '.join(presets)})"
             )
         for preset in presets if difficulty == "all" else (difficulty,):
             task = TASKS.get(task_name).from_difficulty(preset, **overrides)

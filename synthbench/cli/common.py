@@ -289,6 +289,18 @@ def split(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+def _task_name(name: str) -> str:
+    """A task's canonical name; an unknown one is refused with the close matches among the
+    tasks and the named sets (``--task extnded``: did you mean extended?)."""
+    try:
+        return TASKS.canonical(name)
+    except UnknownNameError:
+        spellings = [*TASK_SETS, *(n for e in TASKS.entries() for n in (e.name, *e.aliases))]
+        known = ", ".join([*TASK_SETS, *TASKS.names()])
+        hint = did_you_mean(name, spellings)
+        raise UsageError(f"unknown task '{name}'{hint} (known: {known})") from None
+
+
 def select_tasks(task: str, category: str | None) -> list[str]:
     """'all' (the default suite), 'extended' (all and the State tasks) or comma-separated
     names, optionally only one category -> canonical names. A category with 'all' picks
@@ -296,11 +308,14 @@ def select_tasks(task: str, category: str | None) -> list[str]:
     if task in TASK_SETS:
         names = task_set("extended" if category is not None else task)
     else:
-        names = [TASKS.canonical(n) for n in split(task)]
+        names = [_task_name(n) for n in split(task)]
     if category is not None:
         wanted = {c.lower(): c for c in CATEGORIES}
         if category.lower() not in wanted:
-            raise UsageError(f"unknown category '{category}' (categories: {', '.join(CATEGORIES)})")
+            hint = did_you_mean(category, CATEGORIES)
+            raise UsageError(
+                f"unknown category '{category}'{hint} (categories: {', '.join(CATEGORIES)})"
+            )
         names = [
             n for n in names if TASKS.entry(n).metadata["category"] == wanted[category.lower()]
         ]

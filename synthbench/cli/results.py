@@ -32,7 +32,7 @@ from synthbench.cli.common import (
 from synthbench.core.atomic import write_atomically
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.task import TASKS
-from synthbench.core.text import plural
+from synthbench.core.text import did_you_mean, plural
 from synthbench.report import published_lm
 from synthbench.report import reference as shipped
 from synthbench.report.aggregate import (
@@ -173,7 +173,9 @@ def report_command(
 ) -> None:
     """Tables (Markdown, LaTeX), figures and the leaderboard page, one set per protocol."""
     if metric not in METRICS:
-        raise UsageError(f"unknown metric '{metric}' ({', '.join(METRICS)})")
+        raise UsageError(
+            f"unknown metric '{metric}'{did_you_mean(metric, METRICS)} ({', '.join(METRICS)})"
+        )
     check_comparison(compare)  # a typo is told before any row is read
     check_writable_folder(out_dir, "--out")
     load_plugins(plugin)  # a plugin's tasks and mechanisms have names and categories

@@ -32,7 +32,7 @@ from synthbench.cli.common import (
 )
 from synthbench.cli.progress import Eta, EtaColumn, RunningColumn
 from synthbench.core.params import parse_assignments
-from synthbench.core.text import plural
+from synthbench.core.text import did_you_mean, plural
 from synthbench.integrity.guard import leak_guard
 from synthbench.run import cost, grid, runner
 from synthbench.run.devices import default_jobs, resolve_device, worker_devices
@@ -358,7 +358,8 @@ def check_execution(
     """The options of how runs execute (shared by run, sweep and ``facts run``), checked
     before anything is planned."""
     if executor not in EXECUTORS:
-        raise UsageError(f"unknown executor '{executor}' ({', '.join(EXECUTORS)})")
+        hint = did_you_mean(executor, EXECUTORS)
+        raise UsageError(f"unknown executor '{executor}'{hint} ({', '.join(EXECUTORS)})")
     if not 1 <= threads <= MAX_THREADS:
         raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {threads}")
     if jobs is not None and jobs < 1:

@@ -199,7 +199,9 @@ class Model(nn.Module):
     ) -> None:
         super().__init__()
         if arch not in ARCHS:
-            raise ValueError(f"unknown arch {arch!r} ({', '.join(ARCHS)})")
+            raise ValueError(
+                f"unknown arch {arch!r}{did_you_mean(arch, ARCHS)} ({', '.join(ARCHS)})"
+            )
         check_model_dimensions(vocab_size, max_len, d_model, n_heads, n_layers)
         pos_params = position_params(pos, pos_params)
         head_dim = d_model // n_heads

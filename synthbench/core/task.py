@@ -49,7 +49,8 @@ def in_default_suite(entry: Entry) -> bool:
 def task_set(name: str) -> list[str]:
     """The task names of a named set (``TASK_SETS``), in registry order."""
     if name not in TASK_SETS:
-        raise ValueError(f"unknown task set {name!r} (sets: {', '.join(TASK_SETS)})")
+        hint = did_you_mean(name, TASK_SETS)
+        raise ValueError(f"unknown task set {name!r}{hint} (sets: {', '.join(TASK_SETS)})")
     return [e.name for e in TASKS.entries() if name == "extended" or in_default_suite(e)]
 
 
@@ -232,7 +233,8 @@ class Task:
     def from_difficulty(cls, difficulty: str = "default", **overrides: Any) -> Task:
         if difficulty not in cls.presets():
             presets = ", ".join(cls.presets())
-            raise ValueError(f"unknown difficulty {difficulty!r} (presets: {presets})")
+            hint = did_you_mean(difficulty, cls.presets())
+            raise ValueError(f"unknown difficulty {difficulty!r}{hint} (presets: {presets})")
         return cls(**{**cls.difficulties.get(difficulty, {}), **overrides})
 
     def at_length(self, mult: float) -> Task:

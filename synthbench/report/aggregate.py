@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from synthbench.core.task import TASKS
+from synthbench.core.text import did_you_mean
 from synthbench.run.grid import protocol_changes
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.schema import LEAKY
@@ -255,7 +256,9 @@ def normalise(value, chance):
 
 def check_metric(rows: pd.DataFrame, metric: str) -> pd.DataFrame:
     if metric not in METRICS:
-        raise ValueError(f"unknown metric {metric!r} ({', '.join(METRICS)})")
+        raise ValueError(
+            f"unknown metric {metric!r}{did_you_mean(metric, METRICS)} ({', '.join(METRICS)})"
+        )
     if metric.startswith("long_"):  # only the runs evaluated at a longer length count
         rows = rows[rows["eval_length_mult"].notna()]
         mults = sorted(rows["eval_length_mult"].unique())

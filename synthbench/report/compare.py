@@ -57,7 +57,10 @@ def check_comparison(name: str | None) -> None:
 def published(name: str) -> pd.DataFrame:
     """The published values: task, mechanism (our name), paper_label, mean, std."""
     if name not in PUBLISHED:
-        raise ValueError(f"unknown published results {name!r} ({', '.join(PUBLISHED)})")
+        raise ValueError(
+            f"unknown published results {name!r}{did_you_mean(name, PUBLISHED)} "
+            f"({', '.join(PUBLISHED)})"
+        )
     with resources.files("synthbench.data").joinpath(PUBLISHED[name].data_file).open() as f:
         return pd.read_csv(f, comment="#")
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import pandas as pd
 
 from synthbench.core.atomic import write_atomically
-from synthbench.core.text import plural
+from synthbench.core.text import did_you_mean, plural
 from synthbench.report import curves, frontier, leaderboard, published_lm, separation, tracks
 from synthbench.report.aggregate import CHANCE_COLUMN, DEFAULT_METRIC, length_metric, length_points
 from synthbench.report.compare import PUBLISHED, PUBLISHED_LM, check_comparison, comparison_grid
@@ -154,7 +154,8 @@ def write_reports(
     paths written."""
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
-        raise ValueError(f"unknown format {', '.join(unknown)} ({', '.join(FORMATS)})")
+        hint = did_you_mean(unknown[0], FORMATS) if len(unknown) == 1 else ""
+        raise ValueError(f"unknown format {', '.join(unknown)}{hint} ({', '.join(FORMATS)})")
     if not formats:  # `--format ''`: nothing to write is not a success
         raise ValueError(f"no report format given ({', '.join(FORMATS)})")
     check_comparison(compare)

@@ -280,6 +280,7 @@ def difficulty_points(
     for name in difficulties:
         if name not in presets:
             raise ValueError(
-                f"task {task} has no difficulty '{name}' (presets: {', '.join(presets)})"
+                f"task {task} has no difficulty '{name}'{did_you_mean(name, presets)} "
+                f"(presets: {', '.join(presets)})"
             )
         yield dict(task_cls.difficulties.get(name, {}))
