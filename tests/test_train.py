@@ -382,7 +382,7 @@ def test_lr_sweep_selects_on_the_protocols_metric(monkeypatch):
         3e-3: {"val_token_acc": 0.5, "val_exact_match": 0.4},
     }
 
-    def fake_train_eval(spec, lr, device, budget=None):
+    def fake_train_eval(spec, lr, device, budget=None, saved=None):
         return {"status": "ok", "lr": lr, **fake[lr]}
 
     monkeypatch.setattr("synthbench.run.work.train_eval", fake_train_eval)
@@ -407,7 +407,7 @@ def test_the_sweep_hands_its_step_budget_to_the_training(monkeypatch):
     solved_at = {1e-3: None, 3e-3: 60}  # 3e-3 alone solves: the grid grows above it
     budgets = {}
 
-    def fake_train_eval(spec, lr, device, budget=None):
+    def fake_train_eval(spec, lr, device, budget=None, saved=None):
         budgets[lr] = budget.steps
         steps = solved_at.get(lr) or budget.steps or 100
         acc = 1.0 if solved_at.get(lr) else 0.5

@@ -24,12 +24,13 @@ import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.task import TASKS
 from synthbench.core.text import plural
-from synthbench.run import grid
+from synthbench.run import checkpoint, grid
 from synthbench.run.claims import Claims
 from synthbench.run.limits import MAX_SEEDS
 from synthbench.run.lr_selection import (
@@ -57,6 +58,8 @@ class Unit:
     spec: RunSpec
     lr: float
     budget: Budget = Budget()  # limits short of the whole schedule (lr_selection.Budget)
+    # where the training keeps its checkpoint (synthbench/run/checkpoint.py); None: none
+    checkpoint: str | None = None
 
     @property
     def key(self) -> tuple[str, float]:
@@ -205,8 +208,11 @@ class _Run:
     """One run while it executes: its learning-rate sweep, and where this command stands
     with it."""
 
-    def __init__(self, spec: RunSpec, rows: Iterable[dict[str, Any]], hold: bool) -> None:
+    def __init__(
+        self, spec: RunSpec, rows: Iterable[dict[str, Any]], hold: bool, root: Path | None
+    ) -> None:
         self.spec = spec
+        self.root = root  # the results tree, whose .checkpoints folder its trainings use
         self.sweep = Sweep(spec.protocol, rows, hold)
         self.claimed = False  # this command holds the run's claim
         self.dropped = False  # left to another command, or refused: its rows are not stored
@@ -229,7 +235,7 @@ class _Run:
         return self._next(self.sweep.adopt(rows))
 
     def _next(self, state: SweepState) -> tuple[bool, list[Unit]]:
-        return state.complete, _units(self.spec, state)
+        return state.complete, _units(self.spec, state, self.root)
 
 
 def execute(
@@ -319,6 +325,8 @@ def execute(
                     events.unplanned(_drop(queue, run.spec.run_id))
                 else:
                     complete, pending = saved
+                    for lr in run.rows:  # stored: their checkpoints are done with
+                        checkpoint.discard(checkpoint.path_for(store.root, run.spec.run_id, lr))
             outcome.trainings += 1
             events.finished(unit, row)
             if run.dropped or run.done:
@@ -458,13 +466,13 @@ def _pending(
         if state.complete and state.marked(kept):
             continue  # complete, and stored with its selection
         full = _finished(store.read_run(*_place(spec))) if kept else []
-        active[spec.run_id] = _Run(spec, full, hold=force)
+        active[spec.run_id] = _Run(spec, full, hold=force, root=store.root)
         if state.complete:  # stored complete but not marked (an interrupted write): mark now
             mark_selected(spec.protocol, full)
             store.write(sorted(full, key=lambda r: r["lr"]))
             del active[spec.run_id]
             continue
-        units += _units(spec, state)
+        units += _units(spec, state, store.root)
     return active, units
 
 
@@ -473,9 +481,18 @@ def _place(spec: RunSpec) -> tuple[str, str, str, str]:
     return spec.protocol.name, spec.task, spec.mechanism, spec.run_id
 
 
-def _units(spec: RunSpec, state: SweepState) -> list[Unit]:
-    """The trainings a sweep still needs, each with its budget."""
-    return [Unit(spec, lr, state.budgets.get(lr, Budget())) for lr in state.pending]
+def _units(spec: RunSpec, state: SweepState, root: Path | None = None) -> list[Unit]:
+    """The trainings a sweep still needs, each with its budget (and its checkpoint's path
+    under ``root``)."""
+    return [
+        Unit(
+            spec,
+            lr,
+            state.budgets.get(lr, Budget()),
+            None if root is None else str(checkpoint.path_for(root, spec.run_id, lr)),
+        )
+        for lr in state.pending
+    ]
 
 
 def longest_first(units: list[Unit]) -> list[Unit]:

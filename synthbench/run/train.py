@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,7 +27,7 @@ from synthbench.core.task import IGNORE, TASKS, Batch, Task
 from synthbench.integrity.audit import Chance, chance
 from synthbench.integrity.causality import BATCH as CHECK_BATCH
 from synthbench.integrity.causality import Leaky, check_model_causality
-from synthbench.run import provenance
+from synthbench.run import checkpoint, provenance
 from synthbench.run.lr_selection import Budget
 from synthbench.run.phases import phase
 from synthbench.run.protocols import Protocol, curve_points
@@ -301,8 +302,17 @@ def curve_point(
 
 
 def _train_and_evaluate(
-    spec: RunSpec, lr: float, device: torch.device, row: dict, budget: Budget
-) -> None:
+    spec: RunSpec,
+    lr: float,
+    device: torch.device,
+    row: dict,
+    budget: Budget,
+    saved: Path | None,
+    started: float,
+) -> float:
+    """Train and evaluate into ``row``; with ``saved`` (a checkpoint path) resume from the
+    checkpoint there and keep one (synthbench/run/checkpoint.py). Returns the seconds the
+    training had run before it resumed (0 when it did not)."""
     p = spec.protocol
     last_step = training_steps(p, budget)
     task, long_task = run_tasks(spec)
@@ -322,9 +332,19 @@ def _train_and_evaluate(
     data = evaluation_data(spec, task, long_task, device)
 
     recent: list[float] = []
+    val_metrics: dict[str, float] | None = None  # the last curve point's
     start_curve(row)
+    first_step, before = 0, 0.0
+    ident = checkpoint.identity(spec.run_id, lr, budget, device) if saved else {}
+    state = checkpoint.load(saved, ident) if saved else None
+    if state is not None:  # the same training, stopped after a whole step: go on from there
+        checkpoint.restore(state, model, optimizer, scheduler, train_gen)
+        recent, val_metrics = state["recent"], state["val_metrics"]
+        row["curve_steps"], row["curve_val_token_acc"] = state["curve"]
+        first_step, before = state["step"], state["seconds"]
+    last_save = time.perf_counter()
     measure_at = measured_steps(p, last_step)
-    for step in range(last_step):
+    for step in range(first_step, last_step):
         with phase("training batches"):
             batch = task.generate(p.batch_size, train_gen, device)
         with phase("training steps"):
@@ -349,7 +369,22 @@ def _train_and_evaluate(
                 val_metrics = evaluate(model, data.val, p.eval_batch_size)
             if curve_point(row, p, budget, step + 1, val_metrics):
                 break
+        due = time.perf_counter() - last_save >= checkpoint.CHECKPOINT_SECONDS
+        if saved and due and step + 1 < last_step:
+            with phase("checkpoints"):
+                state = checkpoint.capture(model, optimizer, scheduler, train_gen)
+                state.update(
+                    step=step + 1,  # the next step to train
+                    recent=recent,
+                    val_metrics=val_metrics,
+                    curve=(row["curve_steps"], row["curve_val_token_acc"]),
+                    seconds=before + time.perf_counter() - started,
+                )
+                if not checkpoint.save(saved, ident, state):
+                    saved = None  # nowhere to keep one: train on without
+            last_save = time.perf_counter()
     finish(spec, model, data, row, step + 1, recent, val_metrics)
+    return before
 
 
 def finish(
@@ -411,21 +446,29 @@ def failed_row(spec: RunSpec, lr: float, device: torch.device, error: str) -> di
 
 
 def train_eval(
-    spec: RunSpec, lr: float, device: torch.device, budget: Budget | None = None
+    spec: RunSpec,
+    lr: float,
+    device: torch.device,
+    budget: Budget | None = None,
+    saved: str | Path | None = None,
 ) -> dict[str, Any]:
     """One training run at one learning rate -> one results row (never raises on failure).
     With a ``budget`` it stops at its limits (synthbench/run/lr_selection.py says when), the lr
-    schedule unchanged.
+    schedule unchanged. With ``saved``, a checkpoint path, it resumes from the checkpoint
+    there (if that is this training's) and keeps one as it goes (synthbench/run/
+    checkpoint.py): the row is the same, its wall_seconds counting the time before too.
 
     Runs with ``spec.threads`` torch threads (restored afterwards): the count is part of the
     run's config because it changes the floating-point sums.
     """
     row = blank_row(spec, lr)
+    before = 0.0
     with torch_threads(spec.threads):
         start = time.perf_counter()
         with failures_recorded(row):
-            _train_and_evaluate(spec, lr, device, row, budget or Budget())
-    row["wall_seconds"] = time.perf_counter() - start
+            path = Path(saved) if saved is not None else None
+            before = _train_and_evaluate(spec, lr, device, row, budget or Budget(), path, start)
+    row["wall_seconds"] = before + time.perf_counter() - start
     return {**row, **provenance.stamp(device)}
 
 

@@ -38,7 +38,7 @@ def train_work(work, device: torch.device) -> list[dict[str, Any]]:
     if isinstance(work, Pack):
         members = [(u.spec, u.lr) for u in work.units]
         return train_packed(members, device, [u.budget for u in work.units])
-    return [train_eval(work.spec, work.lr, device, work.budget)]
+    return [train_eval(work.spec, work.lr, device, work.budget, work.checkpoint)]
 
 
 MAX_PACK = 64  # trainings in one pack, at most (--pack)

@@ -1,0 +1,126 @@
+"""Checkpoints of a training in progress (synthbench/run/checkpoint.py): a training killed
+half-way resumes from its last checkpoint and stores the row it would have stored without
+the interruption, every metric equal, its wall time counting both parts."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from synthbench.run import checkpoint, runner, train
+from synthbench.run.executors import InProcess
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.spec import RunSpec
+from synthbench.run.store import ResultStore
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+CPU = torch.device("cpu")
+LR = 3e-3
+# columns that differ between two trainings of the same run whatever they computed
+STAMPS = {"wall_seconds", "created_at"}
+
+
+def spec_of(task: str, mech: str, protocol: str, steps: int = 30) -> RunSpec:
+    """A short training with several learning-curve points before and after a checkpoint."""
+    short = dataclasses.replace(PROTOCOLS.get(protocol), steps=steps)
+    return RunSpec.resolve(task, mech, short, 0)
+
+
+def same_result(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for column in a.keys() - STAMPS:
+        x, y = a[column], b[column]
+        if isinstance(x, list | tuple | np.ndarray):  # the learning curve
+            assert list(x) == list(y), column
+        else:
+            assert x == y or (x != x and y != y), column  # NaN: no long test, say
+
+
+def interrupt_after(monkeypatch, saves: int) -> list[int]:
+    """Every step ends with a checkpoint; the ``saves``-th one is followed by a Ctrl-C (the
+    user's Ctrl-C, which a training raises again instead of storing it as an error)."""
+    monkeypatch.setattr(checkpoint, "CHECKPOINT_SECONDS", 0.0)
+    real, done = checkpoint.save, []
+
+    def save_then_stop(*args):
+        written = real(*args)
+        done.append(1)
+        if len(done) == saves:
+            raise KeyboardInterrupt
+        return written
+
+    monkeypatch.setattr(checkpoint, "save", save_then_stop)
+    return done
+
+
+@pytest.mark.parametrize(
+    ("task", "mech", "protocol"),
+    [
+        ("copy", "softmax", "smoke"),
+        ("kv_recall", "deltanet", "smoke-block"),
+        ("copy", "performer", "smoke"),  # random features, drawn as the model is built
+    ],
+)
+def test_an_interrupted_training_resumes_to_the_row_it_would_have_had(
+    task, mech, protocol, tmp_path, monkeypatch
+):
+    spec = spec_of(task, mech, protocol)
+    whole = train.train_eval(spec, LR, CPU)
+    path = tmp_path / "training.pt"
+    interrupt_after(monkeypatch, saves=17)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_eval(spec, LR, CPU, saved=path)
+    state = torch.load(path, weights_only=True)
+    assert state["step"] == 17 and state["seconds"] > 0
+    monkeypatch.undo()
+    resumed = train.train_eval(spec, LR, CPU, saved=path)
+    assert resumed["status"] == "ok"
+    same_result(whole, resumed)
+    assert resumed["wall_seconds"] >= state["seconds"]  # the time before the stop counts
+
+
+def test_a_checkpoint_of_another_training_or_a_torn_file_is_not_resumed(tmp_path, monkeypatch):
+    spec = spec_of("copy", "softmax", "smoke")
+    whole = train.train_eval(spec, LR, CPU)
+    path = tmp_path / "training.pt"
+    interrupt_after(monkeypatch, saves=10)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_eval(spec, 1e-2, CPU, saved=path)  # another lr's checkpoint
+    monkeypatch.undo()
+    same_result(whole, train.train_eval(spec, LR, CPU, saved=path))
+    path.write_bytes(b"not a checkpoint")
+    same_result(whole, train.train_eval(spec, LR, CPU, saved=path))
+
+
+def test_nowhere_to_write_a_checkpoint_leaves_the_result_as_it_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint, "CHECKPOINT_SECONDS", 0.0)
+    spec = spec_of("copy", "softmax", "smoke")
+    blocked = tmp_path / "a-file"
+    blocked.write_text("")
+    row = train.train_eval(spec, LR, CPU, saved=blocked / "training.pt")  # its folder is a file
+    monkeypatch.undo()
+    same_result(train.train_eval(spec, LR, CPU), row)
+
+
+def test_the_runner_resumes_a_killed_training_and_deletes_its_checkpoint(tmp_path, monkeypatch):
+    spec = spec_of("copy", "softmax", "smoke")  # one lr: one training a run
+    (lr,) = spec.protocol.lrs
+    reference = ResultStore(tmp_path / "whole")
+    runner.execute([spec], reference, lambda n: InProcess(CPU))
+    store = ResultStore(tmp_path / "results")
+    interrupt_after(monkeypatch, saves=12)
+    with pytest.raises(KeyboardInterrupt):
+        runner.execute([spec], store, lambda n: InProcess(CPU))
+    folder = store.root / checkpoint.FOLDER
+    assert [p.name for p in folder.iterdir()] == [f"{spec.run_id}-lr{lr!r}.pt"]
+    assert store.load(warn=False).rows.empty  # nothing stored, and the folder is no result
+    monkeypatch.undo()
+    runner.execute([spec], store, lambda n: InProcess(CPU))
+    assert not list(folder.iterdir())  # its row is stored: the checkpoint is gone
+    (a,) = reference.load(warn=False).rows.to_dict("records")
+    (b,) = store.load(warn=False).rows.to_dict("records")
+    same_result(a, b)
