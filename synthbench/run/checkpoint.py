@@ -100,7 +100,6 @@ def load(path: Path, ident: dict[str, str]) -> dict[str, Any] | None:
     return state
 
 
-def discard(path: str | Path | None) -> None:
+def discard(path: Path) -> None:
     """Delete a checkpoint whose training is over (a missing one is fine)."""
-    if path is not None:
-        Path(path).unlink(missing_ok=True)
+    path.unlink(missing_ok=True)

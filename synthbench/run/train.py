@@ -334,9 +334,10 @@ def _train_and_evaluate(
     recent: list[float] = []
     val_metrics: dict[str, float] | None = None  # the last curve point's
     start_curve(row)
-    first_step, before = 0, 0.0
-    ident = checkpoint.identity(spec.run_id, lr, budget, device) if saved else {}
-    state = checkpoint.load(saved, ident) if saved else None
+    first_step, before, state = 0, 0.0, None
+    if saved:
+        ident = checkpoint.identity(spec.run_id, lr, budget, device)
+        state = checkpoint.load(saved, ident)
     if state is not None:  # the same training, stopped after a whole step: go on from there
         checkpoint.restore(state, model, optimizer, scheduler, train_gen)
         recent, val_metrics = state["recent"], state["val_metrics"]
