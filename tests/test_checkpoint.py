@@ -5,11 +5,14 @@ the interruption, every metric equal, its wall time counting both parts."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import signal
 
 import numpy as np
 import pytest
 import torch
 
+from synthbench.core import interrupts
 from synthbench.run import checkpoint, runner, train
 from synthbench.run.executors import InProcess
 from synthbench.run.protocols import PROTOCOLS
@@ -41,16 +44,19 @@ def same_result(a: dict, b: dict) -> None:
 
 
 def interrupt_after(monkeypatch, saves: int) -> list[int]:
-    """Every step ends with a checkpoint; the ``saves``-th one is followed by a Ctrl-C (the
-    user's Ctrl-C, which a training raises again instead of storing it as an error)."""
+    """Every step ends with a checkpoint; the ``saves``-th one is followed by a Ctrl-C: a
+    real SIGINT to this process, the user's, which a training raises again instead of
+    storing it as an error (a bare KeyboardInterrupt would be code's where this process
+    counts SIGINTs, as it does once a command-line test ran in it: core/interrupts.py)."""
     monkeypatch.setattr(checkpoint, "CHECKPOINT_SECONDS", 0.0)
+    monkeypatch.setattr(interrupts, "_received", 0)  # counted for this test only
     real, done = checkpoint.save, []
 
     def save_then_stop(*args):
         written = real(*args)
         done.append(1)
         if len(done) == saves:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)
         return written
 
     monkeypatch.setattr(checkpoint, "save", save_then_stop)

@@ -131,7 +131,7 @@ def test_a_failed_force_rerun_keeps_the_stored_result_and_exits_1(tmp_path, monk
     monkeypatch.setattr(
         synthbench.run.work,
         "train_eval",
-        lambda spec, lr, device, budget: failed_row(spec, lr, device, "RuntimeError: boom"),
+        lambda spec, lr, device, budget, saved: failed_row(spec, lr, device, "RuntimeError: boom"),
     )
     rerun = invoke("run", *COPY, "--jobs", 1, "--results", root, "--force")  # fmt: skip
     assert rerun.exit_code == 1, rerun.output
@@ -387,11 +387,11 @@ GATE = pathlib.Path({gate!r})
 _train = work.train_eval
 
 
-def gated(spec, lr, device, budget=None):
+def gated(spec, lr, device, budget=None, saved=None):
     (GATE / f"trained-{{spec.run_id}}-{{os.getpid()}}").touch()
     while not (GATE / "open").exists():
         time.sleep(0.02)
-    return _train(spec, lr, device, budget)
+    return _train(spec, lr, device, budget, saved)
 
 
 work.train_eval = gated
