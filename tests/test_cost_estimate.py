@@ -165,7 +165,32 @@ def test_stored_rows_beat_bench_rows_which_beat_the_table(tmp_path):
     )
     # on a GPU: the GPU's rows alone
     gpu = cost.stored_costs(results, [copy], 1, "NVIDIA H100")
-    assert gpu == {copy: cost.Cost(0.099, "stored")}
+    assert gpu == {copy: cost.Cost(0.099, "stored", 1.0, 1.0)}
+
+
+def test_runs_stored_here_say_what_to_expect_where_the_table_cannot(tmp_path):
+    """A protocol whose table figures carry no trainings per run (the block track's, scaled
+    from quick): a pair with stored runs trains as they did, one without as the plan's stored
+    pairs did on average; the table's factors, where it has them, come first."""
+    results = tmp_path / "results"
+    kv, sort = ("quick", "kv_recall", "deltanet"), ("quick", "sort", "deltanet")
+    # kv_recall: one run grown to 4 trainings, each stopped at half its steps
+    store_rows(results, *kv, "a", [{"wall_seconds": 20.0, "steps_done": 500}] * 4)
+    # sort: two runs of 2 trainings at every step
+    store_rows(results, *sort, "b", [{"wall_seconds": 40.0, "steps_done": 1000}] * 2)
+    store_rows(results, *sort, "c", [{"wall_seconds": 40.0, "steps_done": 1000}] * 2)
+    stack = ("quick", "stack", "deltanet")
+    shipped = table((*kv, 0.5), (*sort, 0.5), (*stack, 0.01))  # no factors anywhere
+    plan = [quick(t, "deltanet") for t in ("kv_recall", "sort", "stack")]
+    est = cost.plan_estimate(plan, results, tmp_path / "bench", 1, "cpu", shipped)
+    # kv_recall: 0.04 x 1000 x 0.5 x 4 / 2; sort: 0.04 x 1000 x 1 x 2 / 2;
+    # stack: 0.01 x 1000 x (mean of 0.5 and 1) x (mean of 4 and 2) / 2
+    assert est.expected == pytest.approx(40 + 40 + 10 * 0.75 * 3 / 2)
+    assert "expected: ~" in cost.lines(est)[1]
+    with_factors = table((*kv, 0.5, 3.0, 1.0), (*sort, 0.5), (*stack, 0.01))
+    est = cost.plan_estimate(plan, results, tmp_path / "bench", 1, "cpu", with_factors)
+    # kv_recall at the table's factors; stack at the table's protocol average (its only pair)
+    assert est.expected == pytest.approx(40 * 1.0 * 3 / 2 + 40 + 10 * 1.0 * 3 / 2)
 
 
 def test_the_shipped_table_prices_every_builtin_task_under_every_protocol():

@@ -19,7 +19,8 @@ and none of those leaves the pair unknown: the estimate says which.
 A plan's trainings are what it would train before any lr grid grows (every lr a run starts
 with), each at the whole schedule: an upper bound for that first round. Where the protocol
 grows its grid or stops trainings early, the expected figure scales each training by what
-measured runs of it did (the table's ``trainings_per_run`` and ``steps_frac``).
+measured runs of it did (``trainings_per_run`` and ``steps_frac``: the table's, else those of
+its runs stored here; a pair with neither, as its protocol's measured pairs did).
 """
 
 from __future__ import annotations
@@ -204,7 +205,9 @@ def stored_costs(
         return {}
     figures = figures_of_rows(rows)
     return {
-        (r.protocol, r.task, r.mechanism): Cost(float(r.step_seconds), "stored")
+        (r.protocol, r.task, r.mechanism): Cost(
+            float(r.step_seconds), "stored", float(r.trainings_per_run), float(r.steps_frac)
+        )
         for r in figures.itertuples()
     }
 
@@ -242,15 +245,17 @@ def bench_costs(root: Path, keys: Iterable[Key], device: str | None) -> dict[Key
 
 def choose(keys: Iterable[Key], *layers: Mapping[Key, Cost]) -> dict[Key, Cost]:
     """Each key's cost from the first layer that has it; what its runs trained from the
-    first layer that knows that (the table's, for a stored or bench figure)."""
+    table where it knows that (the reference's three seeds of the pair), else from the
+    first layer that does (this machine's stored runs of the pair)."""
     chosen = {}
     for key in set(keys):
         found = [layer[key] for layer in layers if key in layer]
         if not found:
             continue
         first = found[0]
-        factors = next((c for c in found if c.trainings_per_run is not None), None)
-        if factors is not None and first.trainings_per_run is None:
+        knowing = [c for c in found if c.trainings_per_run is not None]
+        factors = next((c for c in knowing if c.source == "table"), knowing[0] if knowing else None)
+        if factors is not None:
             first = Cost(first.step_seconds, first.source, factors.trainings_per_run,
                          factors.steps_frac)  # fmt: skip
         chosen[key] = first
@@ -281,13 +286,22 @@ def plan_estimate(
     ``results``, then `bench train` rows under ``bench_results``, then the shipped table."""
     table = read_table() if table is None else table
     keys = {t.key for t in trainings}
-    costs = choose(
-        keys,
-        stored_costs(results, keys, threads, device),
-        bench_costs(bench_results, keys, device),
-        table_costs(table),
-    )
-    return estimate(trainings, costs, protocol_factors(table))
+    stored = stored_costs(results, keys, threads, device)
+    costs = choose(keys, stored, bench_costs(bench_results, keys, device), table_costs(table))
+    # a pair nobody measured trains as its protocol's measured pairs did: the table's, else
+    # this plan's pairs stored here (a protocol the shipped table has no runs of)
+    return estimate(trainings, costs, stored_factors(stored) | protocol_factors(table))
+
+
+def stored_factors(stored: Mapping[Key, Cost]) -> dict[str, tuple[float, float]]:
+    """Per protocol, the mean trainings per run and share of the steps over ``stored``."""
+    by_protocol: dict[str, list[Cost]] = {}
+    for (protocol, _, _), c in stored.items():
+        by_protocol.setdefault(protocol, []).append(c)
+    return {
+        p: (sum(c.trainings_per_run for c in cs) / len(cs), sum(c.steps_frac for c in cs) / len(cs))
+        for p, cs in by_protocol.items()
+    }
 
 
 # -- the estimate ---------------------------------------------------------------------------
