@@ -4,8 +4,11 @@
     python benchmarks/block_recall_ablation.py --variants as-is --lr 0.003 \
         --protocol-param steps=3000
     python benchmarks/block_recall_ablation.py --variants as-is --task-param pairs=16 queries=0
+    python benchmarks/block_recall_ablation.py --variants as-is --task noisy_copy \
+        --mech deltanet --mech-param use_short_conv=false
 
-Trains softmax under quick-block (one lr, one seed, no lr sweep) with one part of the block
+Trains softmax (or ``--mech``, with ``--mech-param`` options of its layer) on kv_recall (or
+``--task``) under quick-block (one lr, one seed, no lr sweep) with one part of the block
 changed after the model is built, and prints per variant the test token accuracy, the step
 the training stopped at and the validation curve. The variants:
 
@@ -106,6 +109,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--task-param", nargs="*", default=[])
+    parser.add_argument("--mech-param", nargs="*", default=[])
     parser.add_argument("--protocol-param", nargs="*", default=[])
     parser.add_argument("--pos", default=None, help="positional encoding, e.g. rope")
     args = parser.parse_args()
@@ -116,7 +120,10 @@ def main() -> None:
         if len(points) != 1:
             raise ValueError("one value per --protocol-param: this script trains one protocol")
         tasks = parse_assignments(args.task_param) or None
-        spec = RunSpec.resolve(args.task, args.mech, points[0], args.seed, tasks, pos=args.pos)
+        layer = parse_assignments(args.mech_param) or None
+        spec = RunSpec.resolve(
+            args.task, args.mech, points[0], args.seed, tasks, layer, pos=args.pos
+        )
     except (KeyError, ValueError) as exc:
         raise SystemExit(f"error: {exc}") from None
 
