@@ -3,7 +3,7 @@
 "Cost per mechanism").
 
     python benchmarks/step_costs.py --cache FILE [--out synthbench/data/step_costs.csv]
-        [--no-measure] [--protocols P,P...]
+        [--no-measure] [--protocols P,P...] [--reference FILE]
 
 Run it on the reference machine (the 2-core CPU the shipped reference was measured on), one
 thread. Every figure is seconds per optimizer step of one training at the protocol's whole
@@ -11,9 +11,10 @@ schedule, the training's fixed costs (the model, the evaluation sets, the curve 
 test evaluation, the checks) spread over its steps. Each row of the table says where its
 figure comes from (``source``):
 
-- ``reference``: protocol quick, the median wall_seconds / steps_done of the ok rows of
-  synthbench/data/reference/quick.parquet for that task and mechanism (whole `synthbench
-  run` sweeps), with the rows' trainings per run and mean share of the steps;
+- ``reference``: the median wall_seconds / steps_done of the ok rows of the protocol in
+  synthbench/data/reference/quick.parquet (or ``--reference``) for that task and mechanism
+  (whole `synthbench run` sweeps), with the rows' trainings per run and mean share of the
+  steps: quick's, and a block-track protocol's for the pairs the reference holds in it;
 - ``runs``: the same from the quick rows of benchmarks/runs/quick-v4, for the mechanisms the
   reference does not hold (the modern baselines);
 - ``layout``: a ``reference`` or ``runs`` figure of a task whose default layout changed since
@@ -29,7 +30,7 @@ figure comes from (``source``):
   every task alike, each mechanism in its own way); for a protocol too slow to train the
   pairs whole here (standard: 4000 steps of batch 64 at d_model 128, 10 to 60 minutes a
   training; quick-block and standard-block, the block track's, twice quick's and standard's
-  steps).
+  steps), for the pairs the reference does not hold in that protocol.
 
 Step times are the mean interval between optimizer steps after the first tenth, as in
 `synthbench bench train` (``step_ms``), from a short training with tiny evaluation sets.
@@ -98,11 +99,16 @@ STEPS = {"quick": 40, "standard": 12, "quick-block": 40, "standard-block": 12}
 TINY = 16  # examples of each evaluation set of such a training
 
 
-def quick_rows() -> pd.DataFrame:
+def reference_rows(reference: Path, protocol: str) -> pd.DataFrame:
+    """The reference's rows of ``protocol``."""
+    rows = pd.read_parquet(reference, columns=ROW_COLUMNS)
+    return rows[rows["protocol"] == protocol].assign(source="reference")
+
+
+def quick_rows(reference: Path) -> pd.DataFrame:
     """The quick rows the figures come from: the reference's, then those of the runs tree
     for mechanisms the reference lacks."""
-    reference = pd.read_parquet(REFERENCE, columns=ROW_COLUMNS)
-    reference["source"] = "reference"
+    reference = reference_rows(reference, "quick")
     runs = ResultStore(RUNS).load(columns=ROW_COLUMNS, warn=False).rows
     runs = runs[(runs["protocol"] == "quick") & ~runs["mechanism"].isin(reference["mechanism"])]
     return pd.concat([reference, runs.assign(source="runs")], ignore_index=True)
@@ -191,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         "--no-measure", action="store_true", help="only what --cache holds (leave the rest out)"
     )
     parser.add_argument(
+        "--reference", type=Path, default=REFERENCE, help="the reference rows to read"
+    )
+    parser.add_argument(
         "--protocols",
         help="comma-separated: measure and write only these protocols' rows, keeping the "
         "other rows of --out (default: every protocol)",
@@ -212,7 +221,13 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     measured = Measurements(args.cache, measure=not args.no_measure)
     quick = PROTOCOLS.get("quick")
-    rows = quick_rows()
+    rows = quick_rows(args.reference)
+    # pairs the reference holds in a scaled protocol (the block track's, once rebuilt): their
+    # own rows' figures, as quick's
+    held = {name: cost.figures_of_rows(reference_rows(args.reference, name)) for name in SCALED}
+    held_pairs = {
+        name: set(zip(f["task"], f["mechanism"], strict=True)) for name, f in held.items()
+    }
     tasks = cost.builtin_tasks()
     mechanisms = list(dict.fromkeys(rows["mechanism"]))
     reference = set(rows.loc[rows["source"] == "reference", "mechanism"])
@@ -247,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
                         measured.get(whole, PROTOCOLS.get(name), task, mech)
         for name in (n for n in SCALED if n in wanted):
             for mech in mechanisms:
+                if all((t, mech) in held_pairs.get(name, ()) for t in tasks):
+                    continue  # nothing of it to scale
                 for task in SCALED_TASKS:
                     protocol_scale(PROTOCOLS.get(name), task, mech)
         if "slay-paper" in wanted:
@@ -304,10 +321,16 @@ def main(argv: list[str] | None = None) -> int:
                     figures.append(figure(protocol, task, mech, "measured", **fields))
     for name in (n for n in SCALED if n in wanted):
         protocol = PROTOCOLS.get(name)
-        sample = [(t, m) for t, m in quick_figures if t in SCALED_TASKS]
+        for found in held[name].itertuples():
+            fields = {k: getattr(found, k) for k in ("rows", "trainings_per_run", "steps_frac")}
+            figures.append(figure(protocol, found.task, found.mechanism, "reference",
+                                  step_seconds=found.step_seconds, **fields))  # fmt: skip
+        unheld = [pair for pair in quick_figures if pair not in held_pairs.get(name, ())]
+        sample = [(t, m) for t, m in unheld if t in SCALED_TASKS]
         found = ratios(functools.partial(protocol_scale, protocol), sample)
         by_mechanism = medians(found, 1)
-        for (task, mech), seconds in quick_figures.items():
+        for task, mech in unheld:
+            seconds = quick_figures[task, mech]
             if mech in by_mechanism:
                 fields = measured_fields(found.get((task, mech), (None, None))[1])
                 fields |= {

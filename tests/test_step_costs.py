@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from synthbench.run import cost
@@ -79,3 +80,42 @@ def test_unknown_protocol_and_missing_table_are_one_line_errors(tmp_path):
     done = run("--out", str(tmp_path / "t.csv"), "--no-measure", "--protocols", "quick-block")
     assert done.returncode == 2
     assert "which does not exist" in done.stderr.splitlines()[-1]
+
+
+def test_pairs_the_reference_holds_in_the_block_track_take_its_rows(tmp_path):
+    """Once the rebuilt reference holds quick-block rows, those pairs' figures are the rows'
+    own (as quick's), with their trainings per run; the other pairs are still scaled."""
+    shipped_reference = Path(script_constant("REFERENCE"))
+    quick_rows = pd.read_parquet(shipped_reference)
+    version = PROTOCOLS.get("quick-block").version
+    block = []
+    for task, runs in (("copy", [(100.0, 2000), (60.0, 1000), (90.0, 1000)]),
+                       ("sort", [(40.0, 500)])):  # fmt: skip
+        for i, (wall, steps) in enumerate(runs):
+            block.append({"task": task, "mechanism": "deltanet", "protocol": "quick-block",
+                          "protocol_version": version, "run_id": f"{task}-{i // 2}",
+                          "status": "ok", "wall_seconds": wall, "steps_done": steps,
+                          "steps": 2000, "task_params": "{}"})  # fmt: skip
+    reference = tmp_path / "reference.parquet"
+    pd.concat([quick_rows, pd.DataFrame(block)], ignore_index=True).to_parquet(reference)
+    shipped = cost.read_table()
+    out = tmp_path / "step_costs.csv"
+    cost.write_table(shipped[shipped["protocol"] != "quick-block"], out)
+    sample = script_constant("SCALED_TASKS")
+    cache = cache_of(tmp_path / "cache.jsonl", "deltanet", dict.fromkeys(sample, 1.5))
+    done = run("--cache", str(cache), "--out", str(out), "--no-measure", "--protocols",
+               "quick-block", "--reference", str(reference))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = cost.read_table(out)
+    block_rows = table[table["protocol"] == "quick-block"].set_index("task")
+    copy, sort = block_rows.loc["copy"], block_rows.loc["sort"]
+    assert copy["source"] == sort["source"] == "reference"
+    # copy: per step 0.05, 0.06, 0.09 (median 0.06); 3 trainings over 2 runs, mean share of
+    # the steps (1 + 0.5 + 0.5) / 3
+    assert copy["step_seconds"] == pytest.approx(0.06)
+    assert copy["trainings_per_run"] == pytest.approx(1.5)
+    assert copy["steps_frac"] == pytest.approx(2 / 3)
+    assert (sort["step_seconds"], sort["trainings_per_run"]) == pytest.approx((0.08, 1.0))
+    scaled = block_rows.drop(index=["copy", "sort"])
+    assert len(scaled) == 20 and (scaled["source"] == "scaled").all()
+    assert scaled["scale"].tolist() == pytest.approx([1.5] * 20)

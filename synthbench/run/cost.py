@@ -52,7 +52,7 @@ TABLE_COLUMNS = [
     "scale",  # a layout or scaled figure: the measured ratio of step times applied
 ]  # fmt: skip
 TABLE_SOURCES = {
-    "reference": "the median wall_seconds / steps_done of the quick rows of "
+    "reference": "the median wall_seconds / steps_done of the protocol's rows of "
     "synthbench/data/reference/quick.parquet",
     "runs": "the same over the quick rows of benchmarks/runs/quick-v4 (mechanisms the "
     "reference lacks)",
