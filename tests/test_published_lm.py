@@ -141,6 +141,18 @@ def test_the_users_own_run_wins_over_the_reference():
     assert mine["softmax"].label == "softmax" and "gla" not in mine
 
 
+def test_a_label_that_only_shows_its_tracks_defaults_is_the_mechanism():
+    """Other runs in the results (a fact's n_layers grid, its no-conv layer) make the labels
+    show parameters; at the track's defaults the run is still the mechanism's."""
+    b = board({"softmax (n_layers=2)": (0.9, 0.8), "softmax (reference)": (0.1, 0.1),
+               "deltanet (n_layers=1)": (0.5, 0.5)})  # fmt: skip
+    mine = published_lm.ours(b)
+    assert mine["softmax"].label == "softmax (n_layers=2)" and "deltanet" not in mine
+    block = board({"deltanet (allow_neg_eigval=False, use_short_conv=True)": (0.5, 0.5),
+                   "gla (use_short_conv=True)": (0.4, 0.4)}, protocol="quick-block")  # fmt: skip
+    assert set(published_lm.ours(block)) == {"deltanet"}  # gla's layer: use_short_conv=False
+
+
 def test_write_reports_compares_each_track_on_its_own(tmp_path):
     scores = {"softmax": (0.9, 0.8), "gla": (0.7, 0.5), "deltanet": (0.6, 0.7)}
     scores["retnet"] = (0.3, 0.2)

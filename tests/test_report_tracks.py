@@ -4,6 +4,7 @@ mechanism whose runs diverged is scored as no right answer there and ranked last
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pandas as pd
@@ -14,6 +15,8 @@ from synthbench.report.aggregate import protocol_track
 from synthbench.report.leaderboard import DIVERGED_NOTE, build, to_markdown
 from synthbench.report.publish import write_reports
 from synthbench.report.tracks import kendall_tau, move_text
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.spec import RunSpec
 
 
 def scores(values: dict[tuple[str, str, str], list[float]]) -> pd.DataFrame:
@@ -154,3 +157,42 @@ def test_the_page_says_the_track_and_the_divergence(two_tracks, tmp_path):
     page = (tmp_path / "leaderboard.html").read_text()
     assert '"track": "block"' in page and '"diverged_runs": 1' in page
     assert 'id="note-diverged" hidden>Diverged: runs' in page
+
+
+def test_one_mechanism_meets_itself_across_the_tracks_beside_its_variants(tmp_path):
+    """Facts' runs in the same results tree make the labels show parameters: a width grid of
+    softmax under smoke shows n_layers on every smoke row, the no-conv deltanet under
+    smoke-block shows the layer's options on every deltanet row. The side-by-side still
+    pairs each mechanism at its track's defaults with itself, and keeps the variants apart."""
+    rows = []
+    runs = {  # (protocol, mechanism, layer or protocol changes) -> accuracy
+        ("smoke", "softmax", ()): 0.9,
+        ("smoke", "deltanet", ()): 0.5,
+        ("smoke", "softmax", (("n_layers", 2),)): 0.3,
+        ("smoke-block", "softmax", ()): 0.6,
+        ("smoke-block", "deltanet", ()): 0.8,
+        ("smoke-block", "deltanet", (("use_short_conv", False),)): 0.2,
+    }
+    for (protocol, mech, changes), acc in runs.items():
+        base = PROTOCOLS.get(protocol)
+        fields = dict(changes)
+        protocol_changes = {k: v for k, v in fields.items() if hasattr(base, k)}
+        layer = {k: v for k, v in fields.items() if not hasattr(base, k)} or None
+        chosen = dataclasses.replace(base, **protocol_changes)
+        for task in ("copy", "kv_recall"):
+            spec = RunSpec.resolve(task, mech, chosen, 0, mechanism_overrides=layer)
+            stored = {k: spec.row_fields()[k] for k in ("run_id", "mechanism_params", "config")}
+            rows.append(row(task, mech, 0, acc, protocol=protocol, **stored))
+    written = write_reports(frame(*rows), tmp_path, formats=("md",))
+    assert (tmp_path / "leaderboard.md") in written
+    side = (tmp_path / "tracks-smoke.md").read_text()
+    table = [line for line in side.splitlines() if line.count("|") > 5 and "|:" not in line]
+    lines = {line.split("|")[1].strip(): line for line in table}
+    assert set(lines) - {"mechanism"} == {"softmax", "deltanet", "softmax (n_layers=2)",
+                                          "deltanet (use_short_conv=False)"}  # fmt: skip
+    # core: softmax 1, deltanet 2, softmax (n_layers=2) 3; block: deltanet 1, softmax 2, ...
+    assert "up 1" in lines["deltanet"] and "down 1" in lines["softmax"]
+    assert lines["softmax (n_layers=2)"].rstrip(" |").endswith("--")
+    assert "Kendall's tau between the two rankings: -1.00 over the 2 mechanisms" in side
+    board = (tmp_path / "leaderboard.md").read_text()
+    assert "softmax (n_layers=1)" in board  # the leaderboards keep their full labels

@@ -28,6 +28,7 @@ from synthbench.core.text import plural
 from synthbench.report.leaderboard import Leaderboard
 from synthbench.report.reference import SUFFIX
 from synthbench.report.tables import MISSING, Grid
+from synthbench.report.tracks import at_defaults
 
 NAME = "published-lm"  # the --compare name (synthbench/report/compare.py)
 DATA_FILE = "published_lm.csv"
@@ -142,12 +143,13 @@ class Ours:
 def ours(board: Leaderboard) -> dict[str, Ours]:
     """Per registered mechanism name, the board's score and Memory mean: the user's own runs
     where the board has both them and the shipped reference's; a variant run with other
-    parameters ("name (k=v)") is never taken for the mechanism."""
+    parameters ("name (k=v)") is never taken for the mechanism, while a label that only shows
+    its track's defaults is (tracks.at_defaults)."""
     found: dict[str, Ours] = {}
     for _, r in board.table.iterrows():
         label = str(r["mechanism"])
-        name = label.removesuffix(SUFFIX)
-        if " (" in name or (name in found and label != name):
+        name = at_defaults(label.removesuffix(SUFFIX), board.protocol)
+        if " (" in name or (name in found and label.endswith(SUFFIX)):
             continue
         memory = float(r[MEMORY]) if MEMORY in board.table else math.nan
         found[name] = Ours(label, float(r["score"]), memory)

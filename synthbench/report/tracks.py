@@ -9,6 +9,9 @@ the table compares ranks.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import pandas as pd
 
 from synthbench.report.leaderboard import Leaderboard
@@ -34,13 +37,61 @@ def twins(boards: list[Leaderboard]) -> list[tuple[Leaderboard, Leaderboard]]:
     return pairs
 
 
+@functools.cache
+def _defaults(mechanism: str, protocol: str) -> dict[str, str]:
+    """As a label writes them, the values a run of ``mechanism`` under ``protocol`` has
+    unless it was told otherwise: the protocol's fields and the mechanism's parameters in
+    that track (its core's, or its published layer's); {} for what is not registered here."""
+    from synthbench.core.mechanism import MECHANISMS, mixer
+    from synthbench.run.protocols import PROTOCOLS
+
+    if protocol not in PROTOCOLS:
+        return {}
+    p = PROTOCOLS.get(protocol)
+    found = {f.name: str(getattr(p, f.name)) for f in dataclasses.fields(p)}
+    if mechanism in MECHANISMS:
+        built = mixer(mechanism, p.d_model, p.n_heads, p.arch)
+        found |= {k: str(v) for k, v in built.params(None).items()}
+    return found
+
+
+def at_defaults(label: str, protocol: str) -> str:
+    """``label`` (aggregate.label_variants': ``name (k=v, ...)``) without the values that are
+    its track's defaults, so that one mechanism's two tracks meet on one name: ``deltanet
+    (n_layers=2)`` under quick (a width grid elsewhere in the results shows the field) and
+    ``deltanet (allow_neg_eigval=False, use_short_conv=True)`` under quick-block (a fact's
+    variants beside it) are both ``deltanet``; a variant keeps what sets it apart."""
+    name, _, shown = label.partition(" (")
+    if not shown.endswith(")"):
+        return label
+    defaults = _defaults(name, protocol)
+    kept = [
+        part
+        for part in shown[:-1].split(", ")
+        if defaults.get(part.partition("=")[0]) != part.partition("=")[2]
+    ]
+    return f"{name} ({', '.join(kept)})" if kept else name
+
+
+def _names(board: Leaderboard) -> dict[str, str]:
+    """Each of the board's labels -> its name at the track's defaults (the label itself
+    where two of the board's labels would share one)."""
+    labels = [str(m) for m in board.table["mechanism"]]
+    named = {label: at_defaults(label, board.protocol) for label in labels}
+    shared = {n for n in named.values() if list(named.values()).count(n) > 1}
+    return {label: label if n in shared else n for label, n in named.items()}
+
+
 def _ranks(board: Leaderboard) -> dict[str, int]:
     ranked = board.table.dropna(subset=["rank"])
-    return {str(m): int(r) for m, r in zip(ranked["mechanism"], ranked["rank"], strict=True)}
+    names = _names(board)
+    return {names[str(m)]: int(r) for m, r in zip(ranked["mechanism"], ranked["rank"], strict=True)}
 
 
 def _scores(board: Leaderboard) -> dict[str, float]:
-    return {str(m): s for m, s in zip(board.table["mechanism"], board.table["score"], strict=True)}
+    names = _names(board)
+    table = board.table
+    return {names[str(m)]: s for m, s in zip(table["mechanism"], table["score"], strict=True)}
 
 
 def move_text(core_rank: int | None, block_rank: int | None) -> str:
@@ -120,7 +171,8 @@ def side_by_side(core: Leaderboard, block: Leaderboard) -> Grid:
             "Each track's leaderboard rank and score (leaderboard.md); a score is compared "
             "within its track only, each track trained and selected its own lrs. move: "
             "places gained (up) or lost (down) from the core rank to the block rank; --: "
-            "not ranked in one of the tracks.",
+            "not ranked in one of the tracks. A mechanism at its track's defaults is named "
+            "alone (the leaderboards may show the values that set it apart from variants).",
             ("Rank moves: " + "; ".join(moved) + ".") if moved else "No rank moves.",
             agreement,
         ],
