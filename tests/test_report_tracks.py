@@ -14,7 +14,7 @@ from test_report import frame, row
 from synthbench.report.aggregate import protocol_track
 from synthbench.report.leaderboard import DIVERGED_NOTE, build, to_markdown
 from synthbench.report.publish import write_reports
-from synthbench.report.tracks import kendall_tau, move_text
+from synthbench.report.tracks import kendall_tau, move_text, side_by_side
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.spec import RunSpec
 
@@ -196,3 +196,15 @@ def test_one_mechanism_meets_itself_across_the_tracks_beside_its_variants(tmp_pa
     assert "Kendall's tau between the two rankings: -1.00 over the 2 mechanisms" in side
     board = (tmp_path / "leaderboard.md").read_text()
     assert "softmax (n_layers=1)" in board  # the leaderboards keep their full labels
+
+
+def test_a_reference_runs_mark_stays_when_its_defaults_are_dropped():
+    core = build(scores({("Basic", "copy", "softmax (n_layers=2) (reference)"): [0.9, 0.9],
+                         ("Basic", "copy", "deltanet (n_layers=2)"): [0.5, 0.5]}),
+                 "quick", 1, "token_acc")  # fmt: skip
+    block = build(scores({("Basic", "copy", "softmax (reference)"): [0.4, 0.4],
+                          ("Basic", "copy", "deltanet"): [0.8, 0.8]}),
+                  "quick-block", 1, "token_acc", track="block")  # fmt: skip
+    grid = side_by_side(core, block)
+    moves = {r[0]: cells[-1] for r, cells in zip(grid.rows, grid.cells, strict=True)}
+    assert moves == {"softmax (reference)": "down 1", "deltanet": "up 1"}

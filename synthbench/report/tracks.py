@@ -15,6 +15,7 @@ import functools
 import pandas as pd
 
 from synthbench.report.leaderboard import Leaderboard
+from synthbench.report.reference import SUFFIX
 from synthbench.report.tables import MISSING, Grid, track_text
 
 
@@ -74,10 +75,12 @@ def at_defaults(label: str, protocol: str) -> str:
 
 
 def _names(board: Leaderboard) -> dict[str, str]:
-    """Each of the board's labels -> its name at the track's defaults (the label itself
-    where two of the board's labels would share one)."""
+    """Each of the board's labels -> its name at the track's defaults, a reference run's
+    mark kept at the end (the label itself where two of the board's labels would share one)."""
     labels = [str(m) for m in board.table["mechanism"]]
-    named = {label: at_defaults(label, board.protocol) for label in labels}
+    bare = {label: label.removesuffix(SUFFIX) for label in labels}
+    named = {label: at_defaults(bare[label], board.protocol) + label[len(bare[label]) :]
+             for label in labels}  # fmt: skip
     shared = {n for n in named.values() if list(named.values()).count(n) > 1}
     return {label: label if n in shared else n for label, n in named.items()}
 
