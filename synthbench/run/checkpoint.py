@@ -9,8 +9,8 @@ batches, torch's global generator, the learning curve so far and the recent loss
 runner puts the file under the results tree (``<results>/.checkpoints/<run id>-lr<lr>.pt``:
 a hidden folder, which the store and the readers skip) and deletes it once the training's
 row is stored. A checkpoint is only taken up by the same training: the same run id, lr and
-budget, and the same torch build and device type, whose arithmetic it continues
-(``identity``); any other file there, or one that cannot be read, is ignored and replaced.
+budget, and the same torch build, device type and CPU instruction set, whose arithmetic it
+continues (``identity``); any other file there, or one that cannot be read, is ignored and replaced.
 tests/test_checkpoint.py checks that a training interrupted and resumed stores the same row,
 every metric equal, as one that never stopped.
 """
@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from synthbench.core.atomic import write_atomically
+from synthbench.run.provenance import cpu_isa
 from synthbench.run.schema import lr_key
 
 CHECKPOINT_SECONDS = 120.0  # training time between two checkpoints (a save takes milliseconds)
@@ -37,13 +38,16 @@ def path_for(root: Path, run_id: str, lr: float) -> Path:
 
 def identity(run_id: str, lr: float, budget: Any, device: torch.device) -> dict[str, str]:
     """What a checkpoint must have been written by to be resumed: the training (run id, lr,
-    budget) and the arithmetic it continues (torch build, device type)."""
+    budget) and the arithmetic it continues (torch build, device type and, on a CPU, its
+    instruction set, which `synthbench reproduce` counts as part of a row's setting too: a
+    results tree on shared storage may be resumed by another machine)."""
     return {
         "run_id": run_id,
         "lr": repr(lr_key(lr)),
         "budget": repr(budget),
         "torch": str(torch.__version__),
         "device": device.type,
+        "cpu_isa": cpu_isa() if device.type == "cpu" else "",
     }
 
 
