@@ -212,6 +212,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"no figures for protocol {', '.join(unknown)}; choose from {', '.join(every)}"
         )
+    if not args.reference.is_file():
+        parser.error(f"no reference rows at {args.reference}: no such file")
+    try:
+        pd.read_parquet(args.reference, columns=ROW_COLUMNS)
+    except (OSError, ValueError, KeyError) as exc:  # not Parquet, or lacking columns
+        parser.error(f"cannot read the reference rows {args.reference}: {exc}")
     kept = pd.DataFrame({"protocol": []})
     if args.protocols is not None:
         if not args.out.is_file():

@@ -80,6 +80,11 @@ def test_unknown_protocol_and_missing_table_are_one_line_errors(tmp_path):
     done = run("--out", str(tmp_path / "t.csv"), "--no-measure", "--protocols", "quick-block")
     assert done.returncode == 2
     assert "which does not exist" in done.stderr.splitlines()[-1]
+    for reference, said in ((tmp_path / "none.parquet", "no such file"),
+                            (tmp_path / "t.csv", "cannot read the reference rows")):  # fmt: skip
+        (tmp_path / "t.csv").write_text("not parquet")
+        done = run("--out", str(tmp_path / "t.csv"), "--no-measure", "--reference", str(reference))
+        assert done.returncode == 2 and said in done.stderr.splitlines()[-1]
 
 
 def test_pairs_the_reference_holds_in_the_block_track_take_its_rows(tmp_path):
