@@ -99,13 +99,12 @@ STEPS = {"quick": 40, "standard": 12, "quick-block": 40, "standard-block": 12}
 TINY = 16  # examples of each evaluation set of such a training
 
 
-def reference_rows(reference: Path, protocol: str) -> pd.DataFrame:
+def reference_rows(reference: pd.DataFrame, protocol: str) -> pd.DataFrame:
     """The reference's rows of ``protocol``."""
-    rows = pd.read_parquet(reference, columns=ROW_COLUMNS)
-    return rows[rows["protocol"] == protocol].assign(source="reference")
+    return reference[reference["protocol"] == protocol].assign(source="reference")
 
 
-def quick_rows(reference: Path) -> pd.DataFrame:
+def quick_rows(reference: pd.DataFrame) -> pd.DataFrame:
     """The quick rows the figures come from: the reference's, then those of the runs tree
     for mechanisms the reference lacks."""
     reference = reference_rows(reference, "quick")
@@ -215,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if not args.reference.is_file():
         parser.error(f"no reference rows at {args.reference}: no such file")
     try:
-        pd.read_parquet(args.reference, columns=ROW_COLUMNS)
+        reference_table = pd.read_parquet(args.reference, columns=ROW_COLUMNS)
     except (OSError, ValueError, KeyError) as exc:  # not Parquet, or lacking columns
         parser.error(f"cannot read the reference rows {args.reference}: {exc}")
     kept = pd.DataFrame({"protocol": []})
@@ -227,10 +226,10 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     measured = Measurements(args.cache, measure=not args.no_measure)
     quick = PROTOCOLS.get("quick")
-    rows = quick_rows(args.reference)
+    rows = quick_rows(reference_table)
     # pairs the reference holds in a scaled protocol (the block track's, once rebuilt): their
     # own rows' figures, as quick's
-    held = {name: cost.figures_of_rows(reference_rows(args.reference, name)) for name in SCALED}
+    held = {name: cost.figures_of_rows(reference_rows(reference_table, name)) for name in SCALED}
     held_pairs = {
         name: set(zip(f["task"], f["mechanism"], strict=True)) for name, f in held.items()
     }

@@ -148,7 +148,7 @@ def ours(board: Leaderboard) -> dict[str, Ours]:
     found: dict[str, Ours] = {}
     for _, r in board.table.iterrows():
         label = str(r["mechanism"])
-        name = at_defaults(label.removesuffix(SUFFIX), board.protocol)
+        name = at_defaults(label, board.protocol).removesuffix(SUFFIX)
         if " (" in name or (name in found and label.endswith(SUFFIX)):
             continue
         memory = float(r[MEMORY]) if MEMORY in board.table else math.nan

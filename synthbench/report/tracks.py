@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import Counter
 
 import pandas as pd
 
@@ -61,8 +62,11 @@ def at_defaults(label: str, protocol: str) -> str:
     its track's defaults, so that one mechanism's two tracks meet on one name: ``deltanet
     (n_layers=2)`` under quick (a width grid elsewhere in the results shows the field) and
     ``deltanet (allow_neg_eigval=False, use_short_conv=True)`` under quick-block (a fact's
-    variants beside it) are both ``deltanet``; a variant keeps what sets it apart."""
-    name, _, shown = label.partition(" (")
+    variants beside it) are both ``deltanet``; a variant keeps what sets it apart, and a
+    reference run its mark (SUFFIX) at the end."""
+    bare = label.removesuffix(SUFFIX)
+    mark = label[len(bare) :]
+    name, _, shown = bare.partition(" (")
     if not shown.endswith(")"):
         return label
     defaults = _defaults(name, protocol)
@@ -71,18 +75,15 @@ def at_defaults(label: str, protocol: str) -> str:
         for part in shown[:-1].split(", ")
         if defaults.get(part.partition("=")[0]) != part.partition("=")[2]
     ]
-    return f"{name} ({', '.join(kept)})" if kept else name
+    return (f"{name} ({', '.join(kept)})" if kept else name) + mark
 
 
 def _names(board: Leaderboard) -> dict[str, str]:
-    """Each of the board's labels -> its name at the track's defaults, a reference run's
-    mark kept at the end (the label itself where two of the board's labels would share one)."""
-    labels = [str(m) for m in board.table["mechanism"]]
-    bare = {label: label.removesuffix(SUFFIX) for label in labels}
-    named = {label: at_defaults(bare[label], board.protocol) + label[len(bare[label]) :]
-             for label in labels}  # fmt: skip
-    shared = {n for n in named.values() if list(named.values()).count(n) > 1}
-    return {label: label if n in shared else n for label, n in named.items()}
+    """Each of the board's labels -> its name at the track's defaults (the label itself
+    where two of the board's labels would share one)."""
+    named = {str(m): at_defaults(str(m), board.protocol) for m in board.table["mechanism"]}
+    counts = Counter(named.values())
+    return {label: label if counts[n] > 1 else n for label, n in named.items()}
 
 
 def _ranks(board: Leaderboard) -> dict[str, int]:

@@ -294,14 +294,14 @@ def plan_estimate(
 
 
 def stored_factors(stored: Mapping[Key, Cost]) -> dict[str, tuple[float, float]]:
-    """Per protocol, the mean trainings per run and share of the steps over ``stored``."""
-    by_protocol: dict[str, list[Cost]] = {}
-    for (protocol, _, _), c in stored.items():
-        by_protocol.setdefault(protocol, []).append(c)
-    return {
-        p: (sum(c.trainings_per_run for c in cs) / len(cs), sum(c.steps_frac for c in cs) / len(cs))
-        for p, cs in by_protocol.items()
-    }
+    """``protocol_factors`` over the stored figures."""
+    if not stored:
+        return {}
+    figures = [
+        {"protocol": protocol, "trainings_per_run": c.trainings_per_run, "steps_frac": c.steps_frac}
+        for (protocol, _, _), c in stored.items()
+    ]
+    return protocol_factors(pd.DataFrame(figures))
 
 
 # -- the estimate ---------------------------------------------------------------------------
