@@ -2,7 +2,7 @@
 
     python benchmarks/build_reference.py [TREE ...] [--out synthbench/data/reference/quick.parquet]
 
-TREE defaults to benchmarks/runs/quick-v4; the trees may hold both protocols. Of the runs
+TREE defaults to benchmarks/runs/rebuild; the trees may hold both protocols. Of the runs
 stored there it keeps those of
 
 - a protocol of ``REFERENCE_PROTOCOLS`` (quick and quick-block: both tracks), each at this
@@ -51,7 +51,7 @@ from synthbench.run.spec import SUITE_VERSION, RunSpec
 from synthbench.run.store import ResultStore
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_TREES = [ROOT / "benchmarks" / "runs" / "quick-v4"]
+DEFAULT_TREES = [ROOT / "benchmarks" / "runs" / "rebuild"]
 DEFAULT_OUT = ROOT / "synthbench" / "data" / SHIPPED
 
 

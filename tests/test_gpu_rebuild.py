@@ -38,3 +38,34 @@ def test_a_slice_brings_back_only_complete_runs(tmp_path):
     archived = rows["run_id"].nunique()
     assert f"{archived} complete of {started} runs started" in done.stdout
     assert (tmp_path / "out" / "env.txt").is_file()
+    _into_a_tree_copies_the_same_runs_and_overwrites_none(tmp_path, tree)
+
+
+def _into_a_tree_copies_the_same_runs_and_overwrites_none(tmp_path, archived_tree):
+    """benchmarks/keep_complete.py --into (how the CPU streams' rows reach a committed tree)
+    keeps exactly the runs the archive kept, and leaves a file already there as it is."""
+    into = tmp_path / "kept"
+
+    def keep():
+        return subprocess.run(
+            [sys.executable, "benchmarks/keep_complete.py", str(tmp_path / "rows"),
+             "--into", str(into)], cwd=REPO, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+
+    first = keep()
+    assert first.returncode == 0, first.stderr
+
+    def relative_files(root):
+        return sorted(p.relative_to(root) for p in root.rglob("*.parquet"))
+
+    assert relative_files(into) == relative_files(archived_tree)
+    held = into / relative_files(into)[0]
+    held.write_bytes(b"already here")
+    again = keep()
+    assert again.returncode == 0 and "0 new in" in again.stdout, again.stdout
+    assert held.read_bytes() == b"already here"
+    empty = subprocess.run(
+        [sys.executable, "benchmarks/keep_complete.py", str(tmp_path / "none"), "--into",
+         str(into)], cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert empty.returncode == 1 and empty.stderr.count("\n") == 1
