@@ -1,13 +1,16 @@
-"""Copy the runs of a results tree whose lr sweep is complete, and only those.
+"""Copy the runs of a results tree that are done, and only those: what ``synthbench run``
+would leave alone (synthbench/run/runner.py's ``stored_done``: the lr sweep complete, no lr
+stored as an error, the selected lr marked).
 
     python benchmarks/keep_complete.py SRC --into DIR    # into another results tree
     python benchmarks/keep_complete.py SRC --tar FILE    # into one archive (a GPU lease)
 
-A half-trained run stays behind: its lr rows are not a result yet, and the device that began
-it finishes it. A file that DIR already holds is never overwritten, so two devices or two
-sessions never share a run. This is how the reference rebuild (issue 35) survives a lost
-machine: the rows kept outside the work tree are copied into benchmarks/runs/rebuild, which
-is committed, at the end of each session (benchmarks/runs/README.md).
+A half-trained run, or one with an lr that raised, stays behind: it is not a result yet, and
+the device that began it finishes it. A file that DIR already holds is never overwritten, so
+two devices or two sessions never share a run. This is how the reference rebuild (issue 35)
+survives a lost machine: the rows kept outside the work tree are copied into
+benchmarks/runs/rebuild, which is committed, during and at the end of each session
+(benchmarks/runs/README.md).
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ import sys
 import tarfile
 from pathlib import Path
 
-from synthbench.run.lr_selection import sweep_state
 from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.runner import stored_done
 from synthbench.run.store import ResultStore
 
 
 def complete_runs(root: Path) -> tuple[list[tuple[str, str, Path]], int]:
-    """(protocol, mechanism, file) of every complete run under root, and how many runs began."""
+    """(protocol, mechanism, file) of every done run under root, and how many runs began."""
     store = ResultStore(root)
     rows = store.load(warn=False).rows if root.is_dir() else None
     if rows is None or rows.empty:
@@ -33,20 +36,17 @@ def complete_runs(root: Path) -> tuple[list[tuple[str, str, Path]], int]:
     complete = []
     for run_id, run in rows.groupby("run_id", sort=True):
         protocol, task, mech = run.iloc[0][["protocol", "task", "mechanism"]]
-        if (
-            protocol in PROTOCOLS
-            and sweep_state(PROTOCOLS.get(protocol), run.to_dict("records")).complete
-        ):
+        if protocol in PROTOCOLS and stored_done(PROTOCOLS.get(protocol), run.to_dict("records")):
             complete.append((protocol, mech, store.file_of(protocol, task, mech, run_id)))
     return complete, rows["run_id"].nunique()
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("src", type=Path, help="results tree to read")
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--into", type=Path, help="results tree to copy into (never overwritten)")
-    where.add_argument("--tar", type=Path, help="archive to write")
+    target = parser.add_mutually_exclusive_group(required=True)
+    target.add_argument("--into", type=Path, help="results tree to copy into (never overwritten)")
+    target.add_argument("--tar", type=Path, help="archive to write")
     args = parser.parse_args(argv)
     runs, started = complete_runs(args.src)
     if not runs:
@@ -74,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
             tar.close()
     for (protocol, mech), n in sorted(copied.items()):
         print(f"{protocol:<12} {mech:<16} {n} complete runs")
-    where = args.tar or args.into
-    print(f"{len(runs)} complete of {started} runs started; {copied.total()} new in {where}")
+    print(
+        f"{len(runs)} complete of {started} runs started; {copied.total()} new in "
+        f"{args.tar or args.into}"
+    )
     return 0
 
 

@@ -9,6 +9,9 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from synthbench.run.lr_selection import sweep_state
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.store import ResultStore
@@ -46,13 +49,13 @@ def _into_a_tree_copies_the_same_runs_and_overwrites_none(tmp_path, archived_tre
     keeps exactly the runs the archive kept, and leaves a file already there as it is."""
     into = tmp_path / "kept"
 
-    def keep():
+    def keep(into):
         return subprocess.run(
             [sys.executable, "benchmarks/keep_complete.py", str(tmp_path / "rows"),
              "--into", str(into)], cwd=REPO, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
 
-    first = keep()
+    first = keep(into)
     assert first.returncode == 0, first.stderr
 
     def relative_files(root):
@@ -61,7 +64,7 @@ def _into_a_tree_copies_the_same_runs_and_overwrites_none(tmp_path, archived_tre
     assert relative_files(into) == relative_files(archived_tree)
     held = into / relative_files(into)[0]
     held.write_bytes(b"already here")
-    again = keep()
+    again = keep(into)
     assert again.returncode == 0 and "0 new in" in again.stdout, again.stdout
     assert held.read_bytes() == b"already here"
     empty = subprocess.run(
@@ -69,3 +72,12 @@ def _into_a_tree_copies_the_same_runs_and_overwrites_none(tmp_path, archived_tre
          str(into)], cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert empty.returncode == 1 and empty.stderr.count("\n") == 1
+    # a run with an lr stored as an error is not done (run trains that lr again): it stays
+    raised = tmp_path / "rows" / relative_files(into)[0]
+    table = pq.read_table(raised)
+    status = ["error"] + table["status"].to_pylist()[1:]
+    pq.write_table(table.set_column(table.schema.get_field_index("status"), "status",
+                                    pa.array(status, pa.string())), raised)  # fmt: skip
+    assert keep(tmp_path / "kept-again").returncode == 0
+    assert relative_files(tmp_path / "kept-again") == [f for f in relative_files(archived_tree)
+                                    if f != raised.relative_to(tmp_path / "rows")]  # fmt: skip

@@ -434,6 +434,14 @@ def _finished(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [r for r in rows if r["status"] != "error"]
 
 
+def stored_done(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> bool:
+    """Whether ``run`` leaves this stored run alone: its sweep is complete over the rows it
+    keeps (``_finished``) and stored with its selection."""
+    kept = _finished(rows)
+    state = sweep_state(protocol, kept)
+    return state.complete and state.marked(kept)
+
+
 def _pending(
     specs: Sequence[RunSpec],
     store: ResultStore,
