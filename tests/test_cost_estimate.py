@@ -315,3 +315,39 @@ def test_run_names_a_plugin_mechanism_it_cannot_price(tmp_path, monkeypatch, for
         "estimate covers 1 of 2 trainings; unknown: cost-test-relu on copy (no measured cost: "
         f"run `synthbench bench train --protocol smoke --mech cost-test-relu --plugin {plugin}`)"
     )
+
+
+def test_a_dry_run_says_the_plan_and_its_cost_and_writes_nothing(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "results"
+    args = ["run", "--mech", "softmax", *SMOKE, "--results", results]
+    dry = invoke(*args, "--task", "copy", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    lines = dry.stdout.splitlines()
+    assert lines[0].startswith("1 run (1 task x 1 mechanism x 1 seed, protocol smoke")
+    assert "0 already stored, 1 to run (1 training)" in lines[0]
+    assert lines[1].startswith("estimated CPU time: ")
+    assert lines[-1] == "dry run: nothing trained or written"
+    assert not [p for p in results.rglob("*") if p.is_file()]
+    assert invoke(*args, "--task", "copy").exit_code == 0
+    (stored,) = results.rglob("*.parquet")
+    # a complete run whose selection was never marked (an interrupted write): a real run
+    # marks it, a dry run counts it as stored and leaves the file as it is
+    rows = pq.read_table(stored)
+    at = rows.schema.get_field_index("selected")
+    assert any(rows["selected"].to_pylist())
+    unmarked = pa.array([False] * rows.num_rows, rows.schema.field(at).type)
+    pq.write_table(rows.set_column(at, rows.schema.field(at), unmarked), stored)
+    before = stored.read_bytes()
+    dry = invoke(*args, "--task", "copy,sort", "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "1 already stored, 1 to run (1 training)" in dry.stdout.splitlines()[0]
+    assert stored.read_bytes() == before
+    assert [p.name for p in results.rglob("*.parquet")] == [stored.name]
+    # the same plan from a sweep file
+    sweep = tmp_path / "sweep.toml"
+    sweep.write_text('task = "copy,sort"\nmech = "softmax"\nprotocol = "smoke"\nseeds = 1\n')
+    dry = invoke("sweep", sweep, "--jobs", "1", "--results", results, "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert "1 already stored, 1 to run (1 training)" in dry.stdout.splitlines()[0]
+    assert stored.read_bytes() == before

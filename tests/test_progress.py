@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from synthbench.cli.common import out
-from synthbench.cli.progress import Eta, RunningColumn, clock_text
-from synthbench.cli.run import RunView
+from synthbench.cli.progress import Eta, RunningColumn, RunView, clock_text
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.runner import Unit
 from synthbench.run.spec import RunSpec

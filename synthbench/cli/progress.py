@@ -1,6 +1,7 @@
-"""The progress of ``synthbench run``: a bar over the trainings, with an ETA that works when
-several run at once and each takes minutes (rich's own ETA divides by the speed of its last
-30 seconds: blank whenever no training finished in that window).
+"""The progress of ``synthbench run``: its header line, one line per finished run, and a bar
+over the trainings with an ETA that works when several run at once and each takes minutes
+(rich's own ETA divides by the speed of its last 30 seconds: blank whenever no training
+finished in that window).
 
 The estimate: each mechanism's cost per trained token (steps x batch x sequence length),
 learnt from its finished trainings (any mechanism's, until one of its own finishes); the
@@ -12,12 +13,27 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from rich.progress import ProgressColumn, Task
+from rich.markup import escape
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    ProgressColumn,
+    Task,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.text import Text
 
+from synthbench.cli.common import out, warn
+from synthbench.core.text import plural
+from synthbench.run import grid, runner
+from synthbench.run.lr_selection import run_status
 from synthbench.run.runner import Unit
+from synthbench.run.spec import RunSpec
 
 
 class Eta:
@@ -116,3 +132,129 @@ class EtaColumn(ProgressColumn):
 
     def render(self, task: Task) -> Text:
         return Text(f"eta {clock_text(self.eta.remaining())}", style="progress.remaining")
+
+
+class RunView(runner.Events):
+    """The header line, the progress bar (only when there is something to train) and one
+    line per finished run."""
+
+    def __init__(
+        self,
+        specs: list[RunSpec],
+        results: Path,
+        where: str,
+        show_pos: bool,
+        estimate: Callable[[list[Unit], int], list[str]] | None = None,
+        dry_run: bool = False,
+    ):
+        self.specs, self.results, self.where, self.show_pos = specs, results, where, show_pos
+        self.estimate = estimate  # the lines saying what the trainings will cost
+        self.dry_run = dry_run  # the plan and its estimate only: no bar
+        self.varying = grid.varying_keys(specs)  # what tells the points of a grid apart
+        self.progress: Progress | None = None
+        self.eta: Eta | None = None
+        self.bar = None
+
+    def skipped(self, line: str) -> None:
+        warn(line)
+
+    def planned(self, runs: int, stored: int, units: list[Unit], capacity: int) -> None:
+        specs = self.specs
+        tasks = len({s.task for s in specs})
+        mechs = len({s.mechanism for s in specs})
+        seeds = len({s.seed for s in specs})
+        first = specs[0]
+        pos_note = ""
+        if self.show_pos:  # say which positions the user asked for
+            params = ", ".join(f"{k}={v}" for k, v in first.pos_params.items())
+            pos_note = f", pos {first.protocol.pos}" + (f" ({params})" if params else "")
+        workers = f", {capacity} at once" if capacity > 1 else ""
+        n_points = len({(s.task, s.mechanism, grid.point_label(s, self.varying)) for s in specs})
+        per_cell = n_points // (tasks * mechs)
+        parts = [plural(tasks, "task"), plural(mechs, "mechanism")]
+        parts += [plural(per_cell, "grid point")] if self.varying else []
+        parts.append(plural(seeds, "seed"))
+        if tasks * mechs * per_cell * seeds == runs and n_points == tasks * mechs * per_cell:
+            shape = " x ".join(parts)  # every combination: the counts multiply to the runs
+        else:  # a sample (reproduce), or grids of other sizes: what the runs span
+            shape = "over " + ", ".join(parts)
+        out.print(
+            f"{plural(runs, 'run')} ({shape}, protocol "
+            f"{first.protocol.name}{pos_note}, {self.where}, {plural(first.threads, 'thread')} per "
+            f"training{workers}); {stored} already stored, {runs - stored} to run "
+            f"({plural(len(units), 'training')}) -> {self.results}/",
+            highlight=False,
+        )
+        if not units:
+            return
+        for line in self.estimate(units, capacity) if self.estimate else []:
+            out.print(line, highlight=False, markup=False)
+        if self.dry_run:
+            return
+        self.eta = Eta(capacity)
+        self.eta.add(units)
+        self.progress = Progress(
+            TextColumn("trainings"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            EtaColumn(self.eta),
+            RunningColumn(self.eta),
+            console=out,
+        )
+        self.progress.start()
+        self.bar = self.progress.add_task("trainings", total=len(units))
+
+    def started(self, unit: Unit) -> None:
+        self.eta.started(unit)
+
+    def finished(self, unit: Unit, row: dict[str, Any]) -> None:
+        self.eta.finished(unit, row["wall_seconds"])
+        self.progress.advance(self.bar)
+
+    def grew(self, units: list[Unit]) -> None:
+        self.eta.add(units)
+        self.progress.update(self.bar, total=self.progress.tasks[0].total + len(units))
+        for unit in units:
+            self.progress.console.print(
+                f"   {unit.spec.label()}: best lr at the grid's edge, adding lr {unit.lr:g}",
+                highlight=False,
+            )
+
+    def run_done(self, spec: RunSpec, rows: list[dict[str, Any]]) -> None:
+        self.progress.console.print(run_line(spec, rows, self.varying), highlight=False)
+
+    def notice(self, spec: RunSpec, message: str) -> None:
+        warn(f"{spec.label()}: {message}")
+
+    def unplanned(self, units: list[Unit]) -> None:
+        if units and self.progress is not None:
+            self.eta.drop(units)
+            self.progress.update(self.bar, total=self.progress.tasks[0].total - len(units))
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+
+def run_line(spec: RunSpec, rows: list[dict[str, Any]], varying: tuple[str, ...] = ()) -> str:
+    best = run_status(rows)
+    seconds = sum(r["wall_seconds"] for r in rows)
+    head = f"{spec.task:<16} {spec.mechanism:<12} seed {spec.seed}"
+    if varying:  # a grid: which point
+        head += f"  {grid.point_label(spec, varying)}"
+    if best["status"] != "ok":
+        reason = escape(str(best.get("error")))
+        return f"[red]x[/] {head}  {best['status']}: {reason}  ({seconds:.1f}s)"
+    long = ""
+    if best.get("long_token_acc") is not None:
+        long = f"  at {spec.eval_length_mult:g}x length {best['long_token_acc']:.3f}"
+    target = best.get("target_metric") or "token_acc"
+    free = f"  free-running {best['free_token_acc']:.3f}" if target == "free_token_acc" else ""
+    # the best lr alone at the grid's edge: its optimum may lie beyond the grid
+    edge = " (edge)" if best.get("lr_edge") and len(rows) > 1 else ""
+    stopped = f" at step {best['steps_done']}" if best["steps_done"] < spec.protocol.steps else ""
+    return (
+        f"[green]ok[/] {head}  lr {best['lr']:g}{edge}{stopped}  token_acc "
+        f"{best['token_acc']:.3f}{free}  exact {best['exact_match']:.3f}{long}  ({seconds:.1f}s)"
+    )

@@ -25,7 +25,7 @@ from synthbench.cli.common import (
     out,
     path_parser,
 )
-from synthbench.cli.run import RunView
+from synthbench.cli.progress import RunView
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.task import TASKS
 from synthbench.core.text import plural

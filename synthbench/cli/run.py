@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
 import torch
 import typer
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from synthbench.bench.common import DEFAULT_BENCH_RESULTS
 from synthbench.cli.common import (
@@ -28,18 +25,16 @@ from synthbench.cli.common import (
     select_mechanisms,
     select_tasks,
     split,
-    warn,
 )
-from synthbench.cli.progress import Eta, EtaColumn, RunningColumn
+from synthbench.cli.progress import RunView
 from synthbench.core.params import parse_assignments
 from synthbench.core.text import did_you_mean, plural
 from synthbench.integrity.guard import leak_guard
-from synthbench.run import cost, grid, runner
+from synthbench.run import cost, runner
 from synthbench.run.devices import default_jobs, resolve_device, worker_devices
 from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
 from synthbench.run.grid import load_sweep_file
 from synthbench.run.limits import MAX_RUNS, MAX_SEEDS, check_runs
-from synthbench.run.lr_selection import run_status
 from synthbench.run.phases import phase
 from synthbench.run.protocols import protocol_of_track
 from synthbench.run.provenance import device_name
@@ -90,6 +85,13 @@ ForceOption = Annotated[bool, typer.Option("--force", help="Run again even if al
 YesOption = Annotated[
     bool,
     typer.Option("--yes", help=f"Plan a grid of more than {MAX_RUNS:,} runs (refused without)."),
+]
+DryRunOption = Annotated[
+    bool,
+    typer.Option(
+        "--dry-run",
+        help="Print the plan and its estimated cost, then stop: nothing is trained or written.",
+    ),
 ]
 
 
@@ -158,6 +160,7 @@ def run_command(
     plugin: PluginOption = None,
     force: ForceOption = False,
     yes: YesOption = False,
+    dry_run: DryRunOption = False,
     eval_length_mult: Annotated[
         float | None,
         typer.Option(
@@ -201,6 +204,7 @@ def run_command(
         plugin=plugin,
         force=force,
         yes=yes,
+        dry_run=dry_run,
         eval_length_mult=eval_length_mult,
         pos=pos,
         pos_params=parse_assignments(pos_param),
@@ -228,6 +232,7 @@ def sweep_command(
     plugin: PluginOption = None,
     force: ForceOption = False,
     yes: YesOption = False,
+    dry_run: DryRunOption = False,
 ) -> None:
     """Run the grid a sweep file describes (what `run` would with the same lists)."""
     grid_options = load_sweep_file(file)
@@ -253,6 +258,7 @@ def sweep_command(
         plugin=plugin,
         force=force,
         yes=yes,
+        dry_run=dry_run,
         eval_length_mult=grid_options.get("eval_length_mult"),
         pos=grid_options.get("pos"),
         pos_params=grid_options.get("pos_params", {}),
@@ -283,6 +289,7 @@ def run_grid(
     plugin: list[Path] | None,
     force: bool,
     yes: bool,
+    dry_run: bool = False,
     eval_length_mult: float | None,
     pos: str | None,
     pos_params: dict[str, Any],
@@ -343,6 +350,7 @@ def run_grid(
         force=force,
         resized=bool(task_params or mech_params or protocol_params or presets),
         positions=bool(pos is not None or pos_params),
+        dry_run=dry_run,
     )
 
 
@@ -390,23 +398,26 @@ def train_specs(
     force: bool,
     resized: bool = False,
     positions: bool = False,
+    dry_run: bool = False,
 ) -> None:
     """Train the planned runs that are not stored (all with ``force``), render the progress,
     and exit non-zero if any raised, diverged everywhere or leaked. ``resized``: the plan
-    changes default sizes (the cost estimate says so); ``positions``: it sets positions."""
+    changes default sizes (the cost estimate says so); ``positions``: it sets positions;
+    ``dry_run``: check the plan, say what it would train and cost, and stop there."""
     dev = resolve_device(device) if executor == "local" else None
     if pack is None:  # where it is measured to help (synthbench/run/packed.py)
         pack = default_pack(dev or torch.device("cuda" if gpus_per_run else "cpu"))
     with out.status("checking the plan"), phase("planning"):
         check_run_paths(ResultStore(results), specs)  # before any training: where files go
         check_runs(specs, dev)  # sequence lengths, the memory a run needs
-    names = list(dict.fromkeys(s.mechanism for s in specs))
-    names = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    checking = f"checking {names} for causality (no position may see a later one)"
-    with out.status(checking), phase("leak guard"):
-        refusal = leak_guard(specs, ResultStore(results), dev)  # synthbench/integrity/guard.py
-    if refusal:  # a mechanism that sees later positions never trains; its runs say leaky
-        raise fail(refusal, 1)
+    if not dry_run:  # the guard stores a leaky mechanism's runs: left to the real run
+        names = list(dict.fromkeys(s.mechanism for s in specs))
+        names = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        checking = f"checking {names} for causality (no position may see a later one)"
+        with out.status(checking), phase("leak guard"):
+            refusal = leak_guard(specs, ResultStore(results), dev)  # integrity/guard.py
+        if refusal:  # a mechanism that sees later positions never trains; its runs say leaky
+            raise fail(refusal, 1)
 
     def make_executor(n_units: int):
         """Built once the plan knows how many trainings there are (none: none built)."""
@@ -431,7 +442,13 @@ def train_specs(
         plugins = "".join(f" --plugin {p}" for p in plugin or [])
         return cost.lines(found, capacity, "".join(notes), plugins)
 
-    view = RunView(specs, results, where, positions, estimate=estimate)
+    view = RunView(specs, results, where, positions, estimate=estimate, dry_run=dry_run)
+    if dry_run:  # as many at once as the executor would run (Ray's: --jobs, else unknown)
+        capacity = (jobs or 1) if executor == "ray" else (jobs or default_jobs(dev, threads))
+        runner.dry_run(specs, ResultStore(results), lambda n: min(n, capacity), events=view,
+                       force=force)  # fmt: skip
+        out.print("dry run: nothing trained or written", highlight=False)
+        return
     try:
         try:
             outcome = runner.execute(
@@ -472,125 +489,3 @@ def train_specs(
             "ranked (synthbench results --status leaky; changed plugin code is a new run)",
             1,
         )
-
-
-class RunView(runner.Events):
-    """The header line, the progress bar (only when there is something to train) and one
-    line per finished run."""
-
-    def __init__(
-        self,
-        specs: list[RunSpec],
-        results: Path,
-        where: str,
-        show_pos: bool,
-        estimate: Callable[[list[Unit], int], list[str]] | None = None,
-    ):
-        self.specs, self.results, self.where, self.show_pos = specs, results, where, show_pos
-        self.estimate = estimate  # the lines saying what the trainings will cost
-        self.varying = grid.varying_keys(specs)  # what tells the points of a grid apart
-        self.progress: Progress | None = None
-        self.eta: Eta | None = None
-        self.bar = None
-
-    def skipped(self, line: str) -> None:
-        warn(line)
-
-    def planned(self, runs: int, stored: int, units: list[Unit], capacity: int) -> None:
-        specs = self.specs
-        tasks = len({s.task for s in specs})
-        mechs = len({s.mechanism for s in specs})
-        seeds = len({s.seed for s in specs})
-        first = specs[0]
-        pos_note = ""
-        if self.show_pos:  # say which positions the user asked for
-            params = ", ".join(f"{k}={v}" for k, v in first.pos_params.items())
-            pos_note = f", pos {first.protocol.pos}" + (f" ({params})" if params else "")
-        workers = f", {capacity} at once" if capacity > 1 else ""
-        n_points = len({(s.task, s.mechanism, grid.point_label(s, self.varying)) for s in specs})
-        per_cell = n_points // (tasks * mechs)
-        parts = [plural(tasks, "task"), plural(mechs, "mechanism")]
-        parts += [plural(per_cell, "grid point")] if self.varying else []
-        parts.append(plural(seeds, "seed"))
-        if tasks * mechs * per_cell * seeds == runs and n_points == tasks * mechs * per_cell:
-            shape = " x ".join(parts)  # every combination: the counts multiply to the runs
-        else:  # a sample (reproduce), or grids of other sizes: what the runs span
-            shape = "over " + ", ".join(parts)
-        out.print(
-            f"{plural(runs, 'run')} ({shape}, protocol "
-            f"{first.protocol.name}{pos_note}, {self.where}, {plural(first.threads, 'thread')} per "
-            f"training{workers}); {stored} already stored, {runs - stored} to run "
-            f"({plural(len(units), 'training')}) -> {self.results}/",
-            highlight=False,
-        )
-        if not units:
-            return
-        for line in self.estimate(units, capacity) if self.estimate else []:
-            out.print(line, highlight=False, markup=False)
-        self.eta = Eta(capacity)
-        self.eta.add(units)
-        self.progress = Progress(
-            TextColumn("trainings"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            EtaColumn(self.eta),
-            RunningColumn(self.eta),
-            console=out,
-        )
-        self.progress.start()
-        self.bar = self.progress.add_task("trainings", total=len(units))
-
-    def started(self, unit: Unit) -> None:
-        self.eta.started(unit)
-
-    def finished(self, unit: Unit, row: dict[str, Any]) -> None:
-        self.eta.finished(unit, row["wall_seconds"])
-        self.progress.advance(self.bar)
-
-    def grew(self, units: list[Unit]) -> None:
-        self.eta.add(units)
-        self.progress.update(self.bar, total=self.progress.tasks[0].total + len(units))
-        for unit in units:
-            self.progress.console.print(
-                f"   {unit.spec.label()}: best lr at the grid's edge, adding lr {unit.lr:g}",
-                highlight=False,
-            )
-
-    def run_done(self, spec: RunSpec, rows: list[dict[str, Any]]) -> None:
-        self.progress.console.print(run_line(spec, rows, self.varying), highlight=False)
-
-    def notice(self, spec: RunSpec, message: str) -> None:
-        warn(f"{spec.label()}: {message}")
-
-    def unplanned(self, units: list[Unit]) -> None:
-        if units and self.progress is not None:
-            self.eta.drop(units)
-            self.progress.update(self.bar, total=self.progress.tasks[0].total - len(units))
-
-    def close(self) -> None:
-        if self.progress is not None:
-            self.progress.stop()
-
-
-def run_line(spec: RunSpec, rows: list[dict[str, Any]], varying: tuple[str, ...] = ()) -> str:
-    best = run_status(rows)
-    seconds = sum(r["wall_seconds"] for r in rows)
-    head = f"{spec.task:<16} {spec.mechanism:<12} seed {spec.seed}"
-    if varying:  # a grid: which point
-        head += f"  {grid.point_label(spec, varying)}"
-    if best["status"] != "ok":
-        reason = escape(str(best.get("error")))
-        return f"[red]x[/] {head}  {best['status']}: {reason}  ({seconds:.1f}s)"
-    long = ""
-    if best.get("long_token_acc") is not None:
-        long = f"  at {spec.eval_length_mult:g}x length {best['long_token_acc']:.3f}"
-    target = best.get("target_metric") or "token_acc"
-    free = f"  free-running {best['free_token_acc']:.3f}" if target == "free_token_acc" else ""
-    # the best lr alone at the grid's edge: its optimum may lie beyond the grid
-    edge = " (edge)" if best.get("lr_edge") and len(rows) > 1 else ""
-    stopped = f" at step {best['steps_done']}" if best["steps_done"] < spec.protocol.steps else ""
-    return (
-        f"[green]ok[/] {head}  lr {best['lr']:g}{edge}{stopped}  token_acc "
-        f"{best['token_acc']:.3f}{free}  exact {best['exact_match']:.3f}{long}  ({seconds:.1f}s)"
-    )

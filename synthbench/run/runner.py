@@ -238,6 +238,28 @@ class _Run:
         return state.complete, _units(self.spec, state, self.root)
 
 
+def dry_run(
+    specs: Sequence[RunSpec],
+    store: ResultStore,
+    capacity: Callable[[int], int],
+    *,
+    force: bool = False,
+    events: Events | None = None,
+) -> Outcome:
+    """What ``execute`` would train, said through ``events.planned`` in the order it would
+    hand the trainings out; nothing is trained, claimed or written. ``capacity(n)``: how
+    many of ``n`` trainings would run at once. Runs another command holds count as to run."""
+    events = events or Events()
+    outcome = Outcome(runs=len(specs))
+    active, units = _pending(specs, store, force, events, outcome, write=False)
+    outcome.stored = len(specs) - len(active) - outcome.refused
+    at_once = capacity(len(units)) if units else 0
+    if len(units) > 1 and at_once > 1:
+        units = longest_first(units)
+    events.planned(len(specs), outcome.stored, units, at_once)
+    return outcome
+
+
 def execute(
     specs: Sequence[RunSpec],
     store: ResultStore,
@@ -448,9 +470,12 @@ def _pending(
     force: bool,
     events: Events,
     outcome: Outcome,
+    write: bool = True,
 ) -> tuple[dict[str, _Run], list[Unit]]:
-    """The runs with work left (by run_id) and their trainings to do."""
-    store.remove_stale_temporaries()
+    """The runs with work left (by run_id) and their trainings to do. ``write`` False (a
+    dry run): the store is left as it is, a complete run not yet marked counts as stored."""
+    if write:
+        store.remove_stale_temporaries()
     stored: dict[str, list[dict[str, Any]]] = {}
     if not force:
         loaded = store.load(columns=SWEEP_COLUMNS, warn=False)
@@ -473,6 +498,8 @@ def _pending(
             outcome.stored_leaky += 1  # it would leak again: never retrained, always said
         if state.complete and state.marked(kept):
             continue  # complete, and stored with its selection
+        if state.complete and not write:
+            continue  # complete; a real run would only mark its selection
         full = _finished(store.read_run(*_place(spec))) if kept else []
         active[spec.run_id] = _Run(spec, full, hold=force, root=store.root)
         if state.complete:  # stored complete but not marked (an interrupted write): mark now
