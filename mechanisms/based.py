@@ -69,10 +69,10 @@ its own SwiGLU MLP), repeating BaseConv, Taylor linear attention, sliding window
 BaseConv blocks: in the 360M model (HazyResearch/based, train/configs/experiment/reference/
 based-360m.yaml, based/models/gpt.py ``create_mixer_cls``) linear attention in layers 1, 6,
 11, 16, 21, sliding window in 2, 7, 12, 17, 22, BaseConv in the other 17 of 27 (the 1.3B
-model the same pattern over 36). The block track has one layer type per block and 2 blocks,
-so ``BasedLayer`` is that run of three consecutive reference blocks, MLPs left out (the block
-has one after the layer), each step a residual on the stream h, starting from the block's
-normalised input x:
+model, 36 layers: linear attention in 1, 6, 11, 16, 21, 27, 33, windows one layer later).
+The block track has one layer type per block and 2 blocks, so ``BasedLayer`` is that run of
+three consecutive reference blocks, MLPs left out (the block has one after the layer), each
+step a residual on the stream h, starting from the block's normalised input x:
 
 1. BaseConv (based/models/mixers/convolution.py ``BaseConv``, ``expand_proj`` 4, kernel 3):
    a Linear with bias to 4 d_model, halves u and g; c = out_proj(silu(conv(u)) * g), the

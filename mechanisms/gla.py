@@ -82,7 +82,10 @@ paper's sec. 4.4 as flash-linear-attention writes it (fla/layers/gla.py, class
 
 Not taken from fla: its feature_map, clamp_min, num_kv_heads and conv_bias options (all off
 by default there) and its model-level init (weights N(0, 0.02), biases 0): every Linear here
-keeps PyTorch's default init, the same for every layer of the block track.
+keeps PyTorch's default init, the same for every layer of the block track. Where fla departs
+from the authors' own code (berlino/gated_linear_attention ``gla.py``), this layer is fla's:
+there g_proj has a bias (the paper's b_r) and each head is normalised by a LayerNorm without
+affine (it subtracts the mean, so the same weights give other outputs), with a xavier init.
 
 Numerics: log alpha = logsigmoid(gate) / tau is computed from the raw gate (finite and <= 0
 for any finite gate; sigmoid(gate) itself underflows to 0 in float32 for a gate of -200, and

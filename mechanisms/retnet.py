@@ -68,15 +68,20 @@ from x (batch, length, d_model), in this order:
   per head, eps ``layernorm_eps`` 1e-5); ``norm='rms'``: RMS norm per head without affine
   (torchscale since 5c89ffb);
 - with ``use_output_gate`` (default True): times swish(X W_G), W_G d_model -> value_dim, no
-  bias (eq. (8)); without it the normalised heads go straight on (fla's option);
+  bias (eq. (8)); without it the normalised heads go straight on (an ablation of ours: fla's
+  no-gate path is an RMSNorm with a learned weight);
 - the output projection W_O (value_dim -> d_model, no bias).
 
 Not taken: torchscale's init (xavier_uniform, gain 2^-2.5; 2^-1 for W_O) -- every Linear here
 keeps PyTorch's default, the same for every layer of the block track; fla's RMSNorm-gated
 output norm with a learned scale and its rotary (half-split pairs, theta_j = 10000^(-2j/d_k))
 -- this layer follows the paper and its authors' code; fla's short convolution, feature map and
-kv-head options (off by default there). The recurrent state carries S (H x d_k x d_v) and the
-position index n, for the rotation of the next token.
+kv-head options (off by default there). No single torchscale commit is this default: its
+norm (LayerNorm per head, no affine) is the first release's, whose five Linear layers had
+biases; the bias-free projections are those of 5c89ffb on, where the norm became an RMSNorm
+with eps 1e-6 (``norm='rms'`` here keeps 1e-5; fla's RetNetConfig passes 1e-6 too). The
+recurrent state carries S (H x d_k x d_v) and the position index n, for the rotation of the
+next token.
 
 Numerics: every decay is a power gamma^e with e >= 0, computed as exp(e log gamma), in (0, 1]:
 never gamma^(-t), which overflows for long sequences (the form that divides the state by

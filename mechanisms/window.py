@@ -43,8 +43,9 @@ src/mistral_inference/transformer_layers.py ``Attention``, rope.py), in order:
    position p, theta = ``rope_theta`` 10000 (mistral-inference rope.py
    ``precompute_freqs_cis``/``apply_rotary_emb``; synthbench/core/positional.py's
    ``rope_frequencies`` and ``rotate_pairs`` compute it). ``rotary=False`` leaves q and k as
-   they are (Zoology's zoology/mixers/slide_attn.py and Based's
-   based/models/mixers/slide_attention.py, ``rotary_emb_dim=0`` by default, have none).
+   they are (Zoology's zoology/mixers/slide_attn.py has none; Based's
+   based/models/mixers/slide_attention.py has none by default, ``rotary_emb_dim=0``, but
+   Based's trained models set ``rotary_emb_fraction: 1``, full-head rotary).
 3. This module's windowed softmax, scale 1/sqrt(head_dim), over the ``window`` most recent
    positions, itself included (Longformer's sliding window, Beltagy et al. 2020, arXiv
    2004.05150, section 3.1; Mistral's window W, section 2).
