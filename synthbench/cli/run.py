@@ -419,11 +419,15 @@ def train_specs(
         if refusal:  # a mechanism that sees later positions never trains; its runs say leaky
             raise fail(refusal, 1)
 
+    def local_workers(n_units: int) -> int:
+        """How many of ``n_units`` trainings the local executor runs at once."""
+        return min(n_units, jobs or default_jobs(dev, threads))
+
     def make_executor(n_units: int):
         """Built once the plan knows how many trainings there are (none: none built)."""
         if executor == "ray":
             return RayPool(ray_address, plugin or [], cpus_per_run or threads, gpus_per_run, jobs)
-        n = min(n_units, jobs or default_jobs(dev, threads))
+        n = local_workers(n_units)
         if n <= 1:
             return InProcess(dev, own_process=True)
         return LocalPool(worker_devices(dev, n), plugin or [], threads)
@@ -444,9 +448,8 @@ def train_specs(
 
     view = RunView(specs, results, where, positions, estimate=estimate, dry_run=dry_run)
     if dry_run:  # as many at once as the executor would run (Ray's: --jobs, else unknown)
-        capacity = (jobs or 1) if executor == "ray" else (jobs or default_jobs(dev, threads))
-        runner.dry_run(specs, ResultStore(results), lambda n: min(n, capacity), events=view,
-                       force=force)  # fmt: skip
+        capacity = local_workers if executor == "local" else lambda n: min(n, jobs or 1)
+        runner.dry_run(specs, ResultStore(results), capacity, events=view, force=force)
         out.print("dry run: nothing trained or written", highlight=False)
         return
     try:

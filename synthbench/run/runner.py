@@ -496,10 +496,8 @@ def _pending(
             continue
         if state.complete and any(r["status"] == LEAKY for r in kept):
             outcome.stored_leaky += 1  # it would leak again: never retrained, always said
-        if state.complete and state.marked(kept):
-            continue  # complete, and stored with its selection
-        if state.complete and not write:
-            continue  # complete; a real run would only mark its selection
+        if state.complete and (state.marked(kept) or not write):
+            continue  # complete, and stored with its selection (a dry run does not mark it)
         full = _finished(store.read_run(*_place(spec))) if kept else []
         active[spec.run_id] = _Run(spec, full, hold=force, root=store.root)
         if state.complete:  # stored complete but not marked (an interrupted write): mark now
