@@ -1,6 +1,6 @@
 #!/bin/bash
 # The reference rebuild (issue 35) on this CPU, one stream: every default task of each
-# TRACK:MECH given, in order, one training at a time on one thread, into RESULTS (kept outside
+# TRACK:MECH given (or only TASKS, a comma list, of a TRACK:MECH:TASKS), in order, one training at a time on one thread, into RESULTS (kept outside
 # the work tree; a stopped stream resumes its training from RESULTS/.checkpoints).
 #     (setsid bash benchmarks/cpu_rebuild.sh core:softmax block:deltanet >> logA.txt 2>&1 &)
 # Two streams fill this 2-core machine. At the end of a session, copy the complete runs into
@@ -11,9 +11,9 @@
 RESULTS=${RESULTS:-/work/runs/results}; PROTO=${PROTO:-quick}; PY=${PY:-python3}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 for pair in "$@"; do
-  track=${pair%%:*}; mech=${pair#*:}
-  echo "=== $(date -u +%FT%T) $track $mech"
-  $PY -m synthbench.cli run --task all --mech "$mech" --track "$track" --protocol "$PROTO" \
+  IFS=: read -r track mech tasks <<< "$pair"
+  echo "=== $(date -u +%FT%T) $track $mech ${tasks:-all}"
+  $PY -m synthbench.cli run --task "${tasks:-all}" --mech "$mech" --track "$track" --protocol "$PROTO" \
     --device cpu --jobs 1 --threads 1 --results "$RESULTS" 2>&1 | grep --line-buffered -v "━"
   echo "=== $(date -u +%FT%T) $track $mech rc ${PIPESTATUS[0]}"
 done
