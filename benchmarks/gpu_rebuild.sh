@@ -11,15 +11,19 @@
 # block/core cost ratio compares one device with itself (build_reference.py's track_costs
 # pairs rows of one device only).
 # MECHS, TRACKS, CAP, JOBS (trainings at once, default 8 of the lease's 16 cores), TASKS
-# (default all), PROTO, DEV, ROWS, RESUME, PY and OUT change it; DEV=cpu PROTO=smoke MECHS=softmax
-# CAP=60 PY=python tries it on a CPU (tests/test_gpu_rebuild.py does).
+# (default all), PROTO, DEV, ROWS, RESUME, SEED, PY and OUT change it; DEV=cpu PROTO=smoke
+# MECHS=softmax CAP=60 PY=python tries it on a CPU (tests/test_gpu_rebuild.py does).
 DEV=${DEV:-cuda}; PROTO=${PROTO:-quick}; CAP=${CAP:-480}; JOBS=${JOBS:-8}; TASKS=${TASKS:-all}
 MECHS=${MECHS:?name the mechanisms, e.g. MECHS=slay,none}; TRACKS=${TRACKS:-block core}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 OUT=${OUT:-/tmp/gpuout}; mkdir -p $OUT
 PY=${PY:-python3}
-# RESUME=1 keeps ROWS: a second call on the still-warm machine finishes what the first began
+# RESUME=1 keeps ROWS: a second call on the still-warm machine finishes what the first began.
+# ROWS starts from SEED (default the committed rebuild tree, which travels with the working
+# tree; SEED= for none), so the GPU trains only what is missing and brings back only that.
 ROWS=${ROWS:-/tmp/rebuild_rows}; [ -n "$RESUME" ] || rm -rf $ROWS
+SEED=${SEED-benchmarks/runs/rebuild}; mkdir -p $ROWS
+[ -z "$SEED" ] || [ ! -d "$SEED" ] || cp -rn "$SEED/." "$ROWS"
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null; nproc --all
   $PY -c "import torch,sys;print(sys.version.split()[0], torch.__version__, torch.cuda.is_available())"; } 2>&1 | tee $OUT/env.txt
 end=$(( $(date +%s) + CAP ))
@@ -35,4 +39,5 @@ for track in $TRACKS; do
 done
 # only runs whose lr sweep is complete travel: a half run stays behind, so the CPU never
 # finishes a run that a GPU began
-$PY benchmarks/keep_complete.py "$ROWS" --tar "$OUT/rows.tar" 2>&1 | tee -a $OUT/rebuild.log
+$PY benchmarks/keep_complete.py "$ROWS" --tar "$OUT/rows.tar" ${SEED:+--except "$SEED"} 2>&1 \
+  | tee -a $OUT/rebuild.log

@@ -4,6 +4,7 @@ stored as an error, the selected lr marked).
 
     python benchmarks/keep_complete.py SRC --into DIR    # into another results tree
     python benchmarks/keep_complete.py SRC --tar FILE    # into one archive (a GPU lease)
+    python benchmarks/keep_complete.py SRC --tar FILE --except SEED   # only what SEED lacks
 
 A half-trained run, or one with an lr that raised, stays behind: it is not a result yet, and
 the device that began it finishes it. A file that DIR already holds is never overwritten, so
@@ -47,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     target = parser.add_mutually_exclusive_group(required=True)
     target.add_argument("--into", type=Path, help="results tree to copy into (never overwritten)")
     target.add_argument("--tar", type=Path, help="archive to write")
+    parser.add_argument(
+        "--except", dest="held", type=Path, help="leave out the runs this tree already holds"
+    )
     args = parser.parse_args(argv)
     runs, started = complete_runs(args.src)
     if not runs:
@@ -57,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for protocol, mech, path in runs:
             relative = path.relative_to(args.src)
+            if args.held is not None and (args.held / relative).exists():
+                continue
             if tar is not None:
                 tar.add(path, arcname=str(relative))
             else:

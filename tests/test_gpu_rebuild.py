@@ -22,12 +22,17 @@ REPO = Path(__file__).resolve().parents[1]
 def test_a_slice_brings_back_only_complete_runs(tmp_path):
     env = {**os.environ, "DEV": "cpu", "PROTO": "smoke", "MECHS": "none", "TRACKS": "core",
            "TASKS": "copy,parity,sort", "CAP": "120", "JOBS": "1", "PY": sys.executable,
-           "OUT": str(tmp_path / "out"), "ROWS": str(tmp_path / "rows")}  # fmt: skip
-    done = subprocess.run(
-        ["bash", "benchmarks/gpu_rebuild.sh"], cwd=REPO, env=env, capture_output=True,
-        text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+           "OUT": str(tmp_path / "out"), "ROWS": str(tmp_path / "rows"), "SEED": ""}  # fmt: skip
+
+    def slice_(**changes):
+        done = subprocess.run(
+            ["bash", "benchmarks/gpu_rebuild.sh"], cwd=REPO, env={**env, **changes},
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+    done = slice_()
     tree = tmp_path / "tree"
     with tarfile.open(tmp_path / "out" / "rows.tar") as tar:
         # the "data" filter where this Python has it (3.12, and 3.10.12 / 3.11.4 onwards)
@@ -41,6 +46,11 @@ def test_a_slice_brings_back_only_complete_runs(tmp_path):
     archived = rows["run_id"].nunique()
     assert f"{archived} complete of {started} runs started" in done.stdout
     assert (tmp_path / "out" / "env.txt").is_file()
+    # seeded with what is kept already (the committed tree, by default), a slice trains
+    # none of it again and brings none of it back
+    again = slice_(SEED=str(tree), ROWS=str(tmp_path / "rows-seeded"), OUT=str(tmp_path / "o2"))
+    assert f"{archived} complete of {archived} runs started; 0 new in" in again.stdout
+    assert "ok " not in (tmp_path / "o2" / "rebuild.log").read_text()
     _into_a_tree_copies_the_same_runs_and_overwrites_none(tmp_path, tree)
 
 
