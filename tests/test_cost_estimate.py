@@ -187,6 +187,14 @@ def test_runs_stored_here_say_what_to_expect_where_the_table_cannot(tmp_path):
     # stack: 0.01 x 1000 x (mean of 0.5 and 1) x (mean of 4 and 2) / 2
     assert est.expected == pytest.approx(40 + 40 + 10 * 0.75 * 3 / 2)
     assert "expected: ~" in cost.lines(est)[1]
+    # what is left once those runs are done: stack alone, as every pair stored here went
+    # (runs of another protocol, of another device or thread count tell nothing)
+    row = {"wall_seconds": 9.0, "steps_done": 10}
+    store_rows(results, "other", "copy", "deltanet", "d", [row] * 9)
+    store_rows(results, "quick", "copy", "linear", "e", [row | {"threads": 2}] * 9)
+    store_rows(results, "quick", "parity", "linear", "f", [row | {"device": "gpu"}])
+    est = cost.plan_estimate(plan[2:], results, tmp_path / "bench", 1, "cpu", shipped)
+    assert est.expected == pytest.approx(10 * 0.75 * 3 / 2)
     with_factors = table((*kv, 0.5, 3.0, 1.0), (*sort, 0.5), (*stack, 0.01))
     est = cost.plan_estimate(plan, results, tmp_path / "bench", 1, "cpu", with_factors)
     # kv_recall at the table's factors; stack at the table's protocol average (its only pair)

@@ -20,7 +20,8 @@ A plan's trainings are what it would train before any lr grid grows (every lr a 
 with), each at the whole schedule: an upper bound for that first round. Where the protocol
 grows its grid or stops trainings early, the expected figure scales each training by what
 measured runs of it did (``trainings_per_run`` and ``steps_frac``: the table's, else those of
-its runs stored here; a pair with neither, as its protocol's measured pairs did).
+its runs stored here; a pair with neither, as its protocol's measured pairs did: the table's,
+else every pair of the protocol stored here).
 """
 
 from __future__ import annotations
@@ -289,8 +290,23 @@ def plan_estimate(
     stored = stored_costs(results, keys, threads, device)
     costs = choose(keys, stored, bench_costs(bench_results, keys, device), table_costs(table))
     # a pair nobody measured trains as its protocol's measured pairs did: the table's, else
-    # this plan's pairs stored here (a protocol the shipped table has no runs of)
-    return estimate(trainings, costs, stored_factors(stored) | protocol_factors(table))
+    # every pair of it stored here (a protocol the shipped table has no runs of)
+    averages = protocol_factors(table)
+    unmeasured = {t.protocol for t in trainings} - set(averages)
+    if unmeasured:
+        measured = stored_costs(results, stored_pairs(results, unmeasured), threads, device)
+        averages = stored_factors(measured) | averages
+    return estimate(trainings, costs, averages)
+
+
+def stored_pairs(root: Path, protocols: Iterable[str]) -> list[Key]:
+    """Every (protocol, task, mechanism) of ``protocols`` with a folder under ``root``."""
+    pairs = []
+    for protocol in sorted(protocols):
+        for folder in sorted(Path(root).glob(f"protocol={protocol}/task=*/mechanism=*")):
+            task = folder.parent.name.removeprefix("task=")
+            pairs.append((protocol, task, folder.name.removeprefix("mechanism=")))
+    return pairs
 
 
 def stored_factors(stored: Mapping[Key, Cost]) -> dict[str, tuple[float, float]]:
