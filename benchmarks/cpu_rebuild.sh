@@ -1,7 +1,8 @@
 #!/bin/bash
 # The reference rebuild (issue 35) on this CPU, one stream: every default task of each
-# TRACK:MECH given (or only TASKS, a comma list, of a TRACK:MECH:TASKS), in order, one training at a time on one thread, into RESULTS (kept outside
-# the work tree; a stopped stream resumes its training from RESULTS/.checkpoints).
+# TRACK:MECH given (or only TASKS, a comma list, of a TRACK:MECH:TASKS), in order, one
+# training at a time on one thread, into RESULTS (kept outside the work tree; a stopped
+# stream resumes its training from RESULTS/.checkpoints).
 #     (setsid bash benchmarks/cpu_rebuild.sh core:softmax block:deltanet >> logA.txt 2>&1 &)
 # Two streams fill this 2-core machine. At the end of a session, copy the complete runs into
 # the committed tree, so that a lost machine loses at most the trainings under way:

@@ -287,16 +287,16 @@ def plan_estimate(
     ``results``, then `bench train` rows under ``bench_results``, then the shipped table."""
     table = read_table() if table is None else table
     keys = {t.key for t in trainings}
-    stored = stored_costs(results, keys, threads, device)
-    costs = choose(keys, stored, bench_costs(bench_results, keys, device), table_costs(table))
     # a pair nobody measured trains as its protocol's measured pairs did: the table's, else
-    # every pair of it stored here (a protocol the shipped table has no runs of)
+    # every pair of it stored here (a protocol the shipped table has no runs of); one read
+    # of the stored rows serves both
     averages = protocol_factors(table)
     unmeasured = {t.protocol for t in trainings} - set(averages)
-    if unmeasured:
-        measured = stored_costs(results, stored_pairs(results, unmeasured), threads, device)
-        averages = stored_factors(measured) | averages
-    return estimate(trainings, costs, averages)
+    read = stored_costs(results, keys | set(stored_pairs(results, unmeasured)), threads, device)
+    stored = {key: c for key, c in read.items() if key in keys}
+    costs = choose(keys, stored, bench_costs(bench_results, keys, device), table_costs(table))
+    measured = {key: c for key, c in read.items() if key[0] in unmeasured}
+    return estimate(trainings, costs, stored_factors(measured) | averages)
 
 
 def stored_pairs(root: Path, protocols: Iterable[str]) -> list[Key]:
