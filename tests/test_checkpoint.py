@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -87,6 +89,40 @@ def test_an_interrupted_training_resumes_to_the_row_it_would_have_had(
     assert resumed["status"] == "ok"
     same_result(whole, resumed)
     assert resumed["wall_seconds"] >= state["seconds"]  # the time before the stop counts
+
+
+DROPPED_CTRL_C = """
+import os, signal
+from synthbench.core import interrupts
+interrupts.count_interrupts()  # as the command line does
+
+class Finalized:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C
+        for _ in range(3):  # Python raises it here, at a loop's turn, and drops it
+            pass
+
+Finalized()
+print("went on", interrupts._received, flush=True)
+interrupts.raise_pending()
+"""
+
+
+def test_a_ctrl_c_python_drops_in_a_finalizer_still_stops_the_training(monkeypatch):
+    """Python drops what a finalizer or a weakref callback raises: a Ctrl-C that lands in
+    one (a module lock's callback, as a training's first step imports torch._dynamo) must
+    still stop the training, and is not printed as an ignored exception."""
+    done = subprocess.run([sys.executable, "-c", DROPPED_CTRL_C], capture_output=True, text=True)
+    assert done.stdout == "went on 1\n", done.stderr  # dropped where it was raised
+    assert "Exception ignored" not in done.stderr, done.stderr
+    assert done.returncode == -signal.SIGINT  # raised again: Python's exit on Ctrl-C
+    monkeypatch.setattr(interrupts, "_received", 1)  # as after that Ctrl-C, in this process
+    previous = signal.signal(signal.SIGINT, interrupts._count)  # counted, as it was there
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train.train_eval(spec_of("copy", "softmax", "smoke"), LR, CPU)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def test_a_checkpoint_of_another_training_or_a_torn_file_is_not_resumed(tmp_path, monkeypatch):

@@ -383,7 +383,9 @@ def test_ctrl_c_under_the_progress_bar_starts_its_own_line(tmp_path):
         os.close(leader)
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", seen.decode(errors="replace"))  # no colours
     lines = text.replace("\r\n", "\n").split("\n")
-    (error,) = [line for line in lines if "interrupted" in line]
+    errors = [line for line in lines if "interrupted" in line]
+    assert len(errors) == 1, (process.returncode, text[-3000:])  # what it printed last
+    (error,) = errors
     assert error.lstrip("\r").startswith("error: interrupted; finished trainings are stored")
 
 

@@ -9,11 +9,18 @@ A Ctrl-C is the user's only where this process received a SIGINT. The command li
 them (``count_interrupts``); a worker process ignores SIGINT (its driver handles Ctrl-C),
 so a KeyboardInterrupt there is always the code's; where nobody counts (synthbench used as
 a library), a KeyboardInterrupt is taken for the user's, so that Ctrl-C always works.
+
+Python drops an exception raised inside a finalizer or a weakref callback: a Ctrl-C that
+lands in one (a module lock's callback, while a training's first step imports torch._dynamo
+lazily) would be lost, and the command would train on. So a counted Ctrl-C is also raised
+again where work goes on (``raise_pending``: each training step, each turn of the runner),
+and the dropped one is not printed as a traceback.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import traceback
 
 _received = 0  # SIGINTs this process received while counted
@@ -30,6 +37,21 @@ def count_interrupts() -> None:
     KeyboardInterrupt as it does by default)."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _count)
+        sys.unraisablehook = _unraisable
+
+
+def _unraisable(unraisable, previous=sys.unraisablehook) -> None:
+    """A Ctrl-C that Python drops (raised in a finalizer) goes unprinted: ``raise_pending``
+    raises it again; anything else is printed as Python does."""
+    if not (_received and isinstance(unraisable.exc_value, KeyboardInterrupt)):
+        previous(unraisable)
+
+
+def raise_pending() -> None:
+    """The user's Ctrl-C again, if this process received one: where it was raised first,
+    Python may have dropped it (above). Cheap enough for every training step."""
+    if _received:
+        raise KeyboardInterrupt
 
 
 def from_user(exc: BaseException) -> bool:

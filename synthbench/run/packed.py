@@ -52,7 +52,7 @@ import torch
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from synthbench.core.interrupts import caught, describe
+from synthbench.core.interrupts import caught, describe, raise_pending
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.model import Model
 from synthbench.run import provenance
@@ -241,6 +241,7 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
 
     active = list(members)  # the pack's rows, in order
     for step in range(max(m.last_step for m in members)):
+        raise_pending()  # a Ctrl-C Python dropped (synthbench/core/interrupts.py)
         start = time.perf_counter()
         with phase("training batches"):
             batches = [task.generate(p.batch_size, m.generator, device) for m in active]

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from synthbench.core.interrupts import raise_pending
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.task import TASKS
 from synthbench.core.text import plural
@@ -318,6 +319,7 @@ def execute(
         out: Counter[int] = Counter()  # submission -> its trainings not yet back
         submissions = itertools.count()
         while queue or in_flight:
+            raise_pending()  # a Ctrl-C Python dropped (synthbench/core/interrupts.py)
             while queue and len(out) < capacity:
                 unit = queue.popleft()
                 if not ready(unit):

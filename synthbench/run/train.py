@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from synthbench.core.interrupts import caught, describe
+from synthbench.core.interrupts import caught, describe, raise_pending
 from synthbench.core.model import Model
 from synthbench.core.task import IGNORE, TASKS, Batch, Task
 from synthbench.integrity.audit import Chance, chance
@@ -346,6 +346,7 @@ def _train_and_evaluate(
     last_save = time.perf_counter()
     measure_at = measured_steps(p, last_step)
     for step in range(first_step, last_step):
+        raise_pending()  # a Ctrl-C Python dropped (synthbench/core/interrupts.py)
         with phase("training batches"):
             batch = task.generate(p.batch_size, train_gen, device)
         with phase("training steps"):
