@@ -19,6 +19,7 @@ and the dropped one is not printed as a traceback.
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import traceback
@@ -37,12 +38,12 @@ def count_interrupts() -> None:
     KeyboardInterrupt as it does by default)."""
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
         signal.signal(signal.SIGINT, _count)
-        sys.unraisablehook = _unraisable
+        sys.unraisablehook = functools.partial(_unraisable, sys.unraisablehook)
 
 
-def _unraisable(unraisable, previous=sys.unraisablehook) -> None:
+def _unraisable(previous, unraisable) -> None:
     """A Ctrl-C that Python drops (raised in a finalizer) goes unprinted: ``raise_pending``
-    raises it again; anything else is printed as Python does."""
+    raises it again; anything else goes to the hook that was in place before."""
     if not (_received and isinstance(unraisable.exc_value, KeyboardInterrupt)):
         previous(unraisable)
 
