@@ -72,7 +72,9 @@ based-360m.yaml, based/models/gpt.py ``create_mixer_cls``) linear attention in l
 model, 36 layers: linear attention in 1, 6, 11, 16, 21, 27, 33, windows one layer later).
 The block track has one layer type per block and 2 blocks, so ``BasedLayer`` is that run of
 three consecutive reference blocks, MLPs left out (the block has one after the layer), each
-step a residual on the stream h, starting from the block's normalised input x:
+step a residual on the stream h, starting from the layer's input x (not normalised: the block
+track has no norm before its mixer, synthbench/core/model.py; the reference pre-norms each
+part):
 
 1. BaseConv (based/models/mixers/convolution.py ``BaseConv``, ``expand_proj`` 4, kernel 3):
    a Linear with bias to 4 d_model, halves u and g; c = out_proj(silu(conv(u)) * g), the
