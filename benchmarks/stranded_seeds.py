@@ -18,9 +18,15 @@ from pathlib import Path
 
 import pandas as pd
 
+from synthbench.run.schema import lr_key
 from synthbench.run.store import ResultStore
 
 DEFAULT_ROOT = Path(__file__).parent / "runs" / "rebuild"
+
+
+def at_chance(rows: pd.DataFrame, margin: float) -> pd.Series:
+    """Whether each row's validation token accuracy is within ``margin`` of its chance."""
+    return rows["val_token_acc"] <= rows["chance_token_acc"] + margin
 
 
 def stranded(rows: pd.DataFrame, margin: float, gap: float) -> pd.DataFrame:
@@ -32,13 +38,11 @@ def stranded(rows: pd.DataFrame, margin: float, gap: float) -> pd.DataFrame:
         chosen = cell[cell["selected"]].set_index("seed")
         if len(chosen) < 2:
             continue
-        for seed, row in chosen.iterrows():
-            if row["val_token_acc"] > row["chance_token_acc"] + margin:
-                continue
-            tried = set(cell.loc[cell["seed"] == seed, "lr"].round(9))
+        for seed, row in chosen[at_chance(chosen, margin)].iterrows():
+            tried = {lr_key(lr) for lr in cell.loc[cell["seed"] == seed, "lr"]}
             better = chosen[
                 (chosen["val_token_acc"] - row["val_token_acc"] >= gap)
-                & ~chosen["lr"].round(9).isin(tried)
+                & ~chosen["lr"].map(lr_key).isin(tried)
             ]
             if len(better):
                 best_seed = better["val_token_acc"].idxmax()
@@ -67,9 +71,9 @@ def main() -> None:
     args = parser.parse_args()
     rows = ResultStore(args.results).load().rows
     selected = rows[rows["selected"]]
-    at_chance = selected["val_token_acc"] <= selected["chance_token_acc"] + args.margin
     table = stranded(rows, args.margin, args.gap)
-    print(f"{len(selected)} selected runs in {args.results}; {int(at_chance.sum())} at chance")
+    n_at_chance = int(at_chance(selected, args.margin).sum())
+    print(f"{len(selected)} selected runs in {args.results}; {n_at_chance} at chance")
     print(f"{len(table)} stranded: at chance where another seed's lr, never tried, did better")
     if len(table):
         print(table.round(3).to_string(index=False))

@@ -42,7 +42,7 @@ def test_a_seed_at_chance_that_never_tried_the_lr_another_seed_learned_at_is_lis
             ("a", 1, 3e-3, 0.02, False),
             ("a", 1, 1e-2, 0.035, True),
             ("a", 1, 3.3e-2, 0.02, False),
-        ),  # fmt: skip
+        ),
         margin=0.02,
         gap=0.15,
     )
