@@ -6,6 +6,8 @@
     python benchmarks/block_recall_ablation.py --variants as-is --task-param pairs=16 queries=0
     python benchmarks/block_recall_ablation.py --variants as-is --task noisy_copy \
         --mech deltanet --mech-param use_short_conv=false
+    python benchmarks/block_recall_ablation.py --variants as-is,decay-near-1 \
+        --mech gated-deltanet --mech-param head_dim=16 expand_v=1 use_gate=false --lr 0.003
 
 Trains softmax (or ``--mech``, with ``--mech-param`` options of its layer) on kv_recall (or
 ``--task``) under quick-block (one lr, one seed, no lr sweep) with one part of the block
@@ -20,7 +22,10 @@ the training stopped at and the validation curve. The variants:
   sqrt(2 n_layers) as GPT-2;
 - ``zoology-init``: Zoology's ``_init_weights`` (every Linear and Embedding N(0, 0.02), the
   residual outputs N(0, 0.02 / sqrt(2 n_layers)));
-- ``mlp-no-ln``: the MLP without its LayerNorm.
+- ``mlp-no-ln``: the MLP without its LayerNorm;
+- ``decay-near-1``: every ``A_log`` (the decay rate of Gated DeltaNet and Mamba-2, drawn as
+  log(uniform(0, 16)) and log(uniform(1, 16))) set to log(1e-3), so that every head starts
+  out nearly without forgetting; still learned.
 
 ``--protocol-param`` changes the protocol (steps=3000, grad_clip=0) and ``--pos`` its
 positional encoding (rope), as ``synthbench run``'s options do. One thread, as the project
@@ -78,6 +83,13 @@ def _zoology_init(model: nn.Module, blocks: list[Block]) -> None:
             nn.init.normal_(out.weight, std=0.02 / math.sqrt(2 * len(blocks)))
 
 
+def _decay_near_1(model: nn.Module) -> None:
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("A_log"):
+                param.fill_(math.log(1e-3))
+
+
 def change(variant: str, model: nn.Module) -> None:
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     if variant == "as-is":
@@ -94,6 +106,8 @@ def change(variant: str, model: nn.Module) -> None:
         _gpt2_scaled(blocks)
     elif variant == "zoology-init":
         _zoology_init(model, blocks)
+    elif variant == "decay-near-1":
+        _decay_near_1(model)
     elif variant == "mlp-no-ln":
         for block in blocks:
             block.norm2 = nn.Identity()

@@ -44,3 +44,25 @@ def test_variants_touch_only_what_they_name():
     assert zoology.head.weight.std().item() == pytest.approx(0.02, rel=0.2)
     with pytest.raises(SystemExit, match="unknown variant"):
         ablation.change("no-such-variant", model("as-is"))
+
+
+def test_decay_near_1_sets_every_decay_rate_and_nothing_else():
+    def built(variant: str) -> torch.nn.Module:
+        run = RunSpec.resolve("kv_recall", "gated-deltanet", PROTOCOLS.get("quick-block"), 0)
+        task, _ = train.run_tasks(run)
+        made = train.seeded_model(run, task, None, torch.device("cpu"))
+        ablation.change(variant, made)
+        return made
+
+    as_is, near_1 = (
+        dict(built("as-is").named_parameters()),
+        dict(built("decay-near-1").named_parameters()),
+    )
+    rates = [name for name in as_is if name.endswith("A_log")]
+    assert len(rates) == 2  # quick-block: two blocks, a Gated DeltaNet layer in each
+    for name, value in near_1.items():
+        if name in rates:
+            assert torch.allclose(value, torch.full_like(value, -6.907755), atol=1e-6)
+            assert not torch.allclose(as_is[name], value)
+        else:
+            assert torch.equal(as_is[name], value)
