@@ -18,8 +18,8 @@ sys.modules[spec.name] = ablation
 spec.loader.exec_module(ablation)
 
 
-def model(variant: str, protocol: str = "smoke-block") -> torch.nn.Module:
-    run = RunSpec.resolve("kv_recall", "softmax", PROTOCOLS.get(protocol), 0)
+def model(variant: str, protocol: str = "smoke-block", mech: str = "softmax") -> torch.nn.Module:
+    run = RunSpec.resolve("kv_recall", mech, PROTOCOLS.get(protocol), 0)
     task, _ = train.run_tasks(run)
     built = train.seeded_model(run, task, None, torch.device("cpu"))
     ablation.change(variant, built)
@@ -47,16 +47,9 @@ def test_variants_touch_only_what_they_name():
 
 
 def test_decay_near_1_sets_every_decay_rate_and_nothing_else():
-    def built(variant: str) -> torch.nn.Module:
-        run = RunSpec.resolve("kv_recall", "gated-deltanet", PROTOCOLS.get("quick-block"), 0)
-        task, _ = train.run_tasks(run)
-        made = train.seeded_model(run, task, None, torch.device("cpu"))
-        ablation.change(variant, made)
-        return made
-
     as_is, near_1 = (
-        dict(built("as-is").named_parameters()),
-        dict(built("decay-near-1").named_parameters()),
+        dict(model(variant, "quick-block", "gated-deltanet").named_parameters())
+        for variant in ("as-is", "decay-near-1")
     )
     rates = [name for name in as_is if name.endswith("A_log")]
     assert len(rates) == 2  # quick-block: two blocks, a Gated DeltaNet layer in each
