@@ -14,7 +14,7 @@ import torch
 from mechtools import CLOSE, LargestTensor, assert_same_function, lengths_around
 
 from synthbench.core.mechanism import MECHANISMS, mechanism_params, recurrent_forward
-from synthbench.mechanisms.based import based_reference, taylor_feature_map
+from synthbench.mechanisms.based import based_reference, taylor_attention, taylor_feature_map
 
 B, H, D = 2, 4, 8
 
@@ -50,6 +50,31 @@ def test_taylor_features_give_one_plus_s_plus_half_s_squared(d):
     q2 = q.clone()
     q2[..., d:] = 0
     torch.testing.assert_close(taylor_feature_map(q2, d), phi_q, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("d", [2, 3])
+def test_taylor_attention_takes_two_forms_both_equal_to_the_reference(d):
+    """Up to 1 + d + d^2 positions the scores form, past them the features form: each
+    against the token-by-token reference (Taylor heads only), forward and backward, on both
+    sides of the switch, at chunks that do and do not divide the length."""
+    features = 1 + d + d * d
+    for length in (1, features - 1, features, features + 1, 2 * features + 3):
+        for chunk in (3, 64):
+            assert_same_function(
+                lambda q, k, v, chunk=chunk: taylor_attention(q, k, v, d, chunk_size=chunk),
+                lambda q, k, v: based_reference(q, k, v, d, window=1, window_heads=0),
+                qkv(length, seed=length + chunk, requires_grad=True),
+            )
+
+
+def test_taylor_attention_builds_no_features_where_it_takes_the_scores():
+    """At L 64 and d 16 (273 features a position) the largest tensor is a block of scores,
+    chunk x L per head, far below the L x 273 features per head of the other form."""
+    length, chunk = 64, 32
+    q, k, v = qkv(length, seed=3, dtype=torch.float32, dim=16)
+    with LargestTensor() as seen:
+        taylor_attention(q, k, v, 16, chunk_size=chunk)
+    assert seen.largest <= B * H * chunk * length < B * H * length * 273
 
 
 # (window, window_heads, chunk_size): the defaults; windows shorter than, equal to and longer

@@ -196,10 +196,12 @@ def test_a_bad_value_is_a_one_line_value_error(options, message):
 
 # the core's "prefix" strategy (taken under torch.func) calls tril_, which vmap runs unbatched
 @pytest.mark.filterwarnings("ignore:There is a performance drop")
-def test_vmap_over_stacked_parameter_copies_gives_each_copy_its_output():
-    """Without the layer's switch to the "prefix" strategy the CPU scan (an autograd.Function
-    without a vmap rule) would raise here."""
-    layers = [build(seed=s, window=7, chunk_size=16) for s in (0, 1)]
+@pytest.mark.parametrize("feature_dim", [16, 4])
+def test_vmap_over_stacked_parameter_copies_gives_each_copy_its_output(feature_dim):
+    """At L 35 the Taylor step takes the scores form at feature_dim 16 (273 features) and
+    the features form at 4 (21): there, without the layer's switch to the "prefix"
+    strategy, the CPU scan (an autograd.Function without a vmap rule) would raise."""
+    layers = [build(seed=s, window=7, chunk_size=16, feature_dim=feature_dim) for s in (0, 1)]
     params, buffers = stack_module_state(layers)
     x = inputs(35)
 

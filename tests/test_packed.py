@@ -44,12 +44,11 @@ DIVERGES = 1e30  # an lr whose first step sends every weight past float32's rang
 # gives: the linear-attention core's CPU scan (synthbench/core/linear_attention.py,
 # _CausalScan) is an autograd.Function without setup_context or a vmap rule. (On a GPU the
 # core takes its "prefix" strategy, plain tensor operations, and these pack. The other
-# feature maps take the core only past their feature count: on copy's 64 positions they
-# take the scores, and pack; on longer tasks they fall back too.)
+# feature maps, based's Taylor heads among them, take the core only past their feature
+# count: on copy's 64 positions they take the scores, and pack; on longer tasks they fall
+# back too.)
 NO_VMAP_RULE = "autograd.Function"
-FALLBACK = dict.fromkeys(
-    ("based", "cosformer", "linear", "slay-laplace", "slay-hadamard"), NO_VMAP_RULE
-)
+FALLBACK = dict.fromkeys(("cosformer", "linear", "slay-laplace", "slay-hadamard"), NO_VMAP_RULE)
 # Mechanisms whose float32 training is ill-conditioned: signed random features under the
 # guarded denominator, logits in the thousands at initialisation. A separate training
 # itself moves by far more than float32 tolerance when only the rounding changes (torch's
