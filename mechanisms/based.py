@@ -156,9 +156,9 @@ def taylor_attention(
       1 + s + s^2 / 2 with s = q . k / sqrt(d), ``chunk_size`` queries at a time against
       the keys up to the last of them, normalised as the core does (``normalise``). About
       L^2 (d + D) / 2 work, where the features' chunked core takes about L C (1 + d + d^2)
-      and builds (B, H, L, 1 + d + d^2) features: forward and backward 6 to 10 times
-      faster on a CPU at L 256 to 64, d 16 (flash-linear-attention's ``parallel_based``,
-      fla/ops/based/parallel.py, computes these scores at every length);
+      and builds (B, H, L, 1 + d + d^2) features: forward and backward about 6 times
+      faster on a CPU at L 64-256, d 16 (benchmarks/taylor_forms.py; flash-linear-attention's
+      ``parallel_based``, fla/ops/based/parallel.py, computes these scores at every length);
     - longer, or not causal: phi(q) and phi(k) through the shared linear-attention core
       (``strategy`` is its), whose state grows no further with L."""
     length = q.shape[-2]

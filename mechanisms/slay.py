@@ -25,7 +25,7 @@ A causal sequence up to feature_dim never forms it: its scores factorise, phi(u)
 ``attend_to_factored_scores`` takes a block of batch rows at a time; the features come from
 one matrix product and exp2 with hand-written backwards (``unit_features``,
 ``score_factors_vjp``). The plain formulas' values to float rounding, in less time
-(benchmarks/slay_step.py).
+(benchmarks/step_speedup.py).
 
 Bias worth knowing (see docs): with eps = 1e-3 the R-point quadrature does not resolve the
 1/eps peak at x = 1 (at R = 2 the discretised kernel reaches about 3 there, not 1000), and

@@ -1,0 +1,32 @@
+"""benchmarks/taylor_forms.py runs on a CPU, checks the two forms agree in float64 and
+prints their ratio (one short length, one round: a smoke test of the script, not a timing);
+a length past the scores form is refused."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "taylor_forms.py"
+
+
+def run(*args):
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        capture_output=True,
+        text=True,
+        env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"},
+    )
+
+
+def test_prints_the_ratio_of_the_two_forms():
+    done = run("--lengths", "20", "--rounds", "1")
+    assert done.returncode == 0, done.stderr
+    ratio = re.search(r"^L\s+20\s+scores\s+\S+\s+features\s+\S+\s+features / scores (\S+)$",
+                      done.stdout, re.M)  # fmt: skip
+    assert ratio and float(ratio.group(1)) > 0
+
+
+def test_a_length_past_the_scores_form_is_refused():
+    done = run("--lengths", "274")
+    assert done.returncode == 2 and "lengths are 1 to 273" in done.stderr
