@@ -21,14 +21,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
+from synthbench.bench.common import timed_ms
 from synthbench.core.linear_attention import linear_attention
 from synthbench.mechanisms.based import BASED_EPS, taylor_attention, taylor_feature_map
 
 BATCH, HEADS, D, WIDTH = 32, 4, 16, 16
+CPU = torch.device("cpu")
 
 
 def scores_form(q, k, v):
@@ -61,10 +62,8 @@ def check_agree(length: int) -> None:
         torch.testing.assert_close(x, y, atol=1e-10, rtol=1e-10)
 
 
-def seconds(form, tensors) -> float:
-    start = time.perf_counter()
-    form(*tensors).sum().backward()
-    return time.perf_counter() - start
+def step_ms(form, tensors) -> float:
+    return timed_ms(lambda: form(*tensors).sum().backward(), CPU)
 
 
 def main() -> None:
@@ -81,11 +80,11 @@ def main() -> None:
         tensors = inputs(length, torch.float32)
         times: dict[str, list[float]] = {name: [] for name in FORMS}
         for form in FORMS.values():  # warm-up
-            seconds(form, tensors)
+            step_ms(form, tensors)
         for i in range(args.rounds):
             for name in FORMS if i % 2 == 0 else reversed(FORMS):
-                times[name].append(seconds(FORMS[name], tensors))
-        ms = {name: statistics.median(t) * 1e3 for name, t in times.items()}
+                times[name].append(step_ms(FORMS[name], tensors))
+        ms = {name: statistics.median(t) for name, t in times.items()}
         print(
             f"L {length:4d}  scores {ms['scores']:8.1f}  features {ms['features']:8.1f}"
             f"  features / scores {ms['features'] / ms['scores']:.2f}"
