@@ -257,3 +257,26 @@ def test_the_board_quotes_each_registered_mechanisms_declared_state():
     assert cells["linear (reference) ≈"] == f"{head * (head + 1):,}"
     assert cells["linear (eps=0.1)"] == "--"  # another parameter set: not the default's figure
     assert "state/head: the numbers a head carries" in md
+
+
+def test_the_block_board_quotes_each_layers_whole_state():
+    """In the block track the state column is per layer: a published layer's own declared
+    state (deltanet's convolution windows and its heads' S), and an attention-family core's
+    per-head state times the heads."""
+    board = build(
+        runs({("Basic", "copy", "softmax"): [0.9], ("Basic", "copy", "deltanet"): [0.8]}),
+        "quick-block", 1, "target", track="block",
+    )  # fmt: skip
+    md = to_markdown(board)
+    header = next(line for line in md.splitlines() if line.startswith("| rank"))
+    assert header.rstrip(" |").endswith("state/layer")
+    cells = {
+        c[1].removesuffix(" ≈"): c[-1]
+        for c in ([x.strip() for x in line.strip("|").split("|")] for line in md.splitlines())
+        if len(c) > 2
+    }
+    heads, head = 4, 64 // 4  # quick-block: d_model 64, 4 heads
+    assert cells["softmax"] == f"{heads * 2 * 1024 * head:,}"
+    conv = 3 * (4 - 1) * 64  # q, k and v windows of a kernel-4 convolution, d_model wide
+    assert cells["deltanet"] == f"{conv + heads * head * head:,}"
+    assert "state/layer: the numbers one layer carries" in md

@@ -208,3 +208,26 @@ def test_a_reference_runs_mark_stays_when_its_defaults_are_dropped():
     grid = side_by_side(core, block)
     moves = {r[0]: cells[-1] for r, cells in zip(grid.rows, grid.cells, strict=True)}
     assert moves == {"softmax (reference)": "down 1", "deltanet": "up 1"}
+
+
+def test_a_mechanism_at_each_tracks_own_defaults_is_named_alone_on_both_boards(tmp_path):
+    """mamba2's core runs store chunk_size 64, its published layer's 256 (and the layer's
+    other parameters): each protocol's runs hold one parameter set, so neither board labels
+    it as a variant, and both quote its declared state."""
+    rows = []
+    for protocol in ("smoke", "smoke-block"):
+        for mech, acc in (("mamba2", 0.7), ("softmax", 0.9)):
+            for task in ("copy", "kv_recall"):
+                spec = RunSpec.resolve(task, mech, PROTOCOLS.get(protocol), 0)
+                fields = spec.row_fields()
+                stored = {k: fields[k] for k in ("run_id", "mechanism_params", "config")}
+                rows.append(row(task, mech, 0, acc, protocol=protocol, **stored))
+    params = {r["protocol"]: r["mechanism_params"] for r in rows if r["mechanism"] == "mamba2"}
+    assert params["smoke"] != params["smoke-block"]  # what would make a cross-protocol label
+    write_reports(frame(*rows), tmp_path, formats=("md",))
+    board = (tmp_path / "leaderboard.md").read_text()
+    assert "mamba2 (" not in board
+    lines = [line for line in board.splitlines() if line.startswith("| 2 ")]
+    assert len(lines) == 2 and all("| mamba2 " in line for line in lines)
+    assert not any(line.rstrip(" |").endswith("--") for line in lines)  # its state/head
+    assert "mamba2 (" not in (tmp_path / "smoke" / "target" / "full.md").read_text()

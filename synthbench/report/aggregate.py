@@ -51,16 +51,20 @@ CHANCE_COLUMN = {
 
 
 def _label_variants(rows: pd.DataFrame, column: str, sources: list[str], params) -> pd.DataFrame:
-    """Rename the rows of each ``column`` value that holds several parameter sets to
-    ``name (k=v, ...)``, with the keys in which its variants differ. ``params(values)`` maps a
-    row's ``sources`` values to its parameter dict and the keys to show even when there is a
-    single variant; it runs once per distinct combination, not per row."""
+    """Rename the rows of each ``column`` value that holds several parameter sets within one
+    protocol to ``name (k=v, ...)``, with the keys in which its variants differ there.
+    Protocols are apart: each has its own tables, and a mechanism at each track's defaults
+    (mamba2's chunk of 64 in the core, its layer's 256 in the block) is named alone in both.
+    ``params(values)`` maps a row's ``sources`` values to its parameter dict and the keys to
+    show even when there is a single variant; it runs once per distinct combination."""
     sources = [c for c in sources if c in rows]
-    keys = rows[[column, *sources]].astype(str)
+    group = [column] + (["protocol"] if "protocol" in rows else [])
+    keys = rows[list(dict.fromkeys([*group, *sources]))].astype(str)
+    fields = list(keys.columns[1:])
     combos = keys.drop_duplicates()
-    parsed = {tuple(c): params(dict(zip(sources, c[1:], strict=True))) for c in combos.values}
+    parsed = {tuple(c): params(dict(zip(fields, c[1:], strict=True))) for c in combos.values}
     labels = {}
-    for name, part in combos.groupby(column):
+    for (name, *_), part in combos.groupby(group):
         found = {tuple(c): parsed[tuple(c)] for c in part.values}
         distinct = {json.dumps(p, sort_keys=True, default=str): p for p, _ in found.values()}
         names = sorted(set().union(*distinct.values()))

@@ -304,10 +304,15 @@ STATE_LENGTH = 1024  # where the leaderboard quotes each mechanism's declared st
 
 
 def declared_state(label: str, protocol: str) -> int | None:
-    """The state per head a mechanism declares (``state_size``) at length STATE_LENGTH and
-    the protocol's head size, at its default parameters; None for a mechanism that is not
-    registered here or a variant run with other parameters (``name (k=v)``)."""
-    from synthbench.core.mechanism import MECHANISMS  # torch: only where a board is written
+    """What a mechanism declares it carries from one token to the next (``state_size``) at
+    length STATE_LENGTH, at its default parameters and the protocol's sizes: per head in the
+    core track (its core), per layer in the block track (its published layer's whole state,
+    or its core's times the heads where it enters the block as its core). None for a
+    mechanism that is not registered here or a variant run with other parameters (``name
+    (k=v)``)."""
+    # torch: only where a board is written
+    from synthbench.core.layer import Layer
+    from synthbench.core.mechanism import MECHANISMS, mixer
     from synthbench.run.protocols import PROTOCOLS
 
     name, _, variant = label.partition(" (")
@@ -315,10 +320,31 @@ def declared_state(label: str, protocol: str) -> int | None:
         return None
     preset = PROTOCOLS.get(protocol)
     try:
-        mechanism = MECHANISMS.get(name)(preset.d_model // preset.n_heads, preset.n_heads)
-        return int(mechanism.state_size(STATE_LENGTH))
+        built = mixer(name, preset.d_model, preset.n_heads, preset.arch)
+        module = built.build(built.params(None))
+        size = int(module.state_size(STATE_LENGTH))
     except Exception:  # a plugin that cannot be built with its defaults: no figure
         return None
+    per_layer = preset.track == "block" and not isinstance(module, Layer)
+    return size * preset.n_heads if per_layer else size
+
+
+def state_column(track: str) -> tuple[str, str]:
+    """The header of the board's state column and the note that explains it."""
+    if track == "block":
+        return "state/layer", (
+            "state/layer: the numbers one layer carries from one token to the next when "
+            "generating (its declared state_size: the published layer's whole state, "
+            "convolution windows included, or its core's over every head) at length "
+            f"{STATE_LENGTH} and this protocol's sizes, default parameters; a KV cache "
+            "(softmax) grows with the length, a recurrent state does not."
+        )
+    return "state/head", (
+        f"state/head: the numbers a head carries from one token to the next when generating "
+        f"(its declared state_size) at length {STATE_LENGTH} and this protocol's head size, "
+        "default parameters; a KV cache (softmax) grows with the length, a recurrent state "
+        "does not."
+    )
 
 
 def tasks_leaky(n: int, diverged: int = 0) -> str:
@@ -344,14 +370,9 @@ def to_markdown(board: Leaderboard) -> str:
         state = declared_state(row["mechanism"], board.protocol)
         state_text = "--" if state is None else f"{state:,}"
         body.append([rank, row["mechanism"] + tie, _interval(row), *cells, tasks, state_text])
+    state_header, state_note = state_column(board.track)
     headers = ["rank", "mechanism", f"score [{CONFIDENCE:.0%} CI]", *board.categories, "tasks",
-               "state/head"]  # fmt: skip
+               state_header]  # fmt: skip
     text = markdown_table(body, headers)
-    state_note = (
-        f"state/head: the numbers a head carries from one token to the next when generating "
-        f"(its declared state_size) at length {STATE_LENGTH} and this protocol's head size, "
-        "default parameters; a KV cache (softmax) grows with the length, a recurrent state "
-        "does not."
-    )
     lines = [*notes(board), state_note]
     return text + "\n\n" + "\n".join(f"- {n}" for n in lines) + "\n"
