@@ -221,12 +221,12 @@ def test_sweep_of_a_missing_file_is_one_line(tmp_path):
 # -- frontiers -------------------------------------------------------------------------------
 
 
-def grid_rows(accuracy: dict) -> pd.DataFrame:
-    """Stored-like rows of kv_recall at quick: ``accuracy[(mechanism, pairs, d_model)]`` is
-    a list of per-seed test accuracies, each the selected lr's."""
+def grid_rows(accuracy: dict, base=QUICK) -> pd.DataFrame:
+    """Stored-like rows of kv_recall at ``base`` (quick): ``accuracy[(mechanism, pairs,
+    d_model)]`` is a list of per-seed test accuracies, each the selected lr's."""
     rows = []
     for (mechanism, pairs, d_model), values in accuracy.items():
-        protocol = grid.protocol_points(QUICK, {"d_model": d_model})[0]
+        protocol = grid.protocol_points(base, {"d_model": d_model})[0]
         for seed, value in enumerate(values):
             spec = RunSpec.resolve("kv_recall", mechanism, protocol, seed,
                                    {"pairs": pairs, "queries": 4})  # fmt: skip
@@ -281,6 +281,20 @@ def test_state_points_use_the_declared_state_size():
         )
         assert row["state"] == expected
     assert states.loc[("linear", 32), "state"] < states.loc[("linear", 64), "state"]
+
+
+def test_block_state_points_use_the_published_layers_whole_state():
+    """Under quick-block the rows store the published layer's parameters: the point's state
+    is n_layers x the layer's own state_size (deltanet's convolution windows included), and
+    an attention-family core's per-head state times the heads, as in the core track."""
+    block = PROTOCOLS.get("quick-block")
+    rows = grid_rows({("deltanet", 4, 64): [0.9], ("softmax", 4, 64): [1.0]}, base=block)
+    states = frontier.state_points(frontier.grid_runs(rows)).set_index("mechanism")
+    length = TASKS.get("kv_recall")(pairs=4, queries=4).seq_len
+    heads, head, layers = block.n_heads, block.d_model // block.n_heads, block.n_layers
+    conv = 3 * (4 - 1) * block.d_model  # q, k and v windows of a kernel-4 convolution
+    assert states.loc["deltanet", "state"] == layers * (conv + heads * head * head)
+    assert states.loc["softmax", "state"] == layers * heads * 2 * length * head
 
 
 def test_a_difficulty_ladder_is_one_knob_ordered_easy_to_hard():

@@ -296,6 +296,18 @@ def mixer(name: str, d_model: int, n_heads: int, arch: str) -> Mixer:
     return Mixer(entry.obj, (d_model // n_heads, n_heads), f"mechanism {entry.name}")
 
 
+def layer_state(
+    name: str, d_model: int, n_heads: int, arch: str, params: dict[str, Any] | None, length: int
+) -> int:
+    """The numbers one model layer of mechanism ``name`` (``mixer``: its published layer, or
+    its core) carries from one token to the next at ``length``: a layer's whole declared
+    ``state_size``, a core's per-head one times the heads."""
+    built = mixer(name, d_model, n_heads, arch)
+    module = built.build(built.params(params))
+    size = int(module.state_size(length))
+    return size if isinstance(module, Layer) else size * n_heads
+
+
 def build_once(name: str, head_dim: int, n_heads: int, params: dict[str, Any]) -> None:
     """Build mechanism ``name``'s core once (``build_mixer_once``)."""
     cls = MECHANISMS.get(name)

@@ -18,7 +18,8 @@ one is taken as harder when larger, and the table says so. A ladder of difficult
 
 The state-size view puts each point of the grid at its mechanism's declared state:
 ``n_layers x n_heads x Mechanism.state_size(L)`` numbers carried from one token to the next
-(synthbench/core/mechanism.py), L the task's input length.
+(synthbench/core/mechanism.py, ``layer_state``; in the block track n_layers x the published
+layer's whole ``state_size(L)``), L the task's input length.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.mechanism import MECHANISMS, layer_state
 from synthbench.core.task import TASKS
 from synthbench.report.aggregate import _text_or, fill_from_registry, metric_values
 from synthbench.report.tables import Grid
@@ -172,13 +173,14 @@ def _preset_of(task: str, params: str) -> str | None:
 
 @functools.cache
 def _state_size(mechanism: str, mech_params: str, task: str, task_params: str, protocol: str):
-    """n_layers x n_heads x state_size(L) of the registered mechanism, or NaN."""
+    """n_layers x one layer's state at L (``layer_state``: n_heads x a core's state_size, or
+    a published layer's whole one) of the registered mechanism, or NaN."""
     config = json.loads(protocol)
     try:
         d_model, heads, layers = config["d_model"], config["n_heads"], config["n_layers"]
         length = TASKS.get(task)(**json.loads(task_params)).seq_len
-        mech = MECHANISMS.get(mechanism)(d_model // heads, heads, **json.loads(mech_params))
-        return float(layers * heads * mech.state_size(length))
+        arch, params = config.get("arch", "attn-only"), json.loads(mech_params)
+        return float(layers * layer_state(mechanism, d_model, heads, arch, params, length))
     except Exception:  # not registered here, or parameters this version rejects: no state
         return float("nan")
 

@@ -311,8 +311,7 @@ def declared_state(label: str, protocol: str) -> int | None:
     mechanism that is not registered here or a variant run with other parameters (``name
     (k=v)``)."""
     # torch: only where a board is written
-    from synthbench.core.layer import Layer
-    from synthbench.core.mechanism import MECHANISMS, mixer
+    from synthbench.core.mechanism import MECHANISMS, layer_state
     from synthbench.run.protocols import PROTOCOLS
 
     name, _, variant = label.partition(" (")
@@ -320,13 +319,10 @@ def declared_state(label: str, protocol: str) -> int | None:
         return None
     preset = PROTOCOLS.get(protocol)
     try:
-        built = mixer(name, preset.d_model, preset.n_heads, preset.arch)
-        module = built.build(built.params(None))
-        size = int(module.state_size(STATE_LENGTH))
+        size = layer_state(name, preset.d_model, preset.n_heads, preset.arch, None, STATE_LENGTH)
     except Exception:  # a plugin that cannot be built with its defaults: no figure
         return None
-    per_layer = preset.track == "block" and not isinstance(module, Layer)
-    return size * preset.n_heads if per_layer else size
+    return size if preset.track == "block" else size // preset.n_heads
 
 
 def state_column(track: str) -> tuple[str, str]:
