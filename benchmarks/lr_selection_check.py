@@ -1,8 +1,9 @@
 """The pre-declared check of a cheaper learning-rate selection, replayed on the shipped
-reference (synthbench/data/reference/quick.parquet: 6 mechanisms x 22 tasks x 3 seeds, every lr
-each sweep trained, with its learning curve).
+reference (synthbench/data/reference/quick.parquet: every lr each sweep trained, with its
+learning curve), on the runs of one of its protocols (quick by default; the reference holds
+both tracks, quick and quick-block).
 
-    python benchmarks/lr_selection_check.py [--schemes seed0,halving:300:2,...] [--out F.json]
+    python benchmarks/lr_selection_check.py [--protocol quick] [--schemes seed0,...] [--out F.json]
 
 A training's first k steps do not depend on how long it goes on (the lr schedule spans the
 protocol's steps either way), so a scheme that stops trainings early can be replayed from the
@@ -142,8 +143,18 @@ def scheme(name: str) -> tuple[Callable[[Protocol, dict], Choice], bool]:
     raise SystemExit(f"unknown scheme {name!r}")
 
 
+def of_protocol(rows: pd.DataFrame, name: str) -> pd.DataFrame:
+    """The rows of protocol ``name`` (a reference file holds both tracks); none is an error."""
+    mine = rows[rows["protocol"] == name]
+    if mine.empty:
+        held = ", ".join(sorted(set(rows["protocol"]))) or "none"
+        raise SystemExit(f"error: the reference holds no {name!r} runs (it holds: {held})")
+    return mine.reset_index(drop=True)
+
+
 def stored_protocol(rows: pd.DataFrame) -> Protocol:
-    """The protocol the rows were trained under, from their stored config (not today's)."""
+    """The protocol the rows were trained under, from their stored config (not today's); the
+    rows must be of one protocol (``of_protocol``)."""
     (fields,) = {json.dumps(json.loads(c)["protocol"], sort_keys=True) for c in rows["config"]}
     fields = json.loads(fields)
     fields["lrs"], fields["betas"] = tuple(fields["lrs"]), tuple(fields["betas"])
@@ -265,15 +276,17 @@ def line(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--protocol", default="quick", help="whose runs to replay")
     parser.add_argument("--schemes", default=DEFAULT_SCHEMES)
     parser.add_argument("--reference", type=Path, default=REFERENCE / "quick.parquet")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    rows = pd.read_parquet(args.reference)
+    rows = of_protocol(pd.read_parquet(args.reference), args.protocol)
     protocol = stored_protocol(rows)
     before = separated(rows)
     print(
-        f"{args.reference.name}: {rows['mechanism'].nunique()} mechanisms x "
+        f"{args.reference.name}, {args.protocol} v{protocol.version}: "
+        f"{rows['mechanism'].nunique()} mechanisms x "
         f"{rows['task'].nunique()} tasks x {rows['seed'].nunique()} seeds, {len(rows)} trainings; "
         f"{len(before)} separations; cost relative to the reference's seconds (verifiable pairs)"
     )

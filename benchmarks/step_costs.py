@@ -39,11 +39,18 @@ free-running generation, corrected token after token, can cost minutes (performe
 long_copy) where a trained model's costs seconds. Ratios measured back to back cancel what
 the machine's load (a shared machine) does between pairs.
 
+``--docs`` also puts the written table's summary (``synthbench.run.cost.markdown_table``)
+between the cost-table markers of docs/PROTOCOLS.md, which a test checks against the shipped
+table.
+
 ``--cache`` keeps the measurements (JSON lines): an interrupted run resumes, and
 ``--no-measure`` writes the table from what the cache holds (leaving the rest out).
 ``--protocols`` measures and writes only those protocols' rows, keeping the other rows of the
 table at ``--out``; a scaled protocol then scales that table's quick figures, unless quick is
-among those written.
+among those written. A scaled protocol's mechanism with no ratio measured (or cached) this
+time keeps the ratio the table at ``--out`` holds for it: the quick figures change with a
+new reference, the ratio of two step times measured here does not, so the rebuilt reference's
+quick figures rescale standard without measuring it again.
 """
 
 from __future__ import annotations
@@ -71,6 +78,8 @@ ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "synthbench" / "data" / "reference" / "quick.parquet"
 RUNS = ROOT / "benchmarks" / "runs" / "quick-v4"
 DEFAULT_OUT = ROOT / "synthbench" / "data" / cost.STEP_COSTS
+DOC = ROOT / "docs" / "PROTOCOLS.md"
+DOC_MARKERS = ("<!-- cost-table -->\n", "<!-- /cost-table -->")
 ROW_COLUMNS = ["task", "mechanism", "protocol", "protocol_version", "run_id", "status",
                "wall_seconds", "steps_done", "steps", "task_params"]  # fmt: skip
 # the knobs added since the quick rows, at the values that bring the rows' layouts back
@@ -183,6 +192,31 @@ class Measurements:
         return self.done[key]
 
 
+def earlier_scales(table: pd.DataFrame, protocol: str) -> dict[str, tuple[float, dict]]:
+    """Per mechanism, the ratio (``scale``) of ``table``'s scaled figures of ``protocol``, and
+    per task the step times that were measured for it."""
+    if "source" not in table:
+        return {}
+    mine = table[(table["protocol"] == protocol) & (table["source"] == "scaled")]
+    found = {}
+    for mech, part in mine.groupby("mechanism"):
+        measured = {
+            r.task: {"measured_steps": r.measured_steps, "step_ms": r.step_ms}
+            for r in part.itertuples()
+            if pd.notna(r.step_ms)
+        }
+        found[mech] = (float(part["scale"].iloc[0]), measured)
+    return found
+
+
+def write_docs_table(table: pd.DataFrame, doc: Path = DOC) -> None:
+    """``table``'s summary between ``doc``'s cost-table markers, the rest of ``doc`` kept."""
+    start, end = DOC_MARKERS
+    head, rest = doc.read_text().split(start, 1)
+    _, tail = rest.split(end, 1)
+    doc.write_text(f"{head}{start}{cost.markdown_table(table)}{end}{tail}")
+
+
 def figure(protocol: Protocol, task: str, mech: str, source: str, **fields) -> dict:
     return {"protocol": protocol.name, "protocol_version": protocol.version, "task": task,
             "mechanism": mech, "source": source, **fields}  # fmt: skip
@@ -203,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: measure and write only these protocols' rows, keeping the "
         "other rows of --out (default: every protocol)",
     )
+    parser.add_argument(
+        "--docs", action="store_true", help="also rewrite docs/PROTOCOLS.md's cost table"
+    )
     args = parser.parse_args(argv)
     every = ("quick", *WHOLE, *SCALED)
     wanted = every if args.protocols is None else [p.strip() for p in args.protocols.split(",")]
@@ -218,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError) as exc:  # not Parquet, or lacking columns
         parser.error(f"cannot read the reference rows {args.reference}: {exc}")
     kept = pd.DataFrame({"protocol": []})
+    before = cost.read_table(args.out) if args.out.is_file() else kept
     if args.protocols is not None:
         if not args.out.is_file():
             parser.error(f"--protocols keeps the other rows of {args.out}, which does not exist")
@@ -334,9 +372,17 @@ def main(argv: list[str] | None = None) -> int:
         sample = [(t, m) for t, m in unheld if t in SCALED_TASKS]
         found = ratios(functools.partial(protocol_scale, protocol), sample)
         by_mechanism = medians(found, 1)
+        earlier = earlier_scales(before, name)
         for task, mech in unheld:
             seconds = quick_figures[task, mech]
-            if mech in by_mechanism:
+            if mech not in by_mechanism and mech in earlier:  # nothing measured this time
+                scale, measured_then = earlier[mech]
+                fields = measured_then.get(task, {}) | {
+                    "scale": scale,
+                    "step_seconds": seconds * scale,
+                }
+                figures.append(figure(protocol, task, mech, "scaled", **fields))
+            elif mech in by_mechanism:
                 fields = measured_fields(found.get((task, mech), (None, None))[1])
                 fields |= {
                     "scale": by_mechanism[mech],
@@ -346,6 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     table = pd.concat([t for t in (kept, pd.DataFrame(figures)) if len(t)], ignore_index=True)
     cost.write_table(table, args.out)
     print(f"wrote {len(figures)} figures ({', '.join(wanted)}), kept {len(kept)}, to {args.out}")
+    if args.docs:
+        write_docs_table(cost.read_table(args.out))
+        print(f"wrote its summary to {DOC}")
     return 0
 
 

@@ -17,7 +17,7 @@ spec.loader.exec_module(check)
 
 @pytest.fixture(scope="module")
 def reference():
-    rows = pd.read_parquet(check.REFERENCE / "quick.parquet")
+    rows = check.of_protocol(pd.read_parquet(check.REFERENCE / "quick.parquet"), "quick")
     return rows, check.stored_protocol(rows), check.separated(rows)
 
 
@@ -73,3 +73,10 @@ def test_halving_needs_an_lr_the_reference_never_trained_and_says_so(reference):
     }
     with pytest.raises(check.Unverifiable):
         check.halving(300, 2)(protocol, rows)
+
+
+def test_the_replay_takes_one_protocol_of_the_reference_and_names_what_it_holds():
+    rows = pd.DataFrame({"protocol": ["quick", "quick-block", "quick"], "seed": [0, 0, 1]})
+    assert list(check.of_protocol(rows, "quick")["seed"]) == [0, 1]
+    with pytest.raises(SystemExit, match="no 'standard' runs \\(it holds: quick, quick-block\\)"):
+        check.of_protocol(rows, "standard")

@@ -18,7 +18,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_costs.py"
 
 
 def script_constant(name: str):
-    """A constant of the script (it is not a package module): its sample of tasks."""
+    """A constant or function of the script (it is not a package module)."""
     spec = importlib.util.spec_from_file_location("step_costs", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -27,6 +27,15 @@ def script_constant(name: str):
 
 def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+
+
+def quick_only_reference(tmp_path: Path) -> Path:
+    """The shipped reference's quick rows alone (it may hold the block track's too): these
+    tests give the block track rows of their own, or none."""
+    rows = pd.read_parquet(script_constant("REFERENCE"))
+    path = tmp_path / "quick-reference.parquet"
+    rows[rows["protocol"] == "quick"].to_parquet(path)
+    return path
 
 
 def cache_of(path: Path, mechanism: str, ratios: dict[str, float]) -> Path:
@@ -50,9 +59,8 @@ def test_scaled_block_rows_join_the_kept_table(tmp_path):
     sample = script_constant("SCALED_TASKS")
     ratios = {task: 1.4 + 0.1 * i for i, task in enumerate(sample)}
     cache = cache_of(tmp_path / "cache.jsonl", "deltanet", ratios)
-    done = run(
-        "--cache", str(cache), "--out", str(out), "--no-measure", "--protocols", "quick-block"
-    )
+    done = run("--cache", str(cache), "--out", str(out), "--no-measure", "--protocols",
+               "quick-block", "--reference", str(quick_only_reference(tmp_path)))  # fmt: skip
     assert done.returncode == 0, done.stderr
     table = cost.read_table(out)
     block = table[table["protocol"] == "quick-block"]
@@ -90,8 +98,7 @@ def test_unknown_protocol_and_missing_table_are_one_line_errors(tmp_path):
 def test_pairs_the_reference_holds_in_the_block_track_take_its_rows(tmp_path):
     """Once the rebuilt reference holds quick-block rows, those pairs' figures are the rows'
     own (as quick's), with their trainings per run; the other pairs are still scaled."""
-    shipped_reference = Path(script_constant("REFERENCE"))
-    quick_rows = pd.read_parquet(shipped_reference)
+    quick_rows = pd.read_parquet(quick_only_reference(tmp_path))
     version = PROTOCOLS.get("quick-block").version
     block = []
     for task, runs in (("copy", [(100.0, 2000), (60.0, 1000), (90.0, 1000)]),
@@ -124,3 +131,42 @@ def test_pairs_the_reference_holds_in_the_block_track_take_its_rows(tmp_path):
     scaled = block_rows.drop(index=["copy", "sort"])
     assert len(scaled) == 20 and (scaled["source"] == "scaled").all()
     assert scaled["scale"].tolist() == pytest.approx([1.5] * 20)
+
+
+def test_a_scaled_protocol_keeps_its_ratios_and_takes_the_new_quick_figures(tmp_path):
+    """Nothing measured this time (no cache): standard keeps each mechanism's ratio from the
+    table and multiplies today's quick figures by it (what the reference rebuild needs)."""
+    shipped = cost.read_table()
+    stale = shipped.copy()
+    stale.loc[stale["protocol"] == "standard", "step_seconds"] *= 3  # an older quick's
+    out = tmp_path / "step_costs.csv"
+    cost.write_table(stale, out)
+    done = run("--out", str(out), "--no-measure", "--protocols", "quick,standard",
+               "--reference", str(quick_only_reference(tmp_path)))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = cost.read_table(out)
+    key = ["task", "mechanism"]
+    quick = table[table["protocol"] == "quick"].set_index(key)
+    after = table[table["protocol"] == "standard"].set_index(key)
+    before = shipped[shipped["protocol"] == "standard"].set_index(key)
+    ratio_known = quick.index.get_level_values("mechanism").isin(before.index.get_level_values(1))
+    assert sorted(after.index) == sorted(quick.index[ratio_known])  # every such quick pair
+    assert len(after) and (after["source"] == "scaled").all()
+    before = before.loc[after.index]
+    assert after["scale"].to_numpy() == pytest.approx(before["scale"].to_numpy())
+    assert after["step_seconds"].to_numpy() == pytest.approx(
+        (quick.loc[after.index, "step_seconds"] * after["scale"]).to_numpy(), rel=1e-5
+    )
+    assert after["step_ms"].notna().sum() == before["step_ms"].notna().sum() > 0
+
+
+def test_the_docs_table_is_written_between_its_markers_and_the_rest_kept(tmp_path):
+    start, end = script_constant("DOC_MARKERS")
+    doc = tmp_path / "PROTOCOLS.md"
+    doc.write_text(f"# before\n\n{start}| an old table |\n{end}\n\nafter\n")
+    table = cost.read_table()
+    table = table[table["protocol"].isin(["smoke", "quick"])]
+    script_constant("write_docs_table")(table, doc)
+    text = doc.read_text()
+    assert text == f"# before\n\n{start}{cost.markdown_table(table)}{end}\n\nafter\n"
+    assert "| an old table |" not in text and "smoke: 1 lr x 20 steps" in text
