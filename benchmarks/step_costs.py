@@ -13,8 +13,9 @@ figure comes from (``source``):
 
 - ``reference``: the median wall_seconds / steps_done of the ok rows of the protocol in
   synthbench/data/reference/quick.parquet (or ``--reference``) for that task and mechanism
-  (whole `synthbench run` sweeps), with the rows' trainings per run and mean share of the
-  steps: quick's, and a block-track protocol's for the pairs the reference holds in it;
+  trained on the CPU (whole `synthbench run` sweeps; rows a lent GPU trained are left out),
+  with the rows' trainings per run and mean share of the steps: quick's, and a block-track
+  protocol's for the pairs the reference holds in it;
 - ``runs``: the same from the quick rows of benchmarks/runs/quick-v4, for the mechanisms the
   reference does not hold (the modern baselines);
 - ``layout``: a ``reference`` or ``runs`` figure of a task whose default layout changed since
@@ -30,7 +31,10 @@ figure comes from (``source``):
   every task alike, each mechanism in its own way); for a protocol too slow to train the
   pairs whole here (standard: 4000 steps of batch 64 at d_model 128, 10 to 60 minutes a
   training; quick-block and standard-block, the block track's, twice quick's and standard's
-  steps), for the pairs the reference does not hold in that protocol.
+  steps), for the pairs the reference does not hold in that protocol. A mechanism whose
+  ratio is not measured this time takes the median over the tasks the reference holds in the
+  protocol of that figure over quick's (whole runs), else the ratio the table at ``--out``
+  holds for it (measured before).
 
 Step times are the mean interval between optimizer steps after the first tenth, as in
 `synthbench bench train` (``step_ms``), from a short training with tiny evaluation sets.
@@ -47,10 +51,9 @@ table.
 ``--no-measure`` writes the table from what the cache holds (leaving the rest out).
 ``--protocols`` measures and writes only those protocols' rows, keeping the other rows of the
 table at ``--out``; a scaled protocol then scales that table's quick figures, unless quick is
-among those written. A scaled protocol's mechanism with no ratio measured (or cached) this
-time keeps the ratio the table at ``--out`` holds for it: the quick figures change with a
-new reference, the ratio of two step times measured here does not, so the rebuilt reference's
-quick figures rescale standard without measuring it again.
+among those written. The quick figures change with a new reference, the ratio of two step
+times measured here does not: the rebuilt reference's quick figures rescale standard with the
+ratios the table holds, without measuring again.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ DEFAULT_OUT = ROOT / "synthbench" / "data" / cost.STEP_COSTS
 DOC = ROOT / "docs" / "PROTOCOLS.md"
 DOC_MARKERS = ("<!-- cost-table -->\n", "<!-- /cost-table -->")
 ROW_COLUMNS = ["task", "mechanism", "protocol", "protocol_version", "run_id", "status",
-               "wall_seconds", "steps_done", "steps", "task_params"]  # fmt: skip
+               "wall_seconds", "steps_done", "steps", "task_params", "device"]  # fmt: skip
 # the knobs added since the quick rows, at the values that bring the rows' layouts back
 # (docs/TASKS.md: each task's suite v2 layout)
 FORMER = {
@@ -109,8 +112,10 @@ TINY = 16  # examples of each evaluation set of such a training
 
 
 def reference_rows(reference: pd.DataFrame, protocol: str) -> pd.DataFrame:
-    """The reference's rows of ``protocol``."""
-    return reference[reference["protocol"] == protocol].assign(source="reference")
+    """The reference's rows of ``protocol`` trained on the CPU: the table prices this
+    machine's trainings, and a GPU's rows (the rebuild's leases) say nothing of them."""
+    mine = reference[(reference["protocol"] == protocol) & (reference["device"] == "cpu")]
+    return mine.assign(source="reference")
 
 
 def quick_rows(reference: pd.DataFrame) -> pd.DataFrame:
@@ -190,6 +195,18 @@ class Measurements:
                     f.write(json.dumps(record) + "\n")
             print(f"{key}: {record}", flush=True)
         return self.done[key]
+
+
+def held_ratios(held: pd.DataFrame, quick_figures: dict) -> dict[str, float]:
+    """Per mechanism, the median over the tasks the reference holds in a scaled protocol of
+    that figure over the task's quick figure: the ratio whole runs measured, for its tasks the
+    reference holds only from another device."""
+    found: dict[str, list[float]] = {}
+    for r in held.itertuples():
+        if (r.task, r.mechanism) in quick_figures:
+            ratio = r.step_seconds / quick_figures[r.task, r.mechanism]
+            found.setdefault(r.mechanism, []).append(ratio)
+    return {mech: statistics.median(values) for mech, values in found.items()}
 
 
 def earlier_scales(table: pd.DataFrame, protocol: str) -> dict[str, tuple[float, dict]]:
@@ -372,23 +389,22 @@ def main(argv: list[str] | None = None) -> int:
         sample = [(t, m) for t, m in unheld if t in SCALED_TASKS]
         found = ratios(functools.partial(protocol_scale, protocol), sample)
         by_mechanism = medians(found, 1)
+        whole_runs = held_ratios(held[name], quick_figures)
         earlier = earlier_scales(before, name)
         for task, mech in unheld:
-            seconds = quick_figures[task, mech]
-            if mech not in by_mechanism and mech in earlier:  # nothing measured this time
-                scale, measured_then = earlier[mech]
-                fields = measured_then.get(task, {}) | {
-                    "scale": scale,
-                    "step_seconds": seconds * scale,
-                }
-                figures.append(figure(protocol, task, mech, "scaled", **fields))
-            elif mech in by_mechanism:
+            if mech in by_mechanism:  # measured now (or cached)
+                scale = by_mechanism[mech]
                 fields = measured_fields(found.get((task, mech), (None, None))[1])
-                fields |= {
-                    "scale": by_mechanism[mech],
-                    "step_seconds": seconds * by_mechanism[mech],
-                }
-                figures.append(figure(protocol, task, mech, "scaled", **fields))
+            elif mech in whole_runs:  # the reference's CPU runs of its other tasks
+                scale, fields = whole_runs[mech], {}
+            elif mech in earlier:  # the ratio the table holds, measured before
+                scale, measured_then = earlier[mech]
+                fields = measured_then.get(task, {})
+            else:
+                continue
+            seconds = quick_figures[task, mech] * scale
+            fields |= {"scale": scale, "step_seconds": seconds}
+            figures.append(figure(protocol, task, mech, "scaled", **fields))
     table = pd.concat([t for t in (kept, pd.DataFrame(figures)) if len(t)], ignore_index=True)
     cost.write_table(table, args.out)
     print(f"wrote {len(figures)} figures ({', '.join(wanted)}), kept {len(kept)}, to {args.out}")

@@ -101,13 +101,16 @@ def test_pairs_the_reference_holds_in_the_block_track_take_its_rows(tmp_path):
     quick_rows = pd.read_parquet(quick_only_reference(tmp_path))
     version = PROTOCOLS.get("quick-block").version
     block = []
-    for task, runs in (("copy", [(100.0, 2000), (60.0, 1000), (90.0, 1000)]),
-                       ("sort", [(40.0, 500)])):  # fmt: skip
-        for i, (wall, steps) in enumerate(runs):
+    # a GPU's rows (a lease's) never price this machine: kv_recall, held on a GPU alone, is
+    # scaled; sort's GPU row is left out of its figure
+    for task, runs in (("copy", [(100.0, 2000, "cpu"), (60.0, 1000, "cpu"), (90.0, 1000, "cpu")]),
+                       ("sort", [(40.0, 500, "cpu"), (1.0, 2000, "NVIDIA H200")]),
+                       ("kv_recall", [(2.0, 2000, "NVIDIA H200")])):  # fmt: skip
+        for i, (wall, steps, device) in enumerate(runs):
             block.append({"task": task, "mechanism": "deltanet", "protocol": "quick-block",
                           "protocol_version": version, "run_id": f"{task}-{i // 2}",
                           "status": "ok", "wall_seconds": wall, "steps_done": steps,
-                          "steps": 2000, "task_params": "{}"})  # fmt: skip
+                          "steps": 2000, "task_params": "{}", "device": device})  # fmt: skip
     reference = tmp_path / "reference.parquet"
     pd.concat([quick_rows, pd.DataFrame(block)], ignore_index=True).to_parquet(reference)
     shipped = cost.read_table()
@@ -130,7 +133,39 @@ def test_pairs_the_reference_holds_in_the_block_track_take_its_rows(tmp_path):
     assert (sort["step_seconds"], sort["trainings_per_run"]) == pytest.approx((0.08, 1.0))
     scaled = block_rows.drop(index=["copy", "sort"])
     assert len(scaled) == 20 and (scaled["source"] == "scaled").all()
+    assert "kv_recall" in scaled.index
     assert scaled["scale"].tolist() == pytest.approx([1.5] * 20)
+
+
+def test_a_mechanism_without_a_measured_ratio_takes_its_whole_runs(tmp_path):
+    """No measurement (no cache): the block track's pairs the reference lacks on the CPU are
+    scaled by the median ratio of its CPU figures over quick's on the tasks it holds."""
+    quick_rows = pd.read_parquet(quick_only_reference(tmp_path))
+    quick_rows = quick_rows[quick_rows["mechanism"] == "softmax"]
+    figures = cost.figures_of_rows(quick_rows).set_index("task")["step_seconds"]
+    version = PROTOCOLS.get("quick-block").version
+    block = [
+        {"task": task, "mechanism": "softmax", "protocol": "quick-block",
+         "protocol_version": version, "run_id": f"{task}-block", "status": "ok",
+         "wall_seconds": figures[task] * ratio * 1000, "steps_done": 1000, "steps": 2000,
+         "task_params": "{}", "device": "cpu"}
+        for task, ratio in (("copy", 2.0), ("sort", 3.0), ("parity", 5.0))
+    ]  # fmt: skip
+    reference = tmp_path / "reference.parquet"
+    pd.concat([quick_rows, pd.DataFrame(block)], ignore_index=True).to_parquet(reference)
+    out = tmp_path / "step_costs.csv"
+    shipped = cost.read_table()
+    cost.write_table(shipped[shipped["protocol"] != "quick-block"], out)
+    done = run("--out", str(out), "--no-measure", "--protocols", "quick-block",
+               "--reference", str(reference))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = cost.read_table(out)
+    rows = table[table["protocol"] == "quick-block"].set_index("task")
+    assert set(rows["mechanism"]) == {"softmax"}
+    assert (rows.loc[["copy", "sort", "parity"], "source"] == "reference").all()
+    scaled = rows[rows["source"] == "scaled"]
+    assert len(scaled) == len(figures) - 3
+    assert scaled["scale"].tolist() == pytest.approx([3.0] * len(scaled), rel=1e-4)  # median
 
 
 def test_a_scaled_protocol_keeps_its_ratios_and_takes_the_new_quick_figures(tmp_path):
