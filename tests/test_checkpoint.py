@@ -139,13 +139,17 @@ def test_a_checkpoint_of_another_training_or_a_torn_file_is_not_resumed(tmp_path
 
 
 def test_a_checkpoint_is_only_resumed_with_the_arithmetic_that_wrote_it(tmp_path, monkeypatch):
-    """Another CPU instruction set (a results tree on shared storage, resumed elsewhere) or
-    another torch build sums in another order: its checkpoint is not taken up."""
+    """Another CPU instruction set or model (a results tree on shared storage, resumed
+    elsewhere) or another torch build sums in another order: its checkpoint is not taken
+    up."""
     path = tmp_path / "training.pt"
     here = checkpoint.identity("run", LR, None, CPU)
     assert checkpoint.save(path, here, {"step": 3})
     assert checkpoint.load(path, here)["step"] == 3
     monkeypatch.setattr(checkpoint, "cpu_isa", lambda: "another instruction set")
+    assert checkpoint.load(path, checkpoint.identity("run", LR, None, CPU)) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(checkpoint, "cpu_model", lambda: "another CPU model")
     assert checkpoint.load(path, checkpoint.identity("run", LR, None, CPU)) is None
     monkeypatch.undo()
     monkeypatch.setattr(torch, "__version__", "0.0.0")

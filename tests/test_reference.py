@@ -247,13 +247,19 @@ def test_reproduce_trains_again_and_finds_it_identical(tiny_reference, tmp_path)
         ({"torch_version": "1.0.0-elsewhere"}, "torch 1.0.0-elsewhere made it, 2.13.0"),
         ({"cpu_isa": "NEON"}, "made on a CPU with NEON, here "),
         ({"cpu_isa": None}, "the reference does not record its CPU's instruction set"),
-    ],
+        (
+            {"cpu_model": "AuthenticAMD 25/17/1 AMD EPYC 9654"},
+            "made on AuthenticAMD 25/17/1 AMD EPYC 9654, here on ",
+        ),
+        ({"cpu_model": None}, "the reference does not record its CPU model"),
+    ],  # fmt: skip
 )
 def test_reproduce_in_another_setting_is_within_the_tolerance(
     reference_tree, tmp_path, monkeypatch, made, why
 ):
     """A reference made with another torch build or on a CPU with another vector
-    instruction set (its rows say so), or one that does not say which: trained again here,
+    instruction set or of another model (its rows say so), or one that does not say which:
+    trained again here,
     the result need not be identical, only within the tolerance, and the command says why.
     The reference's token accuracy is moved by 0.001 so that it is not identical."""
     path = tmp_path / "other-setting.parquet"
@@ -384,12 +390,17 @@ def test_reproduce_errors(tiny_reference, tmp_path, args, message):
 # -- the rule: identical, or within the tolerance ----------------------------------------------
 
 
+XEON = "GenuineIntel 6/207/2 Intel(R) Xeon(R) Processor"
+
+
 def run_rows(
-    value, *, torch_version="2.13.0", threads=1, device="cpu", cpu_isa="AVX2", lr=1e-3, **more
-):
+    value, *, torch_version="2.13.0", threads=1, device="cpu", cpu_isa="AVX2", cpu_model=XEON,
+    lr=1e-3, **more,
+):  # fmt: skip
     """A run's rows: its selected lr at ``value`` and another lr below it."""
     common = {"torch_version": torch_version, "threads": threads, "device": device,
-              "cpu_isa": cpu_isa, "target_metric": "token_acc", "status": "ok"}  # fmt: skip
+              "cpu_isa": cpu_isa, "cpu_model": cpu_model, "target_metric": "token_acc",
+              "status": "ok"}  # fmt: skip
     return [
         {**common, "lr": lr, "selected": True, "token_acc": value, "final_loss": 0.5, **more},
         {**common, "lr": lr * 3, "selected": False, "token_acc": 0.1, "final_loss": 2.0},
@@ -428,7 +439,12 @@ def test_same_setting_must_be_identical_bit_for_bit():
         ({"threads": 2}, "1 thread made it, 2 here"),
         ({"device": "cuda:0"}, "made on cpu, here on cuda:0"),
         ({"cpu_isa": "AVX512"}, "made on a CPU with AVX2, here AVX512"),
-    ],
+        # the same instruction set on another model: two AVX512 machines have differed
+        (
+            {"cpu_model": "AuthenticAMD 25/17/1 EPYC"},
+            f"made on {XEON}, here on AuthenticAMD 25/17/1 EPYC",
+        ),
+    ],  # fmt: skip
 )
 def test_another_setting_must_be_within_the_tolerance(setting, why):
     seeds = [0.5, 0.6, 0.7]  # tolerance 0.3
@@ -456,6 +472,10 @@ def test_a_reference_without_its_cpu_is_compared_within_the_tolerance():
     assert (
         old.reason == "not bit-identical: the reference does not record its CPU's instruction set"
     )
+    # rows of schema 6 record the instruction set but not the model
+    older = reference.compare(run_rows(0.6, cpu_model=None), run_rows(0.61), [0.5, 0.6], 64)
+    assert older.verdict == reference.WITHIN
+    assert older.reason == "not bit-identical: the reference does not record its CPU model"
 
 
 # -- the shipped file and its builder ---------------------------------------------------------
@@ -609,5 +629,5 @@ def test_a_gpu_is_never_asked_for_bit_identity():
     here = {**made, "device": "cuda:3"}
     why = reference.setting_difference(made, here)
     assert why == "on cuda, kernels need not repeat bit for bit"
-    cpu = {**made, "device": "cpu", "cpu_isa": "AVX2"}
+    cpu = {**made, "device": "cpu", "cpu_isa": "AVX2", "cpu_model": XEON}
     assert reference.setting_difference(cpu, dict(cpu)) is None

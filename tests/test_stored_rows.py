@@ -210,7 +210,7 @@ def test_a_protocol_read_from_an_older_file_never_becomes_a_path(results, tmp_pa
     table = table.append_column("protocol", pa.array([value] * table.num_rows))
     metadata = {**table.schema.metadata, b"synthbench_schema_version": b"5"}
     legacy.parent.mkdir(parents=True)
-    pq.write_table(table.drop(["cpu_isa"]).replace_schema_metadata(metadata), legacy)
+    pq.write_table(table.drop(["cpu_isa", "cpu_model"]).replace_schema_metadata(metadata), legacy)
     softmax.unlink()
     _check_commands(results, tmp_path)
     report = invoke("report", "--results", results, "--out", tmp_path / "again", "--format", "md")

@@ -50,6 +50,7 @@ META = [
     ("error", pa.string()),
     ("device", pa.string()),
     ("cpu_isa", pa.string()),  # torch's CPU capability (synthbench/run/provenance.py)
+    ("cpu_model", pa.string()),  # the CPU's vendor, family/model/stepping and name
     ("torch_version", pa.string()),
     ("synthbench_version", pa.string()),
     ("git_commit", pa.string()),

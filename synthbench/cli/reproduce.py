@@ -95,9 +95,9 @@ def reproduce_command(
 
     Each run is rebuilt from its stored config (its run id must come out the same: if not,
     the shipped reference is stale) and trained at every lr of its sweep. On a CPU, where
-    the torch version, the thread count and the vector instruction set are those the
-    reference was made with, it reproduces only if its results are identical, bit for bit
-    (the same selected lr, every metric of every lr). Elsewhere, and on any GPU,
+    the torch version, the thread count, the vector instruction set and the CPU model are
+    those the reference was made with, it reproduces only if its results are identical, bit
+    for bit (the same selected lr, every metric of every lr). Elsewhere, and on any GPU,
     bit-identity cannot be asked for (the header says why): its selected test metric (the
     task's target metric) must lie within max(3 x the std of the reference's values over its
     seeds of the same task and mechanism, 1 / the protocol's test examples) of the
@@ -154,7 +154,7 @@ def reproduce_command(
     made = chosen["first"].iloc[0]
     dev = resolve_device(device)
     here = {"torch_version": torch.__version__, "threads": specs[0].threads, "device": str(dev),
-            "cpu_isa": provenance.cpu_isa()}  # fmt: skip
+            "cpu_isa": provenance.cpu_isa(), "cpu_model": provenance.cpu_model()}  # fmt: skip
     why = reference.setting_difference(made, here)
     expected = (
         "identical results expected"
@@ -193,9 +193,11 @@ def reproduce_command(
 
 
 def _setting(row) -> str:
-    """What a row was made with: torch, threads, device and (on a CPU) its instruction set."""
-    isa = row.get("cpu_isa")
-    cpu = f" ({isa})" if str(row.get("device")) == "cpu" and isinstance(isa, str) else ""
+    """What a row was made with: torch, threads, device and (on a CPU) its instruction set
+    and model."""
+    said = [row.get(c) for c in ("cpu_isa", "cpu_model")]
+    said = [v for v in said if isinstance(v, str)]
+    cpu = f" ({', '.join(said)})" if str(row.get("device")) == "cpu" and said else ""
     return (
         f"torch {row['torch_version']}, {plural(int(row['threads']), 'thread')}, "
         f"{row['device']}{cpu}"

@@ -394,13 +394,14 @@ def _missing(value) -> bool:
 def setting_difference(reference: dict[str, Any], here: dict[str, Any]) -> str | None:
     """Why a run made ``here`` need not give the ``reference`` row's numbers bit for bit
     (another torch build, thread count, device type, a GPU, or on a CPU another vector
-    instruction set, or one the reference does not record), or None where it must."""
+    instruction set or CPU model, or one the reference does not record), or None where it
+    must."""
 
     def device_type(value) -> str:
         return str(value).split(":", 1)[0]
 
-    def isa(row) -> str | None:
-        value = row.get("cpu_isa")
+    def known(row, column: str) -> str | None:
+        value = row.get(column)
         return None if _missing(value) or value == "unknown" else str(value)
 
     if str(reference.get("torch_version")) != str(here.get("torch_version")):
@@ -413,11 +414,18 @@ def setting_difference(reference: dict[str, Any], here: dict[str, Any]) -> str |
     if device_type(here.get("device")) != "cpu":
         # torch's deterministic mode is not set, and a GPU packs trainings (math attention)
         return f"on {device_type(here.get('device'))}, kernels need not repeat bit for bit"
-    made, now = isa(reference), isa(here)  # on a CPU, float32 sums follow the vector width
+    # on a CPU, float32 sums follow the vector width, and the kernels the math libraries
+    # pick for the microarchitecture (two AVX512 machines have differed)
+    made, now = known(reference, "cpu_isa"), known(here, "cpu_isa")
     if made is None:
         return "the reference does not record its CPU's instruction set"
     if made != now:
         return f"made on a CPU with {made}, here {now or 'unknown'}"
+    made, now = known(reference, "cpu_model"), known(here, "cpu_model")
+    if made is None:
+        return "the reference does not record its CPU model"
+    if made != now:
+        return f"made on {made}, here on {now or 'an unknown CPU'}"
     return None
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from synthbench.core.atomic import write_atomically
-from synthbench.run.provenance import cpu_isa
+from synthbench.run.provenance import cpu_isa, cpu_model
 from synthbench.run.schema import lr_key
 
 CHECKPOINT_SECONDS = 120.0  # training time between two checkpoints (a save takes milliseconds)
@@ -39,8 +39,8 @@ def path_for(root: Path, run_id: str, lr: float) -> Path:
 def identity(run_id: str, lr: float, budget: Any, device: torch.device) -> dict[str, str]:
     """What a checkpoint must have been written by to be resumed: the training (run id, lr,
     budget) and the arithmetic it continues (torch build, device type and, on a CPU, its
-    instruction set, which `synthbench reproduce` counts as part of a row's setting too: a
-    results tree on shared storage may be resumed by another machine)."""
+    instruction set and model, which `synthbench reproduce` counts as part of a row's
+    setting too: a results tree on shared storage may be resumed by another machine)."""
     return {
         "run_id": run_id,
         "lr": repr(lr_key(lr)),
@@ -48,6 +48,7 @@ def identity(run_id: str, lr: float, budget: Any, device: torch.device) -> dict[
         "torch": str(torch.__version__),
         "device": device.type,
         "cpu_isa": cpu_isa() if device.type == "cpu" else "",
+        "cpu_model": cpu_model() if device.type == "cpu" else "",
     }
 
 

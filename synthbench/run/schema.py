@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Columns each schema version added; a file of an older version is read with them null.
 ADDED_IN = {
     2: ("eval_length_mult", "long_token_acc", "long_exact_match"),
@@ -29,6 +29,7 @@ ADDED_IN = {
         "free_token_acc_se",
     ),
     6: ("cpu_isa",),
+    7: ("cpu_model",),
 }
 # The levels of a results path, outermost first: <root>/protocol=.../task=.../mechanism=...
 PARTITIONS = ("protocol", "task", "mechanism")
@@ -95,6 +96,9 @@ SCHEMA = pa.schema(
         # torch's CPU capability (DEFAULT, AVX2, AVX512, ...): the vector instruction set its
         # CPU kernels run with, which can change floating-point sums across machines
         ("cpu_isa", pa.string()),
+        # the CPU's vendor, family/model/stepping and name: the same instruction set on
+        # another microarchitecture can round differently too
+        ("cpu_model", pa.string()),
         ("torch_version", pa.string()),
         ("synthbench_version", pa.string()),
         ("git_commit", pa.string()),
