@@ -497,7 +497,9 @@ def suite_seconds(
     table: pd.DataFrame, protocol: str, mechanism: str, tasks: Iterable[str]
 ) -> Estimate | None:
     """One seed of ``tasks`` under ``protocol`` for ``mechanism`` from ``table``'s figures
-    (None when a task has none): every lr the grid starts with, at the whole schedule."""
+    (None when a task has none): every lr the grid starts with, at the whole schedule, and
+    what to expect as `synthbench run` expects it (a pair without measured runs at the
+    protocol's means)."""
     proto = PROTOCOLS.get(protocol)
     mine = table[(table["protocol"] == protocol) & (table["mechanism"] == mechanism)]
     plan = [
@@ -505,7 +507,7 @@ def suite_seconds(
         for task in tasks
         for _ in proto.lrs
     ]
-    found = estimate(plan, table_costs(mine))
+    found = estimate(plan, table_costs(mine), protocol_factors(table))
     return None if found.unknown else found
 
 
