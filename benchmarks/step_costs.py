@@ -33,8 +33,8 @@ figure comes from (``source``):
   training; quick-block and standard-block, the block track's, twice quick's and standard's
   steps), for the pairs the reference does not hold in that protocol. A mechanism whose
   ratio is not measured this time takes the median over the tasks the reference holds in the
-  protocol of that figure over quick's (whole runs), else the ratio the table at ``--out``
-  holds for it (measured before).
+  protocol of that figure over quick's (whole runs), else (with ``--protocols``) the ratio
+  the table at ``--out`` holds for it (measured before).
 
 Step times are the mean interval between optimizer steps after the first tenth, as in
 `synthbench bench train` (``step_ms``), from a short training with tiny evaluation sets.
@@ -51,9 +51,9 @@ table.
 ``--no-measure`` writes the table from what the cache holds (leaving the rest out).
 ``--protocols`` measures and writes only those protocols' rows, keeping the other rows of the
 table at ``--out``; a scaled protocol then scales that table's quick figures, unless quick is
-among those written. The quick figures change with a new reference, the ratio of two step
-times measured here does not: the rebuilt reference's quick figures rescale standard with the
-ratios the table holds, without measuring again.
+among those written, and keeps that table's ratios where none is measured: the quick figures
+change with a new reference, the ratio of two step times measured here does not, so the
+rebuilt reference's quick figures rescale standard without measuring it again.
 """
 
 from __future__ import annotations
@@ -271,13 +271,12 @@ def main(argv: list[str] | None = None) -> int:
         reference_table = pd.read_parquet(args.reference, columns=ROW_COLUMNS)
     except (OSError, ValueError, KeyError) as exc:  # not Parquet, or lacking columns
         parser.error(f"cannot read the reference rows {args.reference}: {exc}")
-    kept = pd.DataFrame({"protocol": []})
-    before = cost.read_table(args.out) if args.out.is_file() else kept
+    kept = before = pd.DataFrame({"protocol": []})  # before: the table as it was
     if args.protocols is not None:
         if not args.out.is_file():
             parser.error(f"--protocols keeps the other rows of {args.out}, which does not exist")
-        kept = cost.read_table(args.out)
-        kept = kept[~kept["protocol"].isin(wanted)]
+        before = cost.read_table(args.out)
+        kept = before[~before["protocol"].isin(wanted)]
     torch.set_num_threads(1)
     measured = Measurements(args.cache, measure=not args.no_measure)
     quick = PROTOCOLS.get("quick")
