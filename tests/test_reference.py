@@ -331,6 +331,11 @@ def test_reproduce_samples_across_both_tracks(two_track_tree, tmp_path, monkeypa
         assert picked("--runs", 2, "--sample-seed", seed) == draw  # the same sample again
     block = picked("--runs", 9, "--protocol", "smoke-block")
     assert sorted(block) == [("smoke-block", "linear"), ("smoke-block", "softmax")]
+    # the plan line names every protocol the sample spans
+    both = invoke("reproduce", "--runs", 2, "--results", results).stdout
+    assert "1 seed, protocols smoke, smoke-block, " in both
+    one = invoke("reproduce", "--runs", 2, "--protocol", "smoke", "--results", results).stdout
+    assert "1 seed, protocol smoke, " in one
 
 
 def test_reproduce_leaves_out_names_unknown_here(reference_tree, results, tmp_path, monkeypatch):

@@ -178,9 +178,11 @@ class RunView(runner.Events):
             shape = " x ".join(parts)  # every combination: the counts multiply to the runs
         else:  # a sample (reproduce), or grids of other sizes: what the runs span
             shape = "over " + ", ".join(parts)
+        # a sample (reproduce) can span both tracks' protocols
+        names = list(dict.fromkeys(s.protocol.name for s in specs))
+        protocols = f"protocol{'s' if len(names) > 1 else ''} {', '.join(names)}"
         out.print(
-            f"{plural(runs, 'run')} ({shape}, protocol "
-            f"{first.protocol.name}{pos_note}, {self.where}, {plural(first.threads, 'thread')} per "
+            f"{plural(runs, 'run')} ({shape}, {protocols}{pos_note}, {self.where}, {plural(first.threads, 'thread')} per "
             f"training{workers}); {stored} already stored, {runs - stored} to run "
             f"({plural(len(units), 'training')}) -> {self.results}/",
             highlight=False,
