@@ -50,16 +50,19 @@ table.
 ``--cache`` keeps the measurements (JSON lines): an interrupted run resumes, and
 ``--no-measure`` writes the table from what the cache holds (leaving the rest out).
 ``--protocols`` measures and writes only those protocols' rows, keeping the other rows of the
-table at ``--out``; a scaled protocol then scales that table's quick figures, unless quick is
-among those written, and keeps that table's ratios where none is measured: the quick figures
-change with a new reference, the ratio of two step times measured here does not, so the
-rebuilt reference's quick figures rescale standard without measuring it again.
+table at ``--out``, and ``--mechs`` only those mechanisms' rows (a mechanism the table lacks
+is measured without measuring the others again). A scaled protocol then scales that table's
+quick figures, unless quick is among those written, and keeps that table's ratios where none
+is measured: the quick figures change with a new reference, the ratio of two step times
+measured here does not, so the rebuilt reference's quick figures rescale standard without
+measuring it again.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import functools
 import json
 import statistics
@@ -254,6 +257,11 @@ def main(argv: list[str] | None = None) -> int:
         "other rows of --out (default: every protocol)",
     )
     parser.add_argument(
+        "--mechs",
+        help="comma-separated: measure and write only these mechanisms' rows of those "
+        "protocols, keeping the other rows of --out (default: every mechanism of the reference)",
+    )
+    parser.add_argument(
         "--docs", action="store_true", help="also rewrite docs/PROTOCOLS.md's cost table"
     )
     args = parser.parse_args(argv)
@@ -270,12 +278,17 @@ def main(argv: list[str] | None = None) -> int:
         reference_table = pd.read_parquet(args.reference, columns=ROW_COLUMNS)
     except (OSError, ValueError, KeyError) as exc:  # not Parquet, or lacking columns
         parser.error(f"cannot read the reference rows {args.reference}: {exc}")
+    only = None if args.mechs is None else [m.strip() for m in args.mechs.split(",")]
     kept = before = pd.DataFrame({"protocol": []})  # before: the table as it was
-    if args.protocols is not None:
+    if args.protocols is not None or only is not None:
         if not args.out.is_file():
-            parser.error(f"--protocols keeps the other rows of {args.out}, which does not exist")
+            parser.error(f"--protocols and --mechs keep the other rows of {args.out}, "
+                         "which does not exist")  # fmt: skip
         before = cost.read_table(args.out)
-        kept = before[~before["protocol"].isin(wanted)]
+        rewritten = before["protocol"].isin(wanted)
+        if only is not None:
+            rewritten &= before["mechanism"].isin(only)
+        kept = before[~rewritten]
     torch.set_num_threads(1)
     measured = Measurements(args.cache, measure=not args.no_measure)
     quick = PROTOCOLS.get("quick")
@@ -288,6 +301,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     tasks = cost.builtin_tasks()
     mechanisms = list(dict.fromkeys(rows["mechanism"]))
+    if only is not None:
+        unknown = [m for m in only if m not in mechanisms]
+        if unknown:
+            near = difflib.get_close_matches(unknown[0], mechanisms, n=3)
+            hint = f" (close: {', '.join(near)})" if near else ""
+            parser.error(f"the reference holds no quick rows of {', '.join(unknown)}{hint}; "
+                         f"it holds {', '.join(mechanisms)}")  # fmt: skip
+        mechanisms = [m for m in mechanisms if m in only]
     reference = set(rows.loc[rows["source"] == "reference", "mechanism"])
     derived = cost.figures_of_rows(rows).set_index(["task", "mechanism"])
     layouts = rows.groupby("task")["task_params"].first().map(json.loads)
@@ -352,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
         layout = ratios(layout_scale, [(t, m) for t in changed for m in mechanisms])
         layout_medians = medians(layout, 0)
         for (task, mech), found in derived.iterrows():
+            if mech not in mechanisms:
+                continue
             source = rows.loc[rows["mechanism"] == mech, "source"].iloc[0]
             fields = {k: found[k] for k in ("rows", "trainings_per_run", "steps_frac")}
             fields |= {"protocol_version": int(found["protocol_version"])}
@@ -380,10 +403,16 @@ def main(argv: list[str] | None = None) -> int:
     for name in (n for n in SCALED if n in wanted):
         protocol = PROTOCOLS.get(name)
         for found in held[name].itertuples():
+            if found.mechanism not in mechanisms:
+                continue
             fields = {k: getattr(found, k) for k in ("rows", "trainings_per_run", "steps_frac")}
             figures.append(figure(protocol, found.task, found.mechanism, "reference",
                                   step_seconds=found.step_seconds, **fields))  # fmt: skip
-        unheld = [pair for pair in quick_figures if pair not in held_pairs.get(name, ())]
+        unheld = [
+            (t, m)
+            for t, m in quick_figures
+            if m in mechanisms and (t, m) not in held_pairs.get(name, ())
+        ]
         sample = [(t, m) for t, m in unheld if t in SCALED_TASKS]
         found = ratios(functools.partial(protocol_scale, protocol), sample)
         by_mechanism = medians(found, 1)

@@ -205,3 +205,50 @@ def test_the_docs_table_is_written_between_its_markers_and_the_rest_kept(tmp_pat
     text = doc.read_text()
     assert text == f"# before\n\n{start}{cost.markdown_table(table)}{end}\n\nafter\n"
     assert "| an old table |" not in text and "smoke: 1 lr x 20 steps" in text
+
+
+def test_mechs_writes_only_those_mechanisms_and_keeps_the_others(tmp_path):
+    """--mechs: a mechanism the table lacks is added (here standard, scaled by its measured
+    ratio) while every other mechanism's rows of that protocol stay as they were."""
+    shipped = cost.read_table()
+    out = tmp_path / "step_costs.csv"
+    without = shipped[~((shipped["protocol"] == "standard") & (shipped["mechanism"] == "gla"))]
+    cost.write_table(without, out)
+    lines = []
+    for task in script_constant("SCALED_TASKS"):
+        for key, step_ms in ((f"quick/{task}/gla/default/standard/steps40", 10.0),
+                             (f"standard/{task}/gla/default/steps12", 42.0)):  # fmt: skip
+            record = {"key": key, "measured_steps": 40, "wall_s": 1.0, "step_ms": step_ms}
+            lines.append(json.dumps(record))
+    cache = tmp_path / "cache.jsonl"
+    cache.write_text("\n".join(lines) + "\n")
+    reference = quick_only_reference(tmp_path)
+    done = run("--cache", str(cache), "--out", str(out), "--no-measure", "--protocols",
+               "standard", "--mechs", "gla", "--reference", str(reference))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    table = cost.read_table(out)
+    standard = table[table["protocol"] == "standard"]
+    gla = standard[standard["mechanism"] == "gla"].set_index("task")
+    quick = table[(table["protocol"] == "quick") & (table["mechanism"] == "gla")].set_index("task")
+    assert set(gla.index) == set(quick.index) and (gla["source"] == "scaled").all()
+    assert gla["scale"].tolist() == pytest.approx([4.2] * len(gla))
+    assert gla["step_seconds"].to_numpy() == pytest.approx(
+        quick.loc[gla.index, "step_seconds"].to_numpy() * 4.2, rel=1e-5
+    )
+    key = ["protocol", "task", "mechanism"]
+    others = table[(table["protocol"] != "standard") | (table["mechanism"] != "gla")]
+    pd.testing.assert_frame_equal(
+        others.sort_values(key).reset_index(drop=True),
+        without.sort_values(key).reset_index(drop=True),
+        check_dtype=False,
+    )
+
+
+def test_an_unknown_mechanism_is_a_one_line_error_with_close_matches(tmp_path):
+    out = tmp_path / "step_costs.csv"
+    cost.write_table(cost.read_table(), out)
+    done = run("--out", str(out), "--no-measure", "--protocols", "standard", "--mechs", "glaa",
+               "--reference", str(quick_only_reference(tmp_path)))  # fmt: skip
+    assert done.returncode == 2
+    last = done.stderr.splitlines()[-1]
+    assert "no quick rows of glaa (close: gla" in last and "it holds softmax" in last
