@@ -182,9 +182,10 @@ class RunView(runner.Events):
         names = list(dict.fromkeys(s.protocol.name for s in specs))
         protocols = f"protocol{'s' if len(names) > 1 else ''} {', '.join(names)}"
         out.print(
-            f"{plural(runs, 'run')} ({shape}, {protocols}{pos_note}, {self.where}, {plural(first.threads, 'thread')} per "
-            f"training{workers}); {stored} already stored, {runs - stored} to run "
-            f"({plural(len(units), 'training')}) -> {self.results}/",
+            f"{plural(runs, 'run')} ({shape}, {protocols}{pos_note}, {self.where}, "
+            f"{plural(first.threads, 'thread')} per training{workers}); {stored} already "
+            f"stored, {runs - stored} to run ({plural(len(units), 'training')}) -> "
+            f"{self.results}/",
             highlight=False,
         )
         if not units:
