@@ -494,12 +494,16 @@ def adapts(protocol) -> bool:
 
 
 def suite_seconds(
-    table: pd.DataFrame, protocol: str, mechanism: str, tasks: Iterable[str]
+    table: pd.DataFrame,
+    protocol: str,
+    mechanism: str,
+    tasks: Iterable[str],
+    factors: dict[str, tuple[float, float]] | None = None,
 ) -> Estimate | None:
     """One seed of ``tasks`` under ``protocol`` for ``mechanism`` from ``table``'s figures
     (None when a task has none): every lr the grid starts with, at the whole schedule, and
     what to expect as `synthbench run` expects it (a pair without measured runs at the
-    protocol's means)."""
+    protocol's means, ``factors``: ``protocol_factors(table)`` unless given)."""
     proto = PROTOCOLS.get(protocol)
     mine = table[(table["protocol"] == protocol) & (table["mechanism"] == mechanism)]
     plan = [
@@ -507,7 +511,8 @@ def suite_seconds(
         for task in tasks
         for _ in proto.lrs
     ]
-    found = estimate(plan, table_costs(mine), protocol_factors(table))
+    factors = protocol_factors(table) if factors is None else factors
+    found = estimate(plan, table_costs(mine), factors)
     return None if found.unknown else found
 
 
@@ -538,9 +543,12 @@ def markdown_table(table: pd.DataFrame | None = None) -> str:
     rows = ["| mechanism | " + " | ".join(head(*c) for c in columns) + " |"]
     rows.append("|---|" + "---:|" * len(columns))
     for mechanism in sorted(set(table["mechanism"])):
+        # one estimate per protocol gives both its columns
+        estimates = {name: suite_seconds(table, name, mechanism, tasks, factors)
+                     for name in protocols}  # fmt: skip
         cells = []
         for name, expected in columns:
-            found = suite_seconds(table, name, mechanism, tasks)
+            found = estimates[name]
             value = None if found is None else found.expected if expected else found.seconds
             cells.append("-" if value is None else ("~" if expected else "") + duration(value))
         rows.append(f"| {mechanism} | " + " | ".join(cells) + " |")
