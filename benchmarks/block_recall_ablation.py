@@ -1,4 +1,5 @@
-"""Which part of the block track's block keeps softmax attention from learning kv_recall?
+"""Which part of the block track's first block (``arch=block-plain`` since recipe v2) kept
+softmax attention from learning kv_recall?
 
     python benchmarks/block_recall_ablation.py --variants as-is,no-mlp,zero-fc2 --lr 0.01
     python benchmarks/block_recall_ablation.py --variants as-is --lr 0.003 \
@@ -14,7 +15,7 @@ Trains softmax (or ``--mech``, with ``--mech-param`` options of its layer) on kv
 changed after the model is built, and prints per variant the test token accuracy, the step
 the training stopped at and the validation curve. The variants:
 
-- ``as-is``: the block track's block (synthbench/core/model.py, ``Block``);
+- ``as-is``: the block before recipe v2 (synthbench/core/model.py, ``block-plain``);
 - ``no-mlp``: every block without its MLP: the attention-only model of the core track;
 - ``mlp-first`` / ``mlp-last``: the MLP in the first / last block only;
 - ``zero-fc2``: the MLP's output layer starts at zero (the block starts as the core's model);
@@ -129,7 +130,8 @@ def main() -> None:
     args = parser.parse_args()
 
     try:  # the options are checked as synthbench run checks them: a one-line error
-        overrides = parse_assignments(args.protocol_param)
+        # the block this diagnosis was written for, unless --protocol-param arch=... says
+        overrides = {"arch": "block-plain", **parse_assignments(args.protocol_param)}
         points = protocol_points(PROTOCOLS.get("quick-block"), overrides)
         if len(points) != 1:
             raise ValueError("one value per --protocol-param: this script trains one protocol")

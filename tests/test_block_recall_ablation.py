@@ -1,5 +1,6 @@
 """benchmarks/block_recall_ablation.py: each variant changes the block-track model as it says."""
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -19,7 +20,9 @@ spec.loader.exec_module(ablation)
 
 
 def model(variant: str, protocol: str = "smoke-block", mech: str = "softmax") -> torch.nn.Module:
-    run = RunSpec.resolve("kv_recall", mech, PROTOCOLS.get(protocol), 0)
+    # the block the diagnosis was written for (the block track's before recipe v2)
+    plain = dataclasses.replace(PROTOCOLS.get(protocol), arch="block-plain")
+    run = RunSpec.resolve("kv_recall", mech, plain, 0)
     task, _ = train.run_tasks(run)
     built = train.seeded_model(run, task, None, torch.device("cpu"))
     ablation.change(variant, built)

@@ -539,12 +539,12 @@ def test_leak_guard_refuses_a_proven_leak_not_a_mechanism_that_raises(register, 
 
 def test_a_leaky_training_ends_its_sweep_without_a_result():
     spec = RunSpec.resolve("kv_recall", "softmax", PROTOCOLS.get("quick"), 0)
-    low, high = spec.protocol.lrs[:2]
+    *low, high = spec.protocol.lrs
     rows = [
-        {"lr": low, "status": "ok", "val_token_acc": 0.9, "selected": False, "steps_done": 9},
-        {"lr": high, "status": "leaky", "val_token_acc": None, "selected": False},
-    ]
-    assert sweep_state(spec.protocol, rows[:1]).complete is False
+        {"lr": lr, "status": "ok", "val_token_acc": 0.9, "selected": False, "steps_done": 9}
+        for lr in low
+    ] + [{"lr": high, "status": "leaky", "val_token_acc": None, "selected": False}]
+    assert sweep_state(spec.protocol, rows[:-1]).complete is False
     state = sweep_state(spec.protocol, rows)
     assert state.complete and state.selected is None
     assert run_status(rows)["status"] == "leaky"

@@ -91,6 +91,43 @@ def test_an_interrupted_training_resumes_to_the_row_it_would_have_had(
     assert resumed["wall_seconds"] >= state["seconds"]  # the time before the stop counts
 
 
+def scripted_rise(monkeypatch) -> None:
+    """Every curve point's validation token accuracy set to step / 100, the training itself
+    real: a curve that still rises at every end of its schedule (recipe v2)."""
+    real = train.curve_point
+
+    def rising(row, protocol, budget, step, val_metrics):
+        val_metrics["token_acc"] = step / 100
+        return real(row, protocol, budget, step, val_metrics)
+
+    monkeypatch.setattr(train, "curve_point", rising)
+
+
+@pytest.mark.parametrize(
+    ("saves", "horizon"),
+    [(15, 20), (25, 30), (35, 40)],  # killed before the first extension, in the 1st, the 2nd
+)
+def test_a_training_killed_in_an_extension_resumes_on_its_own_schedule(
+    saves, horizon, tmp_path, monkeypatch
+):
+    """A training extended past its 20 steps (its curve still rising: 20 -> 30 -> 40, the
+    cap) resumes with its schedule's end and its lr as they were: the same row."""
+    extending = dataclasses.replace(PROTOCOLS.get("smoke"), max_steps=40, rise_margin=0.01)
+    spec = RunSpec.resolve("copy", "softmax", extending, 0)
+    scripted_rise(monkeypatch)
+    whole = train.train_eval(spec, LR, CPU)
+    assert whole["status"] == "ok" and whole["steps_done"] == 40
+    path = tmp_path / "training.pt"
+    interrupt_after(monkeypatch, saves=saves)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_eval(spec, LR, CPU, saved=path)
+    state = torch.load(path, weights_only=True)
+    assert (state["step"], state["horizon"]) == (saves, horizon)
+    monkeypatch.undo()
+    scripted_rise(monkeypatch)
+    same_result(whole, train.train_eval(spec, LR, CPU, saved=path))
+
+
 DROPPED_CTRL_C = """
 import os, signal
 from synthbench.core import interrupts

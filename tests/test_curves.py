@@ -115,3 +115,37 @@ def test_curve_tables_by_hand():
 
 def test_no_curves_gives_no_runs():
     assert run_curves(frame(row("copy", "softmax", 0, 0.5))).empty
+
+
+def test_a_curve_past_the_schedule_spans_its_cell_and_keeps_the_schedules_area():
+    """Recipe v2: softmax seed 0 went on to 150 steps (its curve still rising at 100), seed
+    1 settled at 100. The cell's curves span 150, seed 1 held at its last value; steps to
+    0.9 may lie past the schedule; the area stays the mean over the protocol's 10 points
+    (where both trained on the same schedule). Another cell keeps its own points."""
+    extended = [k / 16 for k in range(1, 16)]  # 0.875 at 140, 0.9375 at 150
+    rows = frame(
+        row(
+            "copy",
+            "softmax",
+            0,
+            extended[-1],
+            steps=100,
+            curve_steps=curve_points(100, horizon=150),
+            curve_val_token_acc=extended,
+        ),
+        curved("copy", "softmax", 1, [0.3] * 10),
+        curved("copy", "linear", 0, [0.2] * 10),
+    )
+    runs = run_curves(rows).set_index(["mechanism", "seed"])
+    longer = [*POINTS, 110, 120, 130, 140, 150]
+    assert runs.loc[("softmax", 0), "points"] == runs.loc[("softmax", 1), "points"] == longer
+    assert runs.loc[("linear", 0), "points"] == POINTS
+    assert runs.loc[("softmax", 0), "curve"] == pytest.approx(extended)
+    assert runs.loc[("softmax", 1), "curve"] == pytest.approx([0.3] * 15)
+    assert runs.loc[("softmax", 0), "steps_to"] == 150
+    assert runs.loc[("softmax", 0), "area"] == pytest.approx(sum(range(1, 11)) / 160)
+    assert runs.loc[("softmax", 1), "area"] == pytest.approx(0.3)
+    means = mean_curves(run_curves(rows))
+    softmax = means[means["mechanism"] == "softmax"].set_index("step")["mean"]
+    assert list(softmax.index) == longer
+    assert softmax[150] == pytest.approx((0.9375 + 0.3) / 2)

@@ -9,7 +9,6 @@ import zipfile
 from pathlib import Path
 
 from synthbench.report import reference
-from synthbench.run.spec import SUITE_VERSION
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +88,7 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
     code = (
         "from synthbench.report import reference;"
         "loaded = reference.load(); print(loaded.where); print(loaded.problem);"
-        "print(sorted(set(loaded.rows['mechanism'])))"
+        "print(sorted(set(loaded.rows['mechanism']))); print(loaded.outdated)"
     )
     env = {k: v for k, v in os.environ.items() if k != reference.ENV}
     result = subprocess.run(
@@ -105,10 +104,10 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
         cwd=tmp_path,
         env=env,
     )
-    where, problem, mechanisms = result.stdout.splitlines()
+    where, problem, mechanisms, outdated = result.stdout.splitlines()
     assert where == str(target / "synthbench" / "data" / "reference" / "quick.parquet")
-    # found and read; stale only between a layout change and its one rebuild (then it is
-    # never shown, and says why)
-    stale = problem.endswith(f"this synthbench runs suite v{SUITE_VERSION}")
+    # found and read; stale only between a change of the suite or the recipe and its one
+    # rebuild (then it is never shown, and says why)
+    stale = outdated == "True"
     assert problem == "None" or stale, problem
     assert stale or "softmax" in mechanisms

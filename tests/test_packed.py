@@ -185,6 +185,36 @@ def test_early_stops_leave_the_others_unchanged():
     assert [r["steps_done"] for r in packed] == [28, 20, 40] and notes == []
 
 
+def test_each_member_extends_on_its_own_curve_as_alone(monkeypatch):
+    """Recipe v2 in one pack: each member's curve (scripted by its seed, the trainings real)
+    decides its own extensions, its own lr schedule stretched to its own end, as alone."""
+    curves = {
+        0: lambda step: step / 100,  # rising: 20 -> 30 -> 40, the cap
+        1: lambda step: 0.3,  # flat: stops at the schedule's end
+        2: lambda step: min(step, 24) / 100,  # rose, then settled by 30
+        3: lambda step: step / 100,  # rising, but a budget below the schedule
+    }
+    real = train.curve_point
+
+    def scripted(row, protocol, budget, step, val_metrics):
+        val_metrics["token_acc"] = curves[row["seed"]](step)
+        return real(row, protocol, budget, step, val_metrics)
+
+    monkeypatch.setattr(train, "curve_point", scripted)
+    monkeypatch.setattr(packed, "curve_point", scripted)
+    protocol = dataclasses.replace(SMOKE, max_steps=40, rise_margin=0.01)
+    members = [
+        (RunSpec.resolve("copy", "softmax", protocol, seed), lr)
+        for seed, lr in zip(curves, (1e-3, 3e-3, 1e-2, 3e-3), strict=True)
+    ]
+    budgets = [None, None, None, Budget(steps=14)]
+    separate, packed_rows, notes = packed_and_separate(members, budgets)
+    for a, b in zip(separate, packed_rows, strict=True):
+        assert_rows_match(a, b)
+    assert [r["steps_done"] for r in packed_rows] == [40, 20, 30, 14] and notes == []
+    assert packed_rows[0]["curve_steps"] == curve_points(20, horizon=40)
+
+
 def test_passes_split_by_the_activation_budget(monkeypatch):
     """Members whose activations together pass the budget train a few per pass (here one):
     the same rows, parameters without gradient ('none' ignores q and k) included."""

@@ -25,8 +25,9 @@ F64 = torch.float64
 # the thread count and lr_extend entered the config, "6e9a532d4fc50137"; before,
 # "edfa7ca9c5f2aa65"; suite version 2 and quick v2: "2185a5601d9907e9"; suite version 3 and
 # quick v3, with its lr grid and early stop: "e65d000de4e080f6"; quick v4, whose pace_margin
-# entered the config, "90f2dc22a19e4bb9"; suite version 4 and quick v5, since)
-QUICK_COPY_SOFTMAX_RUN_ID = "f4e8190093c8284f"
+# entered the config, "90f2dc22a19e4bb9"; suite version 4 and quick v5, "f4e8190093c8284f";
+# quick v6, recipe v2, since)
+QUICK_COPY_SOFTMAX_RUN_ID = "1d3352779ad41ce7"
 
 
 def make_rotation(kind: str, head_dim: int = D, n_heads: int = HEADS, **params) -> RoPE:

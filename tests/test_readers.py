@@ -125,7 +125,9 @@ def test_the_readme_recipes_read_every_schema_version(trees, monkeypatch):
         assert want.loc[run_id, later].isna().all(), (run_id, version)
         assert want.loc[run_id, "schema_version"] == version
     # the runs of the versions that have a column hold it
-    for column, version in (("lr_edge", 5), ("threads", 3), ("cpu_isa", 6), ("cpu_model", 7)):
+    for column, version in (
+        ("lr_edge", 5), ("threads", 3), ("cpu_isa", 6), ("cpu_model", 7), ("lr_robustness", 8)
+    ):  # fmt: skip
         assert want[column].notna().sum() == SCHEMA_VERSION - version + 1, column
     namespace: dict = {}
     exec(compile(reading_recipe(), str(RESULTS_DOC), "exec"), namespace)

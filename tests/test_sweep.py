@@ -267,3 +267,72 @@ def test_falling_behind_the_pace_counts_from_half_the_schedule():
     assert not budget.falls_behind(paced, 500, 0.9)  # within the margin
     assert not budget.falls_behind(dataclasses.replace(paced, pace_margin=0.0), 500, 0.0)
     assert not Budget().falls_behind(paced, 1000, 0.0)  # no pace
+
+
+# -- recipe v2: growth on a signal above noise, and the verdict's robustness to the lr -------
+
+SIGNAL = dataclasses.replace(GROWING, lr_signal=0.05)
+
+
+def charted(lr, acc, chance=0.1, status="ok"):
+    """A row with the task's chance, as a training stores it."""
+    return {**row(lr, acc, status), "chance_token_acc": chance, "chance_exact_match": 0.0}
+
+
+def test_an_lr_that_learned_nothing_never_grows_the_grid():
+    # the edge leads by 0.03 over chance 0.10, noise: without lr_signal the grid would grow
+    rows = [charted(1e-3, 0.10), charted(3e-3, 0.11), charted(1e-2, 0.13)]
+    assert sweep_state(GROWING, rows).pending  # today's rule follows the noise
+    state = sweep_state(SIGNAL, rows)
+    assert state.complete and state.selected == 1e-2 and not state.edge
+
+
+def test_a_lead_within_noise_leaves_the_grid_and_is_no_edge():
+    rows = [charted(1e-3, 0.50), charted(3e-3, 0.80), charted(1e-2, 0.83)]
+    state = sweep_state(SIGNAL, rows)
+    assert state.complete and state.selected == 1e-2 and not state.edge
+
+
+def test_a_lead_above_noise_at_an_edge_grows_the_grid_both_ways():
+    rows = [charted(1e-3, 0.50), charted(3e-3, 0.70), charted(1e-2, 0.90)]
+    assert sweep_state(SIGNAL, rows).pending == (lr_key(1e-2 * 1e-2 / 3e-3),)
+    rows = [charted(1e-3, 0.90), charted(3e-3, 0.70), charted(1e-2, 0.20)]
+    assert sweep_state(SIGNAL, rows).pending == (lr_key(1e-3 * 1e-3 / 3e-3),)
+
+
+def test_a_lead_above_noise_that_runs_out_of_growth_is_an_edge():
+    once = dataclasses.replace(SIGNAL, lr_extend=1)
+    step = lr_key(1e-2 * 1e-2 / 3e-3)
+    rows = [charted(1e-3, 0.5), charted(3e-3, 0.6), charted(1e-2, 0.7), charted(step, 0.9)]
+    state = sweep_state(once, rows)
+    assert state.complete and state.selected == step and state.edge
+
+
+@pytest.mark.parametrize(
+    "accs, robustness, gap",
+    [
+        ((0.92, 0.96, 0.04), 2, 0.04),
+        ((0.90, 0.96, 0.04), 1, 0.06),  # 0.90 trails by more than 0.05
+        ((0.93, 0.96, 0.94), 3, 0.02),
+        ((0.04, 0.96, 0.04), 1, 0.92),  # a knife-edge
+    ],
+)
+def test_a_complete_sweep_records_its_robustness_to_the_lr(accs, robustness, gap):
+    rows = [charted(lr, acc) for lr, acc in zip(GRID.lrs, accs, strict=True)]
+    state = sweep_state(GRID, rows)
+    assert state.robustness == robustness and state.gap == pytest.approx(gap)
+    mark_selected(GRID, rows)
+    assert {r["lr_robustness"] for r in rows} == {robustness}
+    assert all(r["lr_gap"] == pytest.approx(gap) for r in rows)
+
+
+def test_a_diverged_lr_scores_zero_in_the_gap_and_an_incomplete_sweep_has_no_marks():
+    rows = [charted(1e-3, 0.5), charted(3e-3, 0.9), charted(1e-2, None, status="diverged")]
+    state = sweep_state(GRID, rows)
+    assert state.robustness == 1 and state.gap == pytest.approx(0.4)
+    alone = [charted(3e-3, 0.9), charted(1e-2, None, status="diverged")]
+    assert sweep_state(GRID, alone).robustness is None
+    mark_selected(GRID, alone)
+    assert all(r["lr_robustness"] is None and r["lr_gap"] is None for r in alone)
+    only = dataclasses.replace(GRID, lrs=(3e-3,))
+    assert sweep_state(only, [charted(3e-3, 0.9)]).gap is None

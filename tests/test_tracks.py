@@ -9,10 +9,11 @@ import textwrap
 import pytest
 import torch
 from clitools import assert_error, invoke
+from torch import nn
 
-from synthbench.core.layer import Layer, layer_of, recurrent_layer_forward
-from synthbench.core.mechanism import MECHANISMS
-from synthbench.core.model import Model, MultiHeadAttention
+from synthbench.core.layer import Layer, RMSNorm, layer_of, recurrent_layer_forward
+from synthbench.core.mechanism import MECHANISMS, mixer
+from synthbench.core.model import FLA_INIT_STD, FLA_NORM_EPS, GatedMLP, Model, MultiHeadAttention
 from synthbench.integrity.layer_checks import check_layer
 from synthbench.run.protocols import PROTOCOLS, protocol_of_track
 from synthbench.run.spec import RunSpec
@@ -28,7 +29,9 @@ def test_every_protocol_but_the_papers_mirror_has_a_block_twin():
         assert protocol_of_track(name, None).name == name
         core = PROTOCOLS.get(name)
         # the same protocol but for the block and twice the steps (docs/MECHANISMS.md says why)
-        twin_fields = {"arch": "block", "version": 3, "steps": 2 * core.steps}
+        twin_fields = {"arch": "block", "version": 4, "steps": 2 * core.steps}
+        if core.max_steps:  # and twice its cap and chunk
+            twin_fields.update(max_steps=2 * core.max_steps, extend_steps=2 * core.extend_steps)
         assert {**core.config(), **twin_fields} == {
             **twin.config(),
             "name": name,
@@ -135,20 +138,66 @@ def test_run_refuses_a_leaky_layer_in_the_block_track_and_trains_its_core(tmp_pa
     assert checked.exit_code == 1 and "FAIL  peeking  layer-causal" in checked.output
 
 
+def _model(arch: str, mech: str = "softmax", d_model: int = 16) -> Model:
+    """A two-layer model of ``arch`` around ``mech`` (its layer where the arch takes one)."""
+    return Model(
+        16, 8, lambda: mixer(mech, d_model, 2, arch).build({}), d_model=d_model, n_heads=2,
+        n_layers=2, arch=arch,
+    )  # fmt: skip
+
+
 @pytest.mark.parametrize("arch", ["block", "block-conv"])
-def test_the_block_track_norms_only_before_the_mlp(arch):
-    """Version 2 of the block protocols: no LayerNorm before the mixer nor before the head
-    (with them softmax stays near chance on 16-pair kv_recall in quick's budget:
-    synthbench/core/model.py); arch=transformer keeps all three."""
+def test_the_block_track_is_flas_block(arch):
+    """Version 4 of the block protocols: fla's block (modeling_gated_deltanet.py): RMSNorm
+    (eps 1e-6) before the mixer, before the MLP and before the head, the gated MLP, no bias
+    in the MLP or the head; block-plain is the block before it; transformer keeps its own."""
 
     def norms(arch):
-        softmax = MECHANISMS.get("softmax")
-        model = Model(16, 8, lambda: softmax(8, 2), d_model=16, n_heads=2, arch=arch)
+        model = _model(arch)
         x = torch.randn(2, 8, 16)
         block = model.blocks[-1]
         kinds = (type(block.norm1).__name__, type(block.norm2).__name__, type(model.norm).__name__)
-        # without a norm before the mixer, scaling the stream scales what the mixer reads
+        # a norm before the mixer: scaling the stream does not scale what the mixer reads
         return kinds, block.norm1(3 * x).allclose(3 * block.norm1(x))
 
-    assert norms(arch) == (("Identity", "LayerNorm", "Identity"), True)
+    assert norms(arch) == (("RMSNorm", "RMSNorm", "RMSNorm"), False)
+    assert norms("block-plain") == (("Identity", "LayerNorm", "Identity"), True)
     assert norms("transformer") == (("LayerNorm", "LayerNorm", "LayerNorm"), False)
+    model = _model(arch)
+    assert all(m.eps == FLA_NORM_EPS for m in model.modules() if isinstance(m, RMSNorm))
+    assert isinstance(model.blocks[-1].mlp, GatedMLP) and model.head.bias is None
+    assert _model("block-plain").head.bias is not None
+
+
+def test_flas_gated_mlp_is_swiglu_with_flas_width():
+    mlp = GatedMLP(64).double()
+    assert mlp.up_proj.out_features == 256  # int(64 * 4 * 2 / 3) = 170, up to 256's multiple
+    assert GatedMLP(128).up_proj.out_features == 512 and GatedMLP(512).up_proj.out_features == 1536
+    assert all(layer.bias is None for layer in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+    x = torch.randn(3, 5, 64, dtype=torch.float64)
+    gate, up = x @ mlp.gate_proj.weight.T, x @ mlp.up_proj.weight.T
+    expected = (gate * torch.sigmoid(gate) * up) @ mlp.down_proj.weight.T
+    torch.testing.assert_close(mlp(x), expected, rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("mech", ["softmax", "gated-deltanet", "mamba2"])
+def test_flas_init_draws_every_linear_and_embedding_from_n_0_002(mech):
+    """fla's _init_weights: Linear and Conv1d weights and Embeddings N(0, 0.02), biases zero,
+    norms at one; a layer's own parameters (A_log, dt_bias, D) keep their source's values."""
+    torch.manual_seed(0)
+    model = _model("block", mech, d_model=64)
+    drawn = (nn.Linear, nn.Conv1d, nn.Embedding)
+    weights = torch.cat([m.weight.flatten() for m in model.modules() if isinstance(m, drawn)])
+    assert weights.numel() > 20_000 and abs(weights.std().item() - FLA_INIT_STD) < 1e-3
+    assert abs(weights.mean().item()) < 1e-3
+    biases = [m.bias for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv1d))]
+    assert all(b is None or not b.any() for b in biases)
+    assert all((m.weight == 1).all() for m in model.modules() if isinstance(m, RMSNorm))
+    if mech != "softmax":  # the layer's own parameters are drawn as when it is built alone
+        torch.manual_seed(0)
+        plain = _model("block-plain", mech, d_model=64)
+        for name in ("A_log", "dt_bias"):
+            mine, theirs = (getattr(m.blocks[0].attn, name) for m in (model, plain))
+            torch.testing.assert_close(mine, theirs)
+    # the plain block keeps PyTorch's defaults: embeddings N(0, 1)
+    assert _model("block-plain", mech, d_model=64).tok_emb.weight.std().item() > 0.5

@@ -12,6 +12,7 @@ import torch
 from synthbench.core.mechanism import MECHANISMS, Mechanism
 from synthbench.core.task import IGNORE, TASKS, Batch
 from synthbench.integrity import audit
+from synthbench.run import train
 from synthbench.run.lr_selection import Budget
 from synthbench.run.protocols import PROTOCOLS, curve_points
 from synthbench.run.runner import run_sweep as run
@@ -90,9 +91,14 @@ def _protocol_variants():
         "select_metric": "exact_match",
         "stop_at": 0.99,
         "pace_margin": 0.1,
+        "lr_signal": 0.05,
+        "max_steps": 40,
+        "extend_steps": 5,
+        "rise_margin": 0.01,
         "task_params": (("copy", (("n", 8),)),),  # through the run's resolved task params
     }
-    fields = {f.name for f in dataclasses.fields(SMOKE)} - {"description", "seeds"}
+    seed_counts = {"seeds", "max_seeds", "seed_spread"}  # which runs a cell holds, not a run's
+    fields = {f.name for f in dataclasses.fields(SMOKE)} - {"description", *seed_counts}
     assert fields == set(changed), "a new protocol field needs a variant here"
     return sorted(changed.items())
 
@@ -109,6 +115,8 @@ def test_run_id_ignores_description_and_default_seed_count():
     base = RunSpec.resolve("copy", "softmax", SMOKE, 0)
     p = dataclasses.replace(SMOKE, description="other words", seeds=5)
     assert RunSpec.resolve("copy", "softmax", p, 0).run_id == base.run_id
+    more_seeds = dataclasses.replace(SMOKE, max_seeds=5, seed_spread=0.1)
+    assert RunSpec.resolve("copy", "softmax", more_seeds, 0).run_id == base.run_id
 
 
 def test_run_id_changes_with_seed_task_and_mechanism_params():
@@ -296,6 +304,15 @@ def test_curve_points_are_even_and_end_at_the_last_step():
     assert curve_points(3) == [1, 2, 3]
 
 
+def test_curve_points_go_on_at_the_same_spacing_up_to_a_later_horizon():
+    assert curve_points(1000, horizon=1000) == curve_points(1000)
+    assert curve_points(1000, horizon=1500) == list(range(100, 1501, 100))
+    # a horizon off the spacing is a point itself: a training decides there to go on or not
+    assert curve_points(1000, horizon=1130) == [*range(100, 1101, 100), 1130]
+    assert curve_points(25, horizon=30) == [2, 5, 8, 10, 12, 15, 18, 20, 22, 25, 28, 30]
+    assert curve_points(3, horizon=5) == [1, 2, 3, 4, 5]
+
+
 # -- lr schedule --------------------------------------------------------------------------
 
 
@@ -325,6 +342,19 @@ def test_lr_schedule_no_warmup_starts_at_peak():
     f = lr_schedule(dataclasses.replace(SMOKE, steps=40, warmup_frac=0.0, min_lr_frac=0.0))
     assert f(0) == pytest.approx(1.0)
     assert f(40) == pytest.approx(0.0)
+
+
+def test_lr_schedule_stretched_to_a_later_horizon():
+    """The warm-up of the protocol's steps, then the cosine over (step - warm-up) /
+    (horizon - warm-up): back up at the old end, min_lr_frac at the new one."""
+    p = dataclasses.replace(SMOKE, steps=100, warmup_frac=0.1, min_lr_frac=0.1)
+    f, stretched = lr_schedule(p), lr_schedule(p, 150)
+    assert [stretched(s) for s in range(10)] == [f(s) for s in range(10)]  # the same warm-up
+    assert stretched(100) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 90 / 140)))
+    assert stretched(100) > f(99) and f(100) == pytest.approx(0.1)
+    assert stretched(80) == pytest.approx(0.1 + 0.9 * 0.5)  # the new midpoint
+    assert stretched(150) == pytest.approx(0.1) and stretched(200) == pytest.approx(0.1)
+    assert lr_schedule(p, 100)(55) == f(55)  # the protocol's own end: the same schedule
 
 
 # -- run() --------------------------------------------------------------------------------
@@ -591,3 +621,116 @@ def test_a_parameter_marked_no_weight_decay_gets_none():
     plain = MultiHeadAttention(16, 2, MECHANISMS.get("linear")(8, 2))
     (group,) = parameter_groups(plain, 0.01)
     assert group["params"] == list(plain.parameters()) and group["weight_decay"] == 0.01
+
+
+# -- recipe v2: a training still rising at its schedule's end goes on ---------------------
+
+# smoke (20 steps, a curve point every 2) that may go on 10 steps at a time (steps // 2) up
+# to 50, while its curve gains at least 0.01 over RISE_POINTS points
+EXTENDING = dataclasses.replace(SMOKE, max_steps=50, rise_margin=0.01)
+
+
+def rising(row, step):
+    return step / 100  # +0.04 over 2 points of 2 steps
+
+
+def scripted_curve(monkeypatch, accuracy):
+    """Each curve point's validation token accuracy set to ``accuracy(row, step)``, the
+    training itself real: the rule under test sees a curve that rises or settles as the test
+    says, whatever a few steps of smoke learn."""
+    real = train.curve_point
+
+    def scripted(row, protocol, budget, step, val_metrics):
+        val_metrics["token_acc"] = accuracy(row, step)
+        return real(row, protocol, budget, step, val_metrics)
+
+    monkeypatch.setattr(train, "curve_point", scripted)
+
+
+def test_a_rising_training_goes_on_in_chunks_up_to_max_steps(monkeypatch):
+    scripted_curve(monkeypatch, rising)
+    row = train_eval(spec(protocol=EXTENDING), 3e-3, CPU)
+    assert row["status"] == "ok", row["error"]
+    assert (row["steps"], row["steps_done"]) == (20, 50)  # 20 -> 30 -> 40 -> 50, the cap
+    assert row["curve_steps"] == curve_points(20, horizon=50) == list(range(2, 51, 2))
+    assert row["val_token_acc"] == row["curve_val_token_acc"][-1] == 0.5
+    # extend_steps sets the chunk; the last one is cut at the cap: 20 -> 27 -> 32
+    odd = dataclasses.replace(EXTENDING, extend_steps=7, max_steps=32)
+    row = train_eval(spec(protocol=odd), 3e-3, CPU)
+    assert row["steps_done"] == 32
+    assert row["curve_steps"] == [*range(2, 21, 2), 22, 24, 26, 27, 28, 30, 32]
+    # max_steps 0 (every preset): the schedule's end is the end, rising or not
+    assert train_eval(spec(), 3e-3, CPU)["steps_done"] == SMOKE.steps
+
+
+@pytest.mark.parametrize(
+    ("accuracy", "rise_margin", "steps_done"),
+    [
+        (lambda row, step: 0.3, 0.01, 20),  # flat
+        (lambda row, step: 0.3, 0.0, 20),  # flat: no gain is no rise, even with no margin
+        (lambda row, step: step / 1000, 0.01, 20),  # +0.004: below the margin
+        (lambda row, step: 0.5 - step / 100, 0.0, 20),  # falling
+        (lambda row, step: min(step, 24) / 100, 0.01, 30),  # rose, then settled by 30
+    ],
+)
+def test_a_settled_training_stops_at_its_horizon(monkeypatch, accuracy, rise_margin, steps_done):
+    scripted_curve(monkeypatch, accuracy)
+    protocol = dataclasses.replace(EXTENDING, rise_margin=rise_margin)
+    row = train_eval(spec(protocol=protocol), 3e-3, CPU)
+    assert row["status"] == "ok" and row["steps_done"] == steps_done
+    assert row["curve_steps"] == curve_points(20, horizon=steps_done)
+
+
+def test_a_solved_training_stops_early_in_an_extension_too(monkeypatch):
+    scripted_curve(monkeypatch, rising)
+    for stop_at, steps_done in ((0.1, 10), (0.25, 26)):  # in the schedule, in the extension
+        solving = dataclasses.replace(EXTENDING, stop_at=stop_at)
+        row = train_eval(spec(protocol=solving), 3e-3, CPU)
+        assert row["steps_done"] == steps_done and row["curve_steps"][-1] == steps_done
+
+
+def test_the_pace_rule_applies_in_an_extension(monkeypatch):
+    """An lr grown past an edge stops once it trails the edge's curve by the margin: here
+    from step 26, in the first extension."""
+    scripted_curve(monkeypatch, rising)
+    paced = dataclasses.replace(EXTENDING, pace_margin=0.1)
+    edge = tuple((at, at / 100 + (0.2 if at >= 26 else 0)) for at in curve_points(20, horizon=50))
+    row = train_eval(spec(protocol=paced), 3e-3, CPU, Budget(pace=edge))
+    assert row["steps_done"] == 26
+
+
+def test_a_step_budget_bounds_the_extensions(monkeypatch):
+    """A budget below the schedule (an lr grown past an edge that solved sooner) never
+    extends; one past it (the edge solved in an extension) extends, and stops at it."""
+    scripted_curve(monkeypatch, rising)
+    for limit, steps_done in ((14, 14), (20, 20), (33, 33)):
+        row = train_eval(spec(protocol=EXTENDING), 3e-3, CPU, Budget(steps=limit))
+        assert row["steps_done"] == steps_done
+    assert row["curve_steps"] == [*range(2, 33, 2), 33]  # horizons 20, 30, then 40: cut at 33
+
+
+def test_after_an_extension_the_lr_decays_again_to_the_new_end(monkeypatch):
+    """The lr of every step: the protocol's schedule up to its end, then back up, the
+    cosine stretched to the new end (20 -> 30, the cap)."""
+    scripted_curve(monkeypatch, rising)
+    lrs = []
+
+    class Recorded(torch.optim.AdamW):
+        def step(self, closure=None):
+            lrs.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    monkeypatch.setattr(torch.optim, "AdamW", Recorded)
+    p = dataclasses.replace(EXTENDING, max_steps=30, warmup_frac=0.1, min_lr_frac=0.1)
+    lr = 3e-3
+    row = train_eval(spec(protocol=p), lr, CPU)
+    assert row["steps_done"] == len(lrs) == 30
+    first, stretched = lr_schedule(p), lr_schedule(p, 30)
+    assert lrs[:20] == [lr * first(s) for s in range(20)]
+    assert lrs[20:] == [lr * stretched(s) for s in range(20, 30)]
+
+    def by_hand(step: int) -> float:  # a warm-up of 2 steps (0.1 x 20), then 28 of cosine
+        return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - 2) / 28)))
+
+    assert lrs[20] == pytest.approx(by_hand(20)) and lrs[29] == pytest.approx(by_hand(29))
+    assert lrs[20] > lrs[19]  # back up at the old end

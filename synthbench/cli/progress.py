@@ -146,10 +146,12 @@ class RunView(runner.Events):
         show_pos: bool,
         estimate: Callable[[list[Unit], int], list[str]] | None = None,
         dry_run: bool = False,
+        more_seeds: bool = False,
     ):
         self.specs, self.results, self.where, self.show_pos = specs, results, where, show_pos
         self.estimate = estimate  # the lines saying what the trainings will cost
         self.dry_run = dry_run  # the plan and its estimate only: no bar
+        self.more_seeds = more_seeds  # cells whose seeds disagree get more (run/seeds.py)
         self.varying = grid.varying_keys(specs)  # what tells the points of a grid apart
         self.progress: Progress | None = None
         self.eta: Eta | None = None
@@ -185,7 +187,7 @@ class RunView(runner.Events):
             f"{plural(runs, 'run')} ({shape}, {protocols}{pos_note}, {self.where}, "
             f"{plural(first.threads, 'thread')} per training{workers}); {stored} already "
             f"stored, {runs - stored} to run ({plural(len(units), 'training')}) -> "
-            f"{self.results}/",
+            f"{self.results}/{self._growth_note()}",
             highlight=False,
         )
         if not units:
@@ -223,6 +225,35 @@ class RunView(runner.Events):
                 f"   {unit.spec.label()}: best lr at the grid's edge, adding lr {unit.lr:g}",
                 highlight=False,
             )
+
+    def _growth_note(self) -> str:
+        """A dry run's word on the seeds it cannot foresee: those of cells not yet complete
+        whose seeds will disagree (synthbench/run/seeds.py)."""
+        rules = {(s.protocol.max_seeds, s.protocol.seed_spread) for s in self.specs}
+        rules = {rule for rule in rules if rule[0]}
+        if not (self.dry_run and self.more_seeds and rules):
+            return ""
+        most = max(most for most, _ in rules)
+        spreads = {spread for _, spread in rules}
+        apart = f" (scores more than {spreads.pop():g} apart)" if len(spreads) == 1 else ""
+        return f"; cells whose seeds disagree{apart} may get up to {plural(most, 'seed')}"
+
+    def seeded(self, added: list[RunSpec], scores: dict[int, float], units: list[Unit]) -> None:
+        first = added[0]
+        point = f" {grid.point_label(first, self.varying)}" if self.varying else ""
+        line = (
+            f"   {first.task} / {first.mechanism}{point}: seeds disagree "
+            f"({min(scores.values()):.2f} .. {max(scores.values()):.2f}): "
+            f"{plural(len(added), 'more seed')}, up to {first.protocol.max_seeds}"
+        )
+        self.specs = [*self.specs, *added]  # the header, when said after this, counts them
+        if self.progress is None:  # before the plan's line: the store held the cell complete
+            if units:  # else grown by an earlier command, its seeds stored: nothing new
+                out.print(line, highlight=False)
+            return
+        self.eta.add(units)
+        self.progress.update(self.bar, total=self.progress.tasks[0].total + len(units))
+        self.progress.console.print(line, highlight=False)
 
     def run_done(self, spec: RunSpec, rows: list[dict[str, Any]]) -> None:
         self.progress.console.print(run_line(spec, rows, self.varying), highlight=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,7 +37,7 @@ from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
 from synthbench.run.grid import load_sweep_file
 from synthbench.run.limits import MAX_RUNS, MAX_SEEDS, check_runs
 from synthbench.run.phases import phase
-from synthbench.run.protocols import protocol_of_track
+from synthbench.run.protocols import Protocol, protocol_of_track
 from synthbench.run.provenance import device_name
 from synthbench.run.runner import Unit
 from synthbench.run.schema import LEAKY
@@ -334,6 +335,7 @@ def run_grid(
             difficulties=difficulties,
             protocol_params=protocol_params,
         )
+    check_max_seeds(n_seeds, {spec.protocol for spec in specs})
     presets = set(difficulties or ()) - {"default"}
     train_specs(
         specs,
@@ -351,7 +353,20 @@ def run_grid(
         resized=bool(task_params or mech_params or protocol_params or presets),
         positions=bool(pos is not None or pos_params),
         dry_run=dry_run,
+        more_seeds=True,  # the plan holds whole cells: seeds 0..N-1 of each
     )
+
+
+def check_max_seeds(n_seeds: int, protocols: Iterable[Protocol]) -> None:
+    """``--seeds`` no more than each planned protocol's ``max_seeds`` (where it has one): the
+    seeds a cell grows to where its seeds disagree (synthbench/run/seeds.py)."""
+    for point in sorted(protocols, key=lambda p: p.max_seeds):
+        if point.max_seeds and n_seeds > point.max_seeds:
+            raise UsageError(
+                f"--seeds {n_seeds} is more than protocol {point.name}'s max_seeds "
+                f"{point.max_seeds} (the seeds a cell grows to where its seeds disagree): "
+                f"give --seeds {point.max_seeds} or fewer, or a larger max_seeds"
+            )
 
 
 def check_execution(
@@ -399,11 +414,14 @@ def train_specs(
     resized: bool = False,
     positions: bool = False,
     dry_run: bool = False,
+    more_seeds: bool = False,
 ) -> None:
     """Train the planned runs that are not stored (all with ``force``), render the progress,
     and exit non-zero if any raised, diverged everywhere or leaked. ``resized``: the plan
     changes default sizes (the cost estimate says so); ``positions``: it sets positions;
-    ``dry_run``: check the plan, say what it would train and cost, and stop there."""
+    ``dry_run``: check the plan, say what it would train and cost, and stop there;
+    ``more_seeds``: a cell whose seeds disagree gets more (``runner.execute``): for a plan
+    of whole cells, not of chosen seeds (``facts run``)."""
     dev = resolve_device(device) if executor == "local" else None
     if pack is None:  # where it is measured to help (synthbench/run/packed.py)
         pack = default_pack(dev or torch.device("cuda" if gpus_per_run else "cpu"))
@@ -446,17 +464,24 @@ def train_specs(
         plugins = "".join(f" --plugin {p}" for p in plugin or [])
         return cost.lines(found, capacity, "".join(notes), plugins)
 
-    view = RunView(specs, results, where, positions, estimate=estimate, dry_run=dry_run)
+    view = RunView(
+        specs, results, where, positions, estimate=estimate, dry_run=dry_run,
+        more_seeds=more_seeds,
+    )  # fmt: skip
     if dry_run:  # as many at once as the executor would run (Ray's: --jobs, else unknown)
         capacity = local_workers if executor == "local" else lambda n: min(n, jobs or 1)
-        runner.dry_run(specs, ResultStore(results), capacity, events=view, force=force)
+        runner.dry_run(
+            specs, ResultStore(results), capacity, events=view, force=force,
+            more_seeds=more_seeds,
+        )  # fmt: skip
         out.print("dry run: nothing trained or written", highlight=False)
         return
     try:
         try:
             outcome = runner.execute(
-                specs, ResultStore(results), make_executor, force=force, events=view, pack=pack
-            )
+                specs, ResultStore(results), make_executor, force=force, events=view, pack=pack,
+                more_seeds=more_seeds,
+            )  # fmt: skip
         finally:
             view.close()  # the bar ends its line: a message below starts on a line of its own
     except KeyboardInterrupt:

@@ -37,8 +37,9 @@ from torch import nn
 from synthbench.core.params import REQUIRED, check_int, resolve_params
 
 # the archs whose blocks take a mechanism's published layer (synthbench/core/model.py):
-# ``block``, and ``block-conv``, the block track with the Based recipe (``BaseConv``)
-LAYER_ARCHS = ("block", "block-conv")
+# ``block`` (fla's block), ``block-plain`` (the block before recipe v2) and ``block-conv``,
+# fla's block with the Based recipe (``BaseConv``)
+LAYER_ARCHS = ("block", "block-plain", "block-conv")
 
 
 class Layer(nn.Module):

@@ -7,17 +7,23 @@ convolution on q, k and v before the mechanism (depthwise, ``SHORT_CONV`` positi
 SiLU), as flash-linear-attention's DeltaNet, GLA and Based layers have: each position's
 q, k and v also see the few tokens before it, whatever the mechanism. ``transformer``:
 pre-norm blocks with an MLP and a final LayerNorm. The mechanism only ever sees (batch,
-heads, length, head_dim). ``block`` (the block track): the transformer's pre-norm residual
-block, the same for every mechanism, with the mechanism's published layer as its mixer
-(synthbench/core/layer.py); a mechanism without one enters as its core inside the plain
-multi-head projections, as in ``transformer``, but without ``transformer``'s LayerNorm
-before the mixer and its final one before the head (the MLP keeps its own). With those two,
-softmax attention stays near 0.1 on 16-pair kv_recall (every key queried) in quick's 1,000
-steps at every lr from 3e-4 to 1e-2, and 0.14 at 3,000, where the attention-only model solves
-it by step 700; without them it solves it by step 600-700 (seeds 0-2, lr 3e-3), and deltanet's
-layer reaches 0.88-0.96 there instead of 0.35-0.87. ``block-conv``: the block track with Zoology's
-"Based recipe", every mechanism paired with a gated short convolution: layer i is a
-``BaseConv`` block for even i, the mechanism's for odd i (so it needs n_layers >= 2).
+heads, length, head_dim).
+
+``block`` (the block track): flash-linear-attention's block, the same for every mechanism,
+with the mechanism's published layer as its mixer (synthbench/core/layer.py); a mechanism
+without one enters as its core inside the plain multi-head projections. Each part as fla
+builds it (fla/models/gated_deltanet/modeling_gated_deltanet.py; GLA's, DeltaNet's and
+RetNet's models are the same): an RMSNorm before the mixer (``attn_norm``) and before the
+MLP (``mlp_norm``), a final RMSNorm before the head (``GatedDeltaNetModel.norm``), fla's gated
+MLP (``GatedMLP``, fla/modules/mlp.py) and fla's initialisation (``fla_init``). No biases
+outside the mixer: fla's MLP and head have none.
+
+``block-plain``: the block track's block before recipe v2 (protocols quick-block v3 and
+older): the mixer unnormalised, an MLP of LayerNorm, Linear, GELU, Linear, no final norm,
+PyTorch's default initialisation. Kept as an option (docs/MECHANISMS.md, "The block track's
+block", says what it changes). ``block-conv``: the block track with Zoology's "Based recipe",
+every mechanism paired with a gated short convolution: layer i is a ``BaseConv`` block for
+even i, the mechanism's for odd i (so it needs n_layers >= 2).
 
 Positions: an absolute embedding added to the tokens (``learned``, ``sinusoidal``), nothing
 (``none``), or a rotation of each head's queries and keys by position (the ``ROTATIONS`` of
@@ -34,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from synthbench.core.layer import LAYER_ARCHS, BaseConv, Layer
+from synthbench.core.layer import LAYER_ARCHS, BaseConv, Layer, RMSNorm
 from synthbench.core.mechanism import extra_inputs
 from synthbench.core.params import check_int, constructor_params
 from synthbench.core.positional import ROTATIONS
@@ -42,6 +48,7 @@ from synthbench.core.text import did_you_mean
 
 ARCHS = ("attn-only", "attn-conv", "transformer", *LAYER_ARCHS)
 TRACKS = {"core": "attn-only", "block": "block"}  # a track: the arch its protocols use
+FLA_ARCHS = ("block", "block-conv")  # fla's block: its norms, gated MLP and initialisation
 SHORT_CONV = 4  # attn-conv's kernel: flash-linear-attention's default conv_size
 ABSOLUTE_POSITIONS = ("learned", "sinusoidal", "none")
 POSITIONS = (*ABSOLUTE_POSITIONS, *ROTATIONS)
@@ -151,7 +158,47 @@ class MultiHeadAttention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(B, L, D))
 
 
+# fla's norm epsilon (GatedDeltaNetConfig, GLAConfig: norm_eps=1e-6) and initialiser range
+FLA_NORM_EPS = 1e-6
+FLA_INIT_STD = 0.02
+
+
+class GatedMLP(nn.Module):
+    """fla's ``GatedMLP`` (fla/modules/mlp.py) with its defaults, ``hidden_ratio`` 4 and
+    ``hidden_act`` swish: down(silu(gate(x)) * up(x)), no biases, the hidden width 2/3 of
+    4 x d_model rounded up to a multiple of 256 (so that its three matrices hold as many
+    numbers as a 4x MLP's two would)."""
+
+    def __init__(self, d_model: int, hidden_ratio: int = 4) -> None:
+        super().__init__()
+        hidden = int(d_model * hidden_ratio * 2 / 3)
+        hidden = 256 * ((hidden + 255) // 256)
+        self.gate_proj = nn.Linear(d_model, hidden, bias=False)
+        self.up_proj = nn.Linear(d_model, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+def fla_init(model: nn.Module, std: float = FLA_INIT_STD) -> None:
+    """fla's ``_init_weights`` (fla/models/gated_deltanet/modeling_gated_deltanet.py, and the
+    same in its GLA, DeltaNet, RetNet and Transformer models) with its default
+    ``prenorm_residual_strategy=None``: every Linear and Conv1d weight (the layers' own
+    projections and short convolutions too) drawn from N(0, std), their biases zero, every
+    Embedding from N(0, std). Norms keep their ones; a layer's own parameters (Mamba-2's
+    A_log, dt_bias and D, decays) keep the initialisation their sources give them."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Conv1d, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+
 class Block(nn.Module):
+    """One residual block of ``arch`` around a mixer: the mechanism's published layer, or its
+    core in plain multi-head projections (the module docstring describes each arch)."""
+
     def __init__(
         self,
         d_model: int,
@@ -168,17 +215,20 @@ class Block(nn.Module):
             self.attn = mechanism
         else:
             self.attn = MultiHeadAttention(d_model, n_heads, mechanism, rotation, short_conv)
-        self.transformer = arch in ("transformer", *LAYER_ARCHS)
-        if self.transformer:
-            self.norm1, self.norm2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
-            if arch in LAYER_ARCHS:  # the block track: no norm before the mixer
-                self.norm1 = nn.Identity()
+        self.has_mlp = arch != "attn-only" and arch != "attn-conv"
+        if arch in FLA_ARCHS:  # fla's: RMSNorm before the mixer and the MLP
+            self.norm1 = RMSNorm(d_model, FLA_NORM_EPS)
+            self.norm2 = RMSNorm(d_model, FLA_NORM_EPS)
+            self.mlp = GatedMLP(d_model)
+        elif self.has_mlp:  # transformer: LayerNorm before both; block-plain: before the MLP
+            self.norm1 = nn.Identity() if arch == "block-plain" else nn.LayerNorm(d_model)
+            self.norm2 = nn.LayerNorm(d_model)
             self.mlp = nn.Sequential(
                 nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model)
             )
 
     def forward(self, x: torch.Tensor, causal: bool) -> torch.Tensor:
-        if not self.transformer:
+        if not self.has_mlp:
             return x + self.attn(x, causal)
         x = x + self.attn(self.norm1(x), causal)
         return x + self.mlp(self.norm2(x))
@@ -228,9 +278,15 @@ class Model(nn.Module):
             )
             for i in range(n_layers)
         )
-        # the block track has no final norm either; arch=transformer keeps its own
-        self.norm = nn.LayerNorm(d_model) if arch == "transformer" else nn.Identity()
-        self.head = nn.Linear(d_model, vocab_size)
+        # a final norm before the head: the transformer's LayerNorm, fla's RMSNorm
+        self.norm = nn.Identity()
+        if arch == "transformer":
+            self.norm = nn.LayerNorm(d_model)
+        elif arch in FLA_ARCHS:
+            self.norm = RMSNorm(d_model, FLA_NORM_EPS)
+        self.head = nn.Linear(d_model, vocab_size, bias=arch not in FLA_ARCHS)
+        if arch in FLA_ARCHS:
+            fla_init(self)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens (B, L) int64 -> what enters the first block (B, L, d_model): the token

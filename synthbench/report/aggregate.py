@@ -23,6 +23,7 @@ import pandas as pd
 from synthbench.core.task import TASKS
 from synthbench.core.text import did_you_mean
 from synthbench.run.grid import protocol_changes
+from synthbench.run.lr_selection import KNIFE_EDGE
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.schema import LEAKY
 
@@ -282,7 +283,8 @@ def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFr
     ``metric`` (the column it came from: for target, the task's target metric), ``chance``,
     ``score`` (``value`` chance-normalised; ``value`` itself for the long_* metrics, which
     have no chance), ``se`` (the test-set standard error of ``value``; NaN where not stored)
-    and ``lr_edge`` (the selected lr is alone at an edge of its grid). Runs that differ only
+    ``lr_edge`` (the selected lr is alone at an edge of its grid) and ``knife_edge`` (the
+    selected lr beat every other by more than lr_selection.KNIFE_EDGE). Runs that differ only
     in their eval length multiplier trained the same model, so a seed counts once (the mean
     of its runs). ``rows`` must be labelled (``prepare_rows``) if they hold variants."""
     rows = fill_from_registry(check_metric(rows, metric))
@@ -291,6 +293,7 @@ def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFr
     source = metric_column(ok, metric)
     chance = ok[CHANCE_COLUMN[metric]] if metric in CHANCE_COLUMN else np.nan
     edge = ok["lr_edge"].eq(True) if "lr_edge" in ok else False  # null in older rows
+    knife = ok["lr_gap"].gt(KNIFE_EDGE) if "lr_gap" in ok else False  # null before schema 8
     runs = ok[keys].assign(
         value=_per_row(ok, source),
         metric=source,
@@ -298,6 +301,7 @@ def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFr
         se=_per_row(ok, source + "_se"),
         lr=ok["lr"] if "lr" in ok else np.nan,  # absent from hand-made frames
         lr_edge=edge,
+        knife_edge=knife,
     )
     runs = (
         runs.groupby(keys, sort=False)
@@ -308,6 +312,7 @@ def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFr
             se=("se", "mean"),
             lr=("lr", "first"),  # the runs of a seed trained one model
             lr_edge=("lr_edge", "any"),
+            knife_edge=("knife_edge", "any"),
         )
         .reset_index()
     )

@@ -8,6 +8,13 @@ stores them as ``curve_steps`` and ``curve_val_token_acc``. Per run, at its sele
 - **area**: the area under the curve normalised to [0, 1], the mean of the curve over the
   protocol's curve points. A run stopped early (``stop_at``) stopped because it had reached
   that level, so its curve is held at its last measured value up to ``steps``.
+
+A training still rising at the end of its schedule may go on past ``steps`` (recipe v2,
+``max_steps``: synthbench/run/train.py), its curve too, at the same spacing. The curve of a
+cell's runs then spans its longest run, each run held at its last value (it stopped because
+it had settled, solved, or hit the cap), and steps to 0.9 may lie past ``steps``; the area
+stays the mean over the protocol's own points, where every run trained on the same schedule
+(an extension changes nothing before ``steps``), so areas compare as before.
 """
 
 from __future__ import annotations
@@ -25,11 +32,17 @@ THRESHOLD = 0.9  # validation token accuracy that counts as learnt, for steps-to
 NEVER = "never"
 
 
-def held_curve(curve_steps, curve_values, steps: int) -> np.ndarray:
-    """The curve at every curve point of a ``steps``-step training: each point takes the
-    last value measured at or before it (an early-stopped run's last value held to the
-    end); NaN before the first measurement."""
-    points = np.asarray(curve_points(int(steps)))
+def curve_end(curve_steps, steps: int) -> int:
+    """The last step of a run's curve: ``steps``, or later for a training extended past it."""
+    return max(int(steps), int(curve_steps[-1]))
+
+
+def held_curve(curve_steps, curve_values, steps: int, end: int | None = None) -> np.ndarray:
+    """The curve at every curve point of a ``steps``-step training (and past it at the same
+    spacing up to ``end``, for trainings extended past ``steps``): each point takes the last
+    value measured at or before it (an early-stopped run's last value held to the end); NaN
+    before the first measurement."""
+    points = np.asarray(curve_points(int(steps), horizon=end))
     measured, values = np.asarray(curve_steps), np.asarray(curve_values, float)
     last = np.searchsorted(measured, points, side="right") - 1
     return np.where(last >= 0, values[np.maximum(last, 0)], np.nan)
@@ -43,8 +56,9 @@ def steps_to(curve_steps, curve_values, threshold: float = THRESHOLD) -> float:
 
 def run_curves(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per successful (cell, seed) at its selected lr that has a learning curve:
-    ``points`` and ``curve`` (the held curve over the protocol's curve points, lists),
-    ``steps_to`` (NaN: never) and ``area``. Variants are labelled (``prepare_rows``)."""
+    ``points`` and ``curve`` (the held curve over the protocol's curve points, and past them
+    up to the cell's longest curve; lists), ``steps_to`` (NaN: never) and ``area`` (over the
+    protocol's curve points). Variants are labelled (``prepare_rows``)."""
     columns = [*KEYS, "seed", "points", "curve", "steps_to", "area"]
     if "curve_steps" not in rows:
         return pd.DataFrame(columns=columns)
@@ -52,20 +66,25 @@ def run_curves(rows: pd.DataFrame) -> pd.DataFrame:
     ok = rows[(rows["status"] == "ok") & rows["selected"].astype(bool)]
     # runs that differ only in their eval length multiplier trained the same model
     ok = ok.drop_duplicates([*KEYS, "seed"])
+    ok = ok[ok["curve_steps"].map(has_curve).astype(bool)]
+    cell_end: dict[tuple, int] = {}  # the longest curve of each cell (extended trainings)
+    for r in ok.itertuples():
+        cell = tuple(getattr(r, k) for k in KEYS)
+        cell_end[cell] = max(cell_end.get(cell, 0), curve_end(r.curve_steps, r.steps))
     records = []
     for r in ok.itertuples():
-        if not has_curve(r.curve_steps):
-            continue
-        curve = held_curve(r.curve_steps, r.curve_val_token_acc, r.steps)
+        end = cell_end[tuple(getattr(r, k) for k in KEYS)]
+        curve = held_curve(r.curve_steps, r.curve_val_token_acc, r.steps, end)
+        scheduled = len(curve_points(int(r.steps)))  # the protocol's own points come first
         records.append(
             {
                 **{k: getattr(r, k) for k in KEYS},
                 "seed": r.seed,
-                "points": curve_points(int(r.steps)),
+                "points": curve_points(int(r.steps), horizon=end),
                 "curve": curve.tolist(),
                 "steps_to": steps_to(r.curve_steps, r.curve_val_token_acc),
                 # the mean over the points: [0, 1] like the accuracies
-                "area": float(curve.mean()),
+                "area": float(curve[:scheduled].mean()),
             }
         )
     return pd.DataFrame(records, columns=columns)

@@ -74,6 +74,9 @@ class Reference:
     problem: str | None = None  # why its rows are not shown (one line), or None
     protocols: frozenset[str] = frozenset()  # the protocols the file holds, even unusable
     info: dict[str, Any] = field(default_factory=dict)  # the file's summary (METADATA_KEY)
+    # made by an earlier synthbench (an older suite or protocol version): the state between
+    # a change of the suite or the recipe and the one rebuild that follows it
+    outdated: bool = False
 
     @property
     def usable(self) -> bool:
@@ -123,8 +126,9 @@ def load(path: str | Path | None = None) -> Reference:
     if "protocol" in names:
         protocols = frozenset(str(p) for p in table["protocol"].to_pylist())
 
-    def unusable(problem: str) -> Reference:
-        return Reference(_empty(), where, f"the reference {where} {problem}", protocols, info)
+    def unusable(problem: str, outdated: bool = False) -> Reference:
+        problem = f"the reference {where} {problem}"
+        return Reference(_empty(), where, problem, protocols, info, outdated)
 
     missing = set(REQUIRED) - names
     if missing:
@@ -140,7 +144,7 @@ def load(path: str | Path | None = None) -> Reference:
         return unusable(f"has columns of the wrong type ({exc})")
     problem = validate(rows)
     if problem is not None:
-        return unusable(problem)
+        return unusable(problem, predates(rows))
     return Reference(rows[COLUMNS], where, None, protocols, info)
 
 
@@ -187,6 +191,24 @@ def validate(rows: pd.DataFrame) -> str | None:
     if newest > SCHEMA_VERSION:
         return f"is of schema version {newest}; this synthbench reads 1..{SCHEMA_VERSION}"
     return None
+
+
+def predates(rows: pd.DataFrame) -> bool:
+    """Whether reference ``rows`` were made by an earlier synthbench: of an older suite, or
+    of an older version of a protocol it knows, and of nothing newer."""
+    from synthbench.run.protocols import PROTOCOLS
+    from synthbench.run.spec import SUITE_VERSION
+
+    suites = {int(v) for v in rows["suite_version"]}
+    versions = {
+        (str(name), int(version))
+        for name, version in rows[["protocol", "protocol_version"]].drop_duplicates().values
+    }
+    if any(name not in PROTOCOLS or version > PROTOCOLS.get(name).version
+           for name, version in versions) or max(suites) > SUITE_VERSION:  # fmt: skip
+        return False
+    older = any(version < PROTOCOLS.get(name).version for name, version in versions)
+    return older or min(suites) < SUITE_VERSION
 
 
 # -- beside the user's rows -----------------------------------------------------------------

@@ -31,6 +31,7 @@ from synthbench.report.aggregate import (
     run_outcomes,
     selected_runs,
 )
+from synthbench.run.lr_selection import KNIFE_EDGE
 from synthbench.run.schema import LEAKY
 
 MISSING = "--"
@@ -208,8 +209,10 @@ def full_grid(agg: pd.DataFrame, head: list[str], n_seeds: int) -> Grid:
     )
 
 
-def lr_text(lr: float, edge: bool) -> str:
-    return "?" if pd.isna(lr) else f"{lr:.2g}{'*' if edge else ''}"
+def lr_text(lr: float, edge: bool, knife_edge: bool = False) -> str:
+    if pd.isna(lr):
+        return "?"
+    return f"{lr:.2g}{'*' if edge else ''}{'!' if knife_edge else ''}"
 
 
 def lr_grid(runs: pd.DataFrame, protocol: str, version: int, track: str = "core") -> Grid:
@@ -219,7 +222,7 @@ def lr_grid(runs: pd.DataFrame, protocol: str, version: int, track: str = "core"
     tasks = sort_tasks(runs)
     mechanisms = sorted(runs["mechanism"].unique())
     chosen = {
-        (c, t, m): ", ".join(lr_text(r.lr, r.lr_edge) for r in part.itertuples())
+        (c, t, m): ", ".join(lr_text(r.lr, r.lr_edge, r.knife_edge) for r in part.itertuples())
         for (c, t, m), part in runs.sort_values("seed").groupby(["category", "task", "mechanism"])
     }
     return Grid(
@@ -232,7 +235,9 @@ def lr_grid(runs: pd.DataFrame, protocol: str, version: int, track: str = "core"
         best=None,
         notes=[
             "The lr each seed's run selected on the validation set (seeds in increasing "
-            "order); *: alone at an edge of its grid, so the optimum may lie beyond.",
+            "order); *: alone at an edge of its grid, so the optimum may lie beyond; !: a "
+            f"knife-edge, it beat every other lr it tried by more than {KNIFE_EDGE:g}, so the "
+            "verdict hangs on that one lr.",
             "--: no successful run.",
         ],
     )

@@ -5,12 +5,14 @@ ends with the row it would have had uninterrupted.
 A training (``train.train_eval``) handed a checkpoint path writes, every
 ``CHECKPOINT_SECONDS`` of training and after a whole step, everything its remaining steps
 depend on: the model, the optimizer and the lr schedule, the generator of its training
-batches, torch's global generator, the learning curve so far and the recent losses. The
-runner puts the file under the results tree (``<results>/.checkpoints/<run id>-lr<lr>.pt``:
-a hidden folder, which the store and the readers skip) and deletes it once the training's
-row is stored. A checkpoint is only taken up by the same training: the same run id, lr and
-budget, and the same torch build, device type and CPU instruction set, whose arithmetic it
-continues (``identity``); any other file there, or one that cannot be read, is ignored and replaced.
+batches, torch's global generator, the learning curve so far, the recent losses and where
+the lr schedule ends now (``horizon``: past the protocol's steps once a training still
+rising was extended, train.Horizon). The runner puts the file under the results tree
+(``<results>/.checkpoints/<run id>-lr<lr>.pt``: a hidden folder, which the store and the
+readers skip) and deletes it once the training's row is stored. A checkpoint is only taken
+up by the same training: the same run id, lr and budget, and the same torch build, device
+type and CPU instruction set, whose arithmetic it continues (``identity``); any other file
+there, or one that cannot be read, is ignored and replaced.
 tests/test_checkpoint.py checks that a training interrupted and resumed stores the same row,
 every metric equal, as one that never stopped.
 """

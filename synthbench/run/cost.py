@@ -87,9 +87,12 @@ class Training:
     protocol: str
     task: str
     mechanism: str
-    steps: int  # at most this many
+    steps: int  # its schedule (a budget's limit, if lower)
     lrs: int  # the lrs its run starts with
-    adaptive: bool  # its protocol grows the lr grid or stops trainings early
+    adaptive: bool  # its protocol grows the lr grid, stops trainings early or extends them
+    # the most it may run, past ``steps`` while its curve still rises (protocol.max_steps,
+    # within its budget); 0: ``steps``
+    max_steps: int = 0
 
     @property
     def key(self) -> Key:
@@ -271,7 +274,10 @@ def trainings_of(units: Iterable) -> list[Training]:
         spec, budget = unit.spec, unit.budget
         p = spec.protocol
         steps = p.steps if budget.steps is None else min(p.steps, budget.steps)
-        trainings.append(Training(p.name, spec.task, spec.mechanism, steps, len(p.lrs), adapts(p)))
+        longest = p.max_steps if budget.steps is None else min(p.max_steps, budget.steps)
+        trainings.append(
+            Training(p.name, spec.task, spec.mechanism, steps, len(p.lrs), adapts(p), longest)
+        )
     return trainings
 
 
@@ -345,9 +351,11 @@ def estimate(
     averages: Mapping[str, tuple[float, float]] | None = None,
 ) -> Estimate:
     """The CPU time of ``trainings`` at ``costs``. A training whose protocol neither grows
-    its lr grid nor stops early takes its whole schedule, once: the bound is what it costs.
-    Any other is expected to take steps x steps_frac x trainings_per_run / lrs (what the
-    measured runs of its pair did; else the protocol's ``averages``; else unknown)."""
+    its lr grid nor stops early takes its whole schedule, once: the bound is what it costs
+    (at its ``max_steps`` where extensions may take it further). Any other is expected to
+    take steps x steps_frac x trainings_per_run / lrs (what the measured runs of its pair
+    did, extensions included in steps_frac; else the protocol's ``averages``; else
+    unknown)."""
     trainings = list(trainings)
     averages = averages or {}
     seconds = longest = 0.0
@@ -362,11 +370,12 @@ def estimate(
             unknown.setdefault(t.mechanism, set()).add(t.task)
             continue
         covered += 1
-        steps.add(t.steps)
+        steps.add(max(t.steps, t.max_steps))
         sources[cost.source] += 1
         full = cost.step_seconds * t.steps
-        seconds += full
-        longest = max(longest, full)
+        bound = cost.step_seconds * max(t.steps, t.max_steps)
+        seconds += bound
+        longest = max(longest, bound)
         if not t.adaptive:
             expected = None if expected is None else expected + full
             continue
@@ -488,9 +497,14 @@ def lines(est: Estimate, capacity: int = 1, note: str = "", options: str = "") -
 
 
 def adapts(protocol) -> bool:
-    """Whether a protocol grows its lr grid or stops trainings early: then its plan's
-    trainings at their whole schedules are only a bound."""
-    return protocol.lr_extend > 0 or protocol.stop_at > 0 or protocol.pace_margin > 0
+    """Whether a protocol grows its lr grid, stops trainings early or extends them (recipe
+    v2's max_steps): then its plan's trainings at their whole schedules are only a bound."""
+    return (
+        protocol.lr_extend > 0
+        or protocol.stop_at > 0
+        or protocol.pace_margin > 0
+        or protocol.max_steps > 0
+    )
 
 
 def suite_seconds(
@@ -507,7 +521,9 @@ def suite_seconds(
     proto = PROTOCOLS.get(protocol)
     mine = table[(table["protocol"] == protocol) & (table["mechanism"] == mechanism)]
     plan = [
-        Training(protocol, task, mechanism, proto.steps, len(proto.lrs), adapts(proto))
+        Training(
+            protocol, task, mechanism, proto.steps, len(proto.lrs), adapts(proto), proto.max_steps
+        )
         for task in tasks
         for _ in proto.lrs
     ]

@@ -9,7 +9,12 @@ protocol's grid has a row, the sweep either grows or ends:
 
 - it grows when ``protocol.lr_extend`` allows and the best lr on the validation set sits
   alone at an edge of the grid: the lr one grid step past that edge is added (the step is
-  the ratio of the two outermost lrs on that side), since the optimum may lie beyond;
+  the ratio of the two outermost lrs on that side), since the optimum may lie beyond. With
+  ``protocol.lr_signal`` (recipe v2) only a lead above noise grows the grid: the edge lr
+  must have learned (its score at least ``lr_signal`` above the task's chance) and beat
+  every other lr by at least ``lr_signal``. An lr that learned nothing never decides a
+  direction, and a lead within noise leaves the grid as it is (and is no edge: the
+  optimum beyond would be within noise of it too);
 - a run with a ``leaky`` training (synthbench/integrity/causality.py) ends there with no lr
   selected: the mechanism saw later positions, so none of its scores is a result;
 - otherwise it ends, and the best lr is *selected* (the lowest of equal bests): the test
@@ -37,6 +42,12 @@ the margin (``Budget.pace``): it would have to gain that much on the edge in wha
 be selected. Unlike the step budget this is a bet, not a proof; docs/PROTOCOLS.md gives the
 sweeps that justify it.
 
+Once complete, every row of the run records how robust its verdict is to the lr:
+``lr_robustness``, how many trained lrs came within ``ROBUST_MARGIN`` of the best score
+(1: only the selected one did), and ``lr_gap``, the best score minus the best of the other
+lrs (a diverged lr scores 0). A run whose ``lr_gap`` exceeds ``KNIFE_EDGE`` is a
+knife-edge: its verdict hangs on one lr (reports flag it).
+
 These are pure functions of the rows, so the runner calls them whenever a row comes in
 (the lrs of one run may train on different workers, and the plan grows while it runs) and
 at start-up on the stored rows (a killed sweep resumes where it stopped).
@@ -53,9 +64,13 @@ from synthbench.run.schema import LEAKY, has_curve, lr_key
 
 # The columns a sweep's state is computed from (what the runner loads to resume)
 SWEEP_COLUMNS = [
-    "run_id", "lr", "status", "selected", "lr_edge", "steps_done", "val_token_acc",
-    "val_exact_match",
+    "run_id", "lr", "status", "selected", "lr_edge", "lr_robustness", "lr_gap", "steps_done",
+    "val_token_acc", "val_exact_match", "chance_token_acc", "chance_exact_match",
 ]  # fmt: skip
+# What the sweep marks on every row of a run (set once it is complete), and a new row's
+ROW_MARKS = {"selected": False, "lr_edge": False, "lr_robustness": None, "lr_gap": None}
+ROBUST_MARGIN = 0.05  # an lr within this of the best score counts toward lr_robustness
+KNIFE_EDGE = 0.3  # an lr_gap above this: the verdict hangs on one lr
 
 
 @dataclass(frozen=True)
@@ -84,17 +99,26 @@ class SweepState:
     complete: bool  # every lr the sweep needs has a row
     selected: float | None  # when complete: the reported lr (None if no lr succeeded)
     edge: bool = False  # when complete: the best lr is alone at an edge of the grid
+    robustness: int | None = None  # when complete: lrs within ROBUST_MARGIN of the best
+    gap: float | None = None  # when complete: the best score over the best other lr's
     # the limits of a pending lr added past an edge (absent: the whole schedule)
     budgets: dict[float, Budget] = field(default_factory=dict)
 
     def marked(self, rows: Iterable[dict[str, Any]]) -> bool:
         """Whether ``rows`` (stored) carry this state's selection: ``selected`` on the
-        selected lr alone, and its ``lr_edge`` (null in files of schema < 5, left as is)."""
+        selected lr alone, its ``lr_edge`` and ``lr_robustness`` (null in files of schemas
+        before them: left as they are)."""
         return all(
             bool(r["selected"]) == (lr_key(r["lr"]) == self.selected)
-            and (r["lr_edge"] is None or r["lr_edge"] != r["lr_edge"] or r["lr_edge"] == self.edge)
+            and _null_or(r.get("lr_edge"), self.edge)
+            and _null_or(r.get("lr_robustness"), self.robustness)
             for r in rows
         )
+
+
+def _null_or(stored: Any, value: Any) -> bool:
+    """A stored mark is either absent (null, or NaN as pandas reads it) or ``value``."""
+    return stored is None or stored != stored or stored == value
 
 
 def score(protocol: Protocol, row: dict[str, Any]) -> float:
@@ -102,6 +126,25 @@ def score(protocol: Protocol, row: dict[str, Any]) -> float:
     counting as the same: solved."""
     value = row[f"val_{protocol.select_metric}"]
     return min(value, protocol.stop_at) if protocol.stop_at else value
+
+
+def learned(protocol: Protocol, row: dict[str, Any]) -> bool:
+    """Whether a successful training scored at least ``lr_signal`` above the task's chance
+    (a row without its chance, of schema < 5, counts as learned)."""
+    chance = row.get(f"chance_{protocol.select_metric}")
+    if chance is None or chance != chance:
+        return True
+    return score(protocol, row) >= chance + protocol.lr_signal
+
+
+def _signal(protocol: Protocol, rows: dict[float, dict[str, Any]], lr: float, scores) -> bool:
+    """Whether the lead of ``lr`` (alone best) is a signal that may grow the grid: any lead
+    without ``lr_signal``; with it, the lr learned and beats every other by the margin."""
+    if not protocol.lr_signal:
+        return True
+    others = [value for other, value in scores.items() if other != lr]
+    ahead = not others or scores[lr] - max(others) >= protocol.lr_signal
+    return ahead and learned(protocol, rows[lr])
 
 
 def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepState:
@@ -121,6 +164,8 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
         best = max(scores.values(), default=None)
         winners = [lr for lr in grid if lr in scores and scores[lr] == best]
         alone_at = winners[0] if len(winners) == 1 else None
+        if alone_at is not None and not _signal(protocol, by_lr, alone_at, scores):
+            alone_at = None  # a lead within noise, or an lr that learned nothing
         if extensions < protocol.lr_extend and alone_at in (grid[0], grid[-1]):
             if alone_at == grid[-1]:
                 added = lr_key(grid[-1] * grid[-1] / grid[-2])
@@ -136,7 +181,23 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
         edge = alone_at is not None and alone_at in (grid[0], grid[-1])
         # among equal scores: the fewest steps (an early stop), then the lowest lr
         selected = min(winners, key=lambda lr: by_lr[lr].get("steps_done", 0), default=None)
-        return SweepState((), True, selected, edge)
+        robustness, gap = _robustness(by_lr, scores)
+        return SweepState((), True, selected, edge, robustness, gap)
+
+
+def _robustness(
+    rows: dict[float, dict[str, Any]], scores: dict[float, float]
+) -> tuple[int | None, float | None]:
+    """(lr_robustness, lr_gap) of a complete sweep: the trained lrs within ROBUST_MARGIN of
+    the best score, and the best score minus the best of the other lrs (a diverged lr scoring
+    0; None with one lr). (None, None) when no lr succeeded."""
+    if not scores:
+        return None, None
+    best = max(scores.values())
+    robustness = sum(value >= best - ROBUST_MARGIN for value in scores.values())
+    tried = {lr: scores.get(lr, 0.0) for lr, r in rows.items() if r["status"] in ("ok", "diverged")}
+    others = sorted(tried.values(), reverse=True)[1:]
+    return robustness, (best - others[0] if others else None)
 
 
 def _budget(protocol: Protocol, edge: dict[str, Any], best: float, above: bool) -> Budget:
@@ -149,7 +210,7 @@ def _budget(protocol: Protocol, edge: dict[str, Any], best: float, above: bool) 
     steps = None
     if protocol.stop_at and best >= protocol.stop_at:
         steps = int(edge["steps_done"])
-        earlier = [step for step in curve_points(protocol.steps) if step < steps]
+        earlier = [s for s in curve_points(protocol.steps, horizon=steps) if s < steps]
         if above and earlier:
             steps = earlier[-1]
     pace = _curve(edge) if protocol.pace_margin else ()
@@ -177,6 +238,8 @@ def _mark(state: SweepState, rows: Iterable[dict[str, Any]]) -> None:
     for row in rows:
         row["selected"] = state.complete and lr_key(row["lr"]) == state.selected
         row["lr_edge"] = state.complete and state.edge
+        row["lr_robustness"] = state.robustness if state.complete else None
+        row["lr_gap"] = state.gap if state.complete else None
 
 
 def run_status(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:

@@ -15,12 +15,14 @@ most the examples of a separate one's.
 
 Each member keeps everything a separate training has: its own initialisation (its model
 built right after ``torch.manual_seed(spec.seed)``, random buffers included), its own stream
-of training batches, its own lr on the protocol's schedule, AdamW with the protocol's betas,
-weight decay and parameter groups (by hand, on the stacked tensors: torch's formula, the lr
-a per-member column), its own gradient clipping, divergence check, curve points and early
-stop. A member that stops (solved, its budget, diverged) leaves the pack: the others are
-re-packed without it, so it never changes again. Its weights go back into an ordinary
-``Model``, which ``train.finish`` evaluates exactly as after a separate training.
+of training batches, its own lr on its own schedule (its ``train.Horizon``: extended past
+the protocol's steps while its curve rises, as a separate training's), AdamW with the
+protocol's betas, weight decay and parameter groups (by hand, on the stacked tensors:
+torch's formula, the lr a per-member column), its own gradient clipping, divergence check,
+curve points and early stop. A member that stops (solved, its budget, diverged) leaves the
+pack: the others are re-packed without it, so it never changes again. Its weights go back
+into an ordinary ``Model``, which ``train.finish`` evaluates exactly as after a separate
+training.
 
 Not bit-identical to separate trainings: a batched kernel sums in another order than the
 single one, and the optimizer is not torch's fused kernel, so weights differ in their last
@@ -40,6 +42,7 @@ status.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import time
 import warnings
@@ -62,6 +65,7 @@ from synthbench.run.spec import RunSpec
 from synthbench.run.train import (
     RECENT_LOSSES,
     Diverged,
+    Horizon,
     RunData,
     blank_row,
     curve_point,
@@ -69,9 +73,7 @@ from synthbench.run.train import (
     evaluation_data,
     failures_recorded,
     finish,
-    lr_schedule,
     mean_scores,
-    measured_steps,
     non_finite_gradient,
     non_finite_loss,
     parameter_count,
@@ -84,7 +86,6 @@ from synthbench.run.train import (
     train_eval,
     training_generator,
     training_loss,
-    training_steps,
 )
 
 ADAMW_EPS = 1e-8  # torch.optim.AdamW's default, which train_eval uses
@@ -179,8 +180,8 @@ class _Member:
 
     def __post_init__(self) -> None:
         self.row = blank_row(self.spec, self.lr)
-        self.last_step = training_steps(self.spec.protocol, self.budget)
-        self.measure_at = measured_steps(self.spec.protocol, self.last_step)
+        # its own schedule's end, last step, curve points and lr factors, as train_eval's
+        self.horizon = Horizon(self.spec.protocol, self.budget)
         self.generator = training_generator(self.spec)
 
     def fail(self, exc: BaseException) -> None:
@@ -240,7 +241,8 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
     _share(members, time.perf_counter() - start)
 
     active = list(members)  # the pack's rows, in order
-    for step in range(max(m.last_step for m in members)):
+    # every member stops at its last step at the latest (a curve point): the pack empties
+    for step in itertools.count():
         raise_pending()  # a Ctrl-C Python dropped (synthbench/core/interrupts.py)
         start = time.perf_counter()
         with phase("training batches"):
@@ -249,7 +251,7 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
             labels = torch.stack([b.training_targets for b in batches])
         with phase("training steps"):
             losses, grad_norms = pack.forward_backward(inputs, labels)
-            pack.step(step, grad_norms)
+            pack.step([m.horizon.lr_factor(step) for m in active], grad_norms)
             values, norms = torch.stack([losses, grad_norms]).tolist()  # one sync
         for m, value, norm in zip(active, values, norms, strict=True):
             m.row["steps_done"] = step
@@ -259,7 +261,9 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
                 m.fail(non_finite_gradient(step))
             else:
                 m.recent = (m.recent + [value])[-RECENT_LOSSES:]
-        measured = [i for i, m in enumerate(active) if not m.done and step + 1 in m.measure_at]
+        measured = [
+            i for i, m in enumerate(active) if not m.done and step + 1 in m.horizon.measure_at
+        ]
         stopped = []
         if measured:
             with phase("curve points"):
@@ -270,7 +274,10 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
                     m.fail(score)
                     continue
                 m.val_metrics = score
-                if curve_point(m.row, p, m.budget, step + 1, score) or step + 1 == m.last_step:
+                stops = curve_point(m.row, p, m.budget, step + 1, score)
+                if not stops:  # at its schedule's end and still rising, it goes on
+                    m.horizon.extend(step + 1, m.row["curve_val_token_acc"])
+                if stops or step + 1 == m.horizon.last_step:
                     stopped.append(i)
         _share(active, time.perf_counter() - start)
         for i in stopped:
@@ -328,7 +335,6 @@ class _Pack:
         self.base = copy.deepcopy(models[0])
         self.protocol = protocol
         self.lrs = list(lrs)
-        self.schedule = lr_schedule(protocol)
         named = [dict(m.named_parameters()) for m in models]
         self.names = list(named[0])
         _check_same(named, "parameters")
@@ -451,9 +457,10 @@ class _Pack:
         return torch.cat(losses), torch.cat(grad_norms)
 
     @torch.no_grad()
-    def step(self, step: int, grad_norms: torch.Tensor) -> None:
+    def step(self, factors: list[float], grad_norms: torch.Tensor) -> None:
         """Clip each member's gradients to the protocol's norm, then one AdamW step (torch's
-        decoupled weight decay and bias correction) at each member's scheduled lr, on the
+        decoupled weight decay and bias correction) at each member's lr times its schedule's
+        factor at this step (``factors``: each member has its own horizon), on the
         parameters that got a gradient. A member whose gradients are not finite leaves the
         pack after this step: its update is moot."""
         p = self.protocol
@@ -461,8 +468,8 @@ class _Pack:
         if p.grad_clip:  # as torch.nn.utils.clip_grads_with_norm_
             coef = (p.grad_clip / (grad_norms + CLIP_EPS)).clamp(max=1.0)
             grads = grads * coef.unsqueeze(1)
-        factor = self.schedule(step)
-        lrs = [lr * factor for lr in self.lrs]  # as LambdaLR: in Python floats
+        # as LambdaLR: in Python floats
+        lrs = [lr * factor for lr, factor in zip(self.lrs, factors, strict=True)]
         self.param_steps = [
             [n + used for n, used in zip(steps, member_used, strict=True)]
             for steps, member_used in zip(self.param_steps, self.used, strict=True)

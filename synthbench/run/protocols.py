@@ -18,13 +18,29 @@ from synthbench.core.text import did_you_mean
 
 CURVE_POINTS = 10  # validation evaluations along training (the learning curve)
 # fields left out of a config while 0 (off), so run ids from before each field still hold
-OFF_WHEN_ZERO = ("stop_at", "pace_margin")
+OFF_WHEN_ZERO = (
+    "stop_at", "pace_margin", "lr_signal", "max_steps", "extend_steps", "rise_margin",
+    "max_seeds", "seed_spread",
+)  # fmt: skip
 
 
-def curve_points(steps: int, points: int = CURVE_POINTS) -> list[int]:
+def curve_points(
+    steps: int, points: int = CURVE_POINTS, *, horizon: int | None = None
+) -> list[int]:
     """The optimizer steps after which the learning curve is measured (and a training may
-    stop early): ``points`` evenly spaced, the last one the end of training."""
-    return sorted({max(1, round(steps * k / points)) for k in range(1, points + 1)})
+    stop early): ``points`` evenly spaced over ``steps``, the last one the end of the
+    schedule. With a ``horizon`` past ``steps`` (a training extended because its curve still
+    rose: synthbench/run/train.py), then the points at the same spacing before it, and the
+    horizon itself: a training decides at its horizon's end whether to go on."""
+    base = sorted({max(1, round(steps * k / points)) for k in range(1, points + 1)})
+    if horizon is None or horizon <= steps or steps < 1:
+        return base
+    later, k = [], points + 1
+    while (at := round(steps * k / points)) < horizon:
+        if at > (later or base)[-1]:
+            later.append(at)
+        k += 1
+    return base + later + [horizon]
 
 
 @dataclass(frozen=True)
@@ -52,6 +68,21 @@ class Protocol:
     # an lr grown past an edge stops once, from half the schedule on, its validation token
     # accuracy trails the edge's at the same step by more than this (0: never; sweep.py)
     pace_margin: float = 0.0
+    # recipe v2 (docs/PROTOCOLS.md, "Recipe v2"): the grid grows past an edge only on a
+    # signal above noise: the edge lr beats the task's chance and every other lr by at least
+    # this (0: any lead, as before; synthbench/run/lr_selection.py)
+    lr_signal: float = 0.0
+    # a training still rising at the end of its schedule continues, extend_steps more at a
+    # time (0: steps // 2), the cosine stretched over the new end, up to max_steps in all
+    # (0: never); "rising": its validation token accuracy gained at least rise_margin over
+    # the last RISE_POINTS curve points (synthbench/run/train.py)
+    max_steps: int = 0
+    extend_steps: int = 0
+    rise_margin: float = 0.0
+    # a cell whose seeds disagree (selected scores more than seed_spread apart) gets more
+    # seeds, up to max_seeds (0: never; synthbench/run/seeds.py)
+    max_seeds: int = 0
+    seed_spread: float = 0.0
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.98)
     warmup_frac: float = 0.1
@@ -89,6 +120,18 @@ class Protocol:
             problems.append("stop_at must be in [0, 1] (0: never stop early)")
         if not 0 <= self.pace_margin <= 1:
             problems.append("pace_margin must be in [0, 1] (0: off)")
+        if self.max_steps and self.max_steps < self.steps:
+            problems.append(
+                f"max_steps ({self.max_steps}) must be >= steps ({self.steps}) (the cap of a "
+                "training still rising), or 0 to train exactly steps"
+            )
+        if self.extend_steps < 0 or self.max_steps < 0:
+            problems.append("max_steps and extend_steps must be >= 0")
+        if self.max_seeds < 0:  # below a run's seed count: `run` says so (cli/run.py)
+            problems.append("max_seeds must be >= 0 (0: off)")
+        for name in ("lr_signal", "rise_margin", "seed_spread"):
+            if not 0 <= getattr(self, name) <= 1:
+                problems.append(f"{name} must be in [0, 1]")
         if self.arch == "block-conv" and self.n_layers < 2:
             problems.append("arch block-conv needs n_layers >= 2 (even layers are BaseConv)")
         if self.grad_clip < 0 or self.weight_decay < 0:
@@ -111,15 +154,16 @@ class Protocol:
         return dict(dict(self.task_params).get(task, ()))
 
     def config(self) -> dict:
-        """Everything that determines a run's outcome (the default seed count does not)."""
+        """Everything that determines a run's outcome (the seed counts do not: they say which
+        runs a cell holds, not what one of them gives)."""
         config = asdict(self)
-        config.pop("description")
-        config.pop("seeds")
+        for name in ("description", "seeds", "max_seeds", "seed_spread"):
+            config.pop(name)
         config["lrs"] = list(self.lrs)
         config["betas"] = list(self.betas)
         config.pop("task_params")  # the run's resolved task parameters carry their effect
         for name in OFF_WHEN_ZERO:
-            if not config[name]:
+            if name in config and not config[name]:
                 config.pop(name)
         return config
 
@@ -146,39 +190,50 @@ _add(
         seeds=1,
     )
 )
+# Recipe v2 (docs/PROTOCOLS.md): the settings quick and standard share on top of their sizes
+RECIPE_V2 = {
+    "lr_extend": 2,
+    "lr_signal": 0.05,
+    "stop_at": 0.99,
+    "pace_margin": 0.1,
+    "rise_margin": 0.02,
+    "max_seeds": 5,
+    "seed_spread": 0.5,
+}
 _add(
     Protocol(
         name="quick",
-        version=5,
-        description="the default, sized for a 2-core CPU: 1000 steps at each mechanism's "
-        "own best lr (grown from 3e-3 and 1e-2 until it is inside the grid), stopping a "
-        "training once it has solved the task",
+        version=6,
+        description="the default, sized for a 2-core CPU: 1000 steps, longer (to 3000) while "
+        "still rising, at each mechanism's own best lr (from 1e-3, 3e-3 and 1e-2, grown "
+        "past an edge only on a lead above noise), stopping a training once it has solved "
+        "the task; seeds that disagree get more seeds (up to 5)",
         steps=1000,
         batch_size=32,
-        lrs=(3e-3, 1e-2),
-        lr_extend=3,
-        stop_at=0.99,
-        pace_margin=0.1,
+        lrs=(1e-3, 3e-3, 1e-2),
+        max_steps=3000,
+        extend_steps=500,
+        **RECIPE_V2,
     )
 )
 _add(
     Protocol(
         name="standard",
-        version=4,
-        description="sized for one GPU: a larger model trained longer, with a learning-rate "
-        "sweep selected on the validation set",
+        version=5,
+        description="sized for one GPU: a larger model trained longer (to 12000 steps while "
+        "still rising), with recipe v2's learning-rate sweep selected on the validation set",
         d_model=128,
         n_heads=4,
         n_layers=2,
         steps=4000,
         batch_size=64,
         lrs=(3e-4, 1e-3, 3e-3),
-        lr_extend=3,
-        stop_at=0.99,
-        pace_margin=0.1,
+        max_steps=12000,
+        extend_steps=2000,
         val_examples=1000,
         test_examples=2000,
         eval_batch_size=500,
+        **RECIPE_V2,
     )
 )
 _add(
@@ -236,24 +291,26 @@ _add(
 
 
 # The block track (synthbench/core/layer.py): each protocol's twin with every mechanism as its
-# published layer in one standard pre-norm block with an MLP; its own name and version, so
-# its rows, tables and leaderboard never mix with the core track's.
+# published layer in fla's block (synthbench/core/model.py); its own name and version, so its
+# rows, tables and leaderboard never mix with the core track's.
 for _core in ("smoke", "quick", "standard"):
     _base = PROTOCOLS.get(_core)
     _add(
         dataclasses.replace(
             _base,
             name=f"{_core}-block",
-            # 2: no LayerNorm before the mixer or the head (synthbench/core/model.py, Block);
-            # 3: twice the core's steps: with an MLP, softmax learns default kv_recall only
-            # after about 1,000-2,000 steps, where attention alone does by 800
-            # (docs/MECHANISMS.md, "The block track's budget")
-            version=3,
+            # 2: no LayerNorm before the mixer or the head; 3: twice the core's steps: with an
+            # MLP, softmax learned default kv_recall only after about 1,000-2,000 steps, where
+            # attention alone does by 800 (docs/MECHANISMS.md, "The block track's budget");
+            # 4: fla's block (its norms, gated MLP and initialisation) and recipe v2
+            version=4,
             arch="block",
             steps=2 * _base.steps,
+            max_steps=2 * _base.max_steps,
+            extend_steps=2 * _base.extend_steps,
             description=f"the block track of {_core}: every mechanism as its published layer "
-            "(its core for the attention family) in a residual block with an MLP, no norm "
-            "before the mixer or the head, twice the core's steps",
+            "(its core for the attention family) in fla's block (RMSNorm before the mixer, "
+            "the gated MLP and the head, fla's initialisation), twice the core's steps",
         )
     )
 
@@ -289,11 +346,13 @@ def markdown_table() -> str:
         "|---|" + "---|" * len(protocols),
     ]
     fields = protocols[0].config() | dict.fromkeys(OFF_WHEN_ZERO)
-    for name in (f for f in fields if f != "name"):
+    for name in (f for f in fields if f not in ("name", "max_seeds", "seed_spread")):
         values = [
             ", ".join(f"{v:g}" for v in c[name]) if isinstance(c[name], list) else f"{c[name]}"
             for c in configs
         ]
         lines.append(f"| {name} | " + " | ".join(values) + " |")
-    lines.append("| seeds (default) | " + " | ".join(str(p.seeds) for p in protocols) + " |")
+    for name, label in (("seeds", "seeds (default)"), ("max_seeds", "max_seeds"),
+                        ("seed_spread", "seed_spread")):  # fmt: skip
+        lines.append(f"| {label} | " + " | ".join(f"{getattr(p, name)}" for p in protocols) + " |")
     return "\n".join(lines) + "\n"

@@ -5,7 +5,8 @@
               a local pool of worker processes, or Ray: synthbench/run/executors.py), write
               each finished row to the store as it comes in, and hand each run's rows to its
               learning-rate sweep, which says what it still needs and which lr it selects
-              (synthbench/run/lr_selection.py)
+              (synthbench/run/lr_selection.py); with ``more_seeds``, a cell whose seeds
+              disagree gets more seeds (synthbench/run/seeds.py): the plan grows by runs
 
 The unit of work is one training: a run at one learning rate, so the lrs of a run can train
 on different workers. Only this process writes to the store; a worker returns its row.
@@ -19,7 +20,6 @@ claims the run (synthbench/run/claims.py): a run claimed by another live command
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
@@ -28,12 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from synthbench.core.interrupts import raise_pending
-from synthbench.core.mechanism import MECHANISMS
-from synthbench.core.task import TASKS
 from synthbench.core.text import plural
-from synthbench.run import checkpoint, grid
+from synthbench.run import checkpoint
 from synthbench.run.claims import Claims
-from synthbench.run.limits import MAX_SEEDS
 from synthbench.run.lr_selection import (
     SWEEP_COLUMNS,
     Budget,
@@ -45,8 +42,10 @@ from synthbench.run.lr_selection import (
 )
 from synthbench.run.packed import pack_key
 from synthbench.run.phases import phase
+from synthbench.run.planning import plan, plan_size  # noqa: F401 (runner.plan: its API)
 from synthbench.run.protocols import Protocol
 from synthbench.run.schema import LEAKY, lr_key
+from synthbench.run.seeds import SCORE_COLUMNS, Cells
 from synthbench.run.spec import RunSpec
 from synthbench.run.store import NewerSchemaError, ResultStore
 from synthbench.run.work import Pack
@@ -70,83 +69,6 @@ class Unit:
         return f"{self.spec.label()} / lr {self.lr:g}"
 
 
-def plan(
-    tasks: Sequence[str],
-    mechanisms: Sequence[str],
-    protocol: Protocol,
-    seeds: int,
-    *,
-    task_params: dict[str, Any] | None = None,
-    mechanism_params: dict[str, Any] | None = None,
-    eval_length_mult: float | None = None,
-    pos: str | None = None,
-    pos_params: dict[str, Any] | None = None,
-    threads: int = 1,
-    difficulties: Sequence[str] | None = None,
-    protocol_params: dict[str, Any] | None = None,
-) -> list[RunSpec]:
-    """Every (task, mechanism, grid point, seed 0..seeds-1), resolved and checked before
-    anything runs; names that resolve to the same run (an alias and its name) give it once.
-
-    A list among ``task_params``, ``mechanism_params`` or ``protocol_params`` is a sweep over
-    its values, ``difficulties`` a ladder of presets (synthbench/run/grid.py)."""
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or not 1 <= seeds <= MAX_SEEDS:
-        raise ValueError(
-            f"the number of seeds must be an integer in [1, {MAX_SEEDS}], got {seeds!r}"
-        )
-    protocols = grid.protocol_points(protocol, protocol_params)
-    specs: dict[str, RunSpec] = {}
-    for task in tasks:
-        task_cls = TASKS.get(task)
-        task_defaults = grid.task_defaults(task_cls)
-        task_points = [
-            {**preset, **point}
-            for preset in grid.difficulty_points(task, task_cls, difficulties)
-            for point in grid.points(task_params or {}, task_defaults)
-        ]
-        for mechanism in mechanisms:
-            mech_defaults = grid.constructor_defaults(MECHANISMS.get(mechanism))
-            mech_points = grid.points(mechanism_params or {}, mech_defaults)
-            for proto, task_point, mech_point in itertools.product(
-                protocols, task_points, mech_points
-            ):
-                first = RunSpec.resolve(
-                    task, mechanism, proto, 0, task_point, mech_point,
-                    eval_length_mult, pos, pos_params, threads,
-                )  # fmt: skip
-                for seed in range(seeds):
-                    spec = first.with_seed(seed) if seed else first
-                    specs.setdefault(spec.run_id, spec)
-    return list(specs.values())
-
-
-def plan_size(
-    tasks: Sequence[str],
-    mechanisms: Sequence[str],
-    protocol: Protocol,
-    seeds: int,
-    *,
-    task_params: dict[str, Any] | None = None,
-    mechanism_params: dict[str, Any] | None = None,
-    difficulties: Sequence[str] | None = None,
-    protocol_params: dict[str, Any] | None = None,
-) -> int:
-    """How many runs ``plan`` would give, counted without resolving one (a product of the
-    lists' lengths): what a command says, and checks against its cap, before planning."""
-    fields = {f.name: getattr(protocol, f.name) for f in dataclasses.fields(protocol)}
-    protocols = grid.n_points(protocol_params or {}, fields)
-    task_points = 0
-    for task in tasks:
-        task_cls = TASKS.get(task)
-        presets = sum(1 for _ in grid.difficulty_points(task, task_cls, difficulties))
-        task_points += presets * grid.n_points(task_params or {}, grid.task_defaults(task_cls))
-    mech_points = sum(
-        grid.n_points(mechanism_params or {}, grid.constructor_defaults(MECHANISMS.get(m)))
-        for m in mechanisms
-    )
-    return protocols * task_points * mech_points * seeds
-
-
 class Events:
     """What ``execute`` reports as it goes (the command line draws its progress from it).
     Every method does nothing here; override the ones you need."""
@@ -168,6 +90,12 @@ class Events:
     def grew(self, units: list[Unit]) -> None:
         """A sweep needs more trainings than planned (its best lr sat at the grid's edge)."""
 
+    def seeded(self, added: list[RunSpec], scores: dict[int, float], units: list[Unit]) -> None:
+        """A cell's seeds disagree (``scores``: seed -> its run's score): the runs ``added``
+        join the plan (synthbench/run/seeds.py), with ``units`` their trainings to do. Said
+        before ``planned`` for a cell the store holds complete (those trainings are among the
+        planned ones then), after it for one completed now."""
+
     def run_done(self, spec: RunSpec, rows: list[dict[str, Any]]) -> None:
         """A run's sweep is complete; its rows are stored with the selected lr marked."""
 
@@ -182,7 +110,7 @@ class Events:
 
 @dataclass
 class Outcome:
-    runs: int = 0  # in the selection
+    runs: int = 0  # in the selection, and the seeds added where a cell's seeds disagree
     stored: int = 0  # of which already complete in the store
     statuses: Counter = field(default_factory=Counter)  # runs completed now, by status
     trainings: int = 0  # rows trained now
@@ -246,18 +174,21 @@ def dry_run(
     *,
     force: bool = False,
     events: Events | None = None,
+    more_seeds: bool = False,
 ) -> Outcome:
     """What ``execute`` would train, said through ``events.planned`` in the order it would
     hand the trainings out; nothing is trained, claimed or written. ``capacity(n)``: how
-    many of ``n`` trainings would run at once. Runs another command holds count as to run."""
+    many of ``n`` trainings would run at once. Runs another command holds count as to run.
+    With ``more_seeds``, the seeds added to cells the store holds complete are planned; the
+    seeds of cells not yet complete cannot be known before they train."""
     events = events or Events()
-    outcome = Outcome(runs=len(specs))
-    active, units = _pending(specs, store, force, events, outcome, write=False)
-    outcome.stored = len(specs) - len(active) - outcome.refused
+    outcome = Outcome()
+    planned, _, units, _ = _pending(specs, store, force, events, outcome, False, more_seeds)
+    outcome.runs = len(planned)
     at_once = capacity(len(units)) if units else 0
     if len(units) > 1 and at_once > 1:
         units = longest_first(units)
-    events.planned(len(specs), outcome.stored, units, at_once)
+    events.planned(len(planned), outcome.stored, units, at_once)
     return outcome
 
 
@@ -269,6 +200,7 @@ def execute(
     force: bool = False,
     events: Events | None = None,
     pack: int = 1,
+    more_seeds: bool = False,
 ) -> Outcome:
     """Train every training of ``specs`` not already stored. ``make_executor(n)`` gives the
     executor for ``n`` trainings (synthbench/run/executors.py); it is called only if there is
@@ -278,16 +210,24 @@ def execute(
 
     ``pack`` > 1: up to that many queued trainings of runs that differ at most in their
     seed (every lr and seed of a task, mechanism and grid point) go to the executor as one
-    ``work.Pack``, trained as one batched model (synthbench/run/packed.py)."""
+    ``work.Pack``, trained as one batched model (synthbench/run/packed.py).
+
+    ``more_seeds``: a cell whose seeds disagree gets more seeds, up to its protocol's
+    ``max_seeds`` (synthbench/run/seeds.py): at start-up for a cell the store holds complete,
+    else once its last planned run completes; the added runs train next and count in the
+    Outcome. For a command that plans whole cells (``run``); one that plans chosen seeds
+    (``reproduce``, ``facts run``) leaves it off."""
     events = events or Events()
-    outcome = Outcome(runs=len(specs))
-    active, units = _pending(specs, store, force, events, outcome)
-    outcome.stored = len(specs) - len(active) - outcome.refused
+    outcome = Outcome()
+    planned, active, units, cells = _pending(
+        specs, store, force, events, outcome, more_seeds=more_seeds
+    )
+    outcome.runs = len(planned)
     executor = make_executor(len(units)) if units else None
     capacity = executor.capacity if executor is not None else 0
     if len(units) > 1 and capacity > 1:
         units = longest_first(units)
-    events.planned(len(specs), outcome.stored, units, capacity)
+    events.planned(len(planned), outcome.stored, units, capacity)
     if executor is None:
         return outcome
     claims = Claims(store.root)
@@ -311,7 +251,29 @@ def execute(
         run = active[unit.spec.run_id]
         if run.done or run.dropped:
             return False
-        return run.claimed or _claim(run, unit, queue, claims, store, force, events, outcome)
+        if run.claimed:
+            return True
+        taken = _claim(run, unit, queue, claims, store, force, events, outcome)
+        if run.done:  # another command stored it meanwhile
+            completed(run)
+        return taken
+
+    def completed(run: _Run) -> None:
+        """``run`` is complete: if it was the last of its cell and the cell's seeds disagree,
+        the seeds the rule adds join the plan, their trainings first (so the cell completes
+        soon)."""
+        cells.complete(run.spec, run.rows.values())
+        for added, found in cells.grow([run.spec]):
+            outcome.runs += len(added)
+            todo: list[Unit] = []
+            for spec in added:  # a seed may be stored already, by an earlier command
+                kept = [] if force else _finished(store.read_run(*_place(spec)))
+                new, more = _admit(spec, kept, store, force, events, outcome, cells)
+                if new is not None:
+                    active[spec.run_id] = new
+                    todo += more
+            queue.extendleft(reversed(todo))
+            events.seeded(added, found, todo)
 
     try:
         queue = deque(units)
@@ -360,6 +322,7 @@ def execute(
                 claims.release(run.spec.run_id)
                 outcome.statuses[run_status(run.rows.values())["status"]] += 1
                 events.run_done(run.spec, run.sweep.sorted_rows())
+                completed(run)
                 continue
             queued = {u.key for u in queue}
             more = [u for u in pending if u.key not in in_flight and u.key not in queued]
@@ -473,42 +436,89 @@ def _pending(
     events: Events,
     outcome: Outcome,
     write: bool = True,
-) -> tuple[dict[str, _Run], list[Unit]]:
-    """The runs with work left (by run_id) and their trainings to do. ``write`` False (a
-    dry run): the store is left as it is, a complete run not yet marked counts as stored."""
+    more_seeds: bool = False,
+) -> tuple[list[RunSpec], dict[str, _Run], list[Unit], Cells]:
+    """The plan (``specs``, and with ``more_seeds`` the seeds added to the cells the store
+    holds complete whose seeds disagree), its runs with work left (by run_id), their
+    trainings to do, and its cells. ``write`` False (a dry run): the store is left as it is,
+    a complete run not yet marked counts as stored. Counts the stored and refused runs."""
     if write:
         store.remove_stale_temporaries()
-    stored: dict[str, list[dict[str, Any]]] = {}
+    loaded = None
     if not force:
-        loaded = store.load(columns=SWEEP_COLUMNS, warn=False)
+        columns = SWEEP_COLUMNS + (SCORE_COLUMNS if more_seeds else [])
+        loaded = store.load(columns=columns, warn=False)
         for line in loaded.warnings():
             events.skipped(line)
-        wanted = {s.run_id for s in specs}
-        rows = loaded.rows[loaded.rows["run_id"].isin(wanted)]
-        for record in rows.to_dict("records"):
-            stored.setdefault(record["run_id"], []).append(record)
-    active, units = {}, []
-    for spec in specs:
-        kept = _finished(stored.get(spec.run_id, []))
-        state = sweep_state(spec.protocol, kept)
-        refusal = None if state.complete else store.refusal(*_place(spec))
-        if refusal is not None:  # before anything trains: its file would never be written
-            outcome.refused += 1
-            events.notice(spec, f"refused: {refusal}")
-            continue
-        if state.complete and any(r["status"] == LEAKY for r in kept):
-            outcome.stored_leaky += 1  # it would leak again: never retrained, always said
-        if state.complete and (state.marked(kept) or not write):
-            continue  # complete, and stored with its selection (a dry run does not mark it)
-        full = _finished(store.read_run(*_place(spec))) if kept else []
-        active[spec.run_id] = _Run(spec, full, hold=force, root=store.root)
-        if state.complete:  # stored complete but not marked (an interrupted write): mark now
-            mark_selected(spec.protocol, full)
-            store.write(sorted(full, key=lambda r: r["lr"]))
-            del active[spec.run_id]
-            continue
-        units += _units(spec, state, store.root)
-    return active, units
+    cells = Cells(more_seeds)
+    cells.plan(specs)
+    planned: list[RunSpec] = []
+    active: dict[str, _Run] = {}
+    units: list[Unit] = []
+
+    def admit(batch: Sequence[RunSpec]) -> list[Unit]:
+        stored = _stored(loaded, batch)
+        todo: list[Unit] = []
+        for spec in batch:
+            kept = _finished(stored.get(spec.run_id, []))
+            run, more = _admit(spec, kept, store, force, events, outcome, cells, write)
+            if run is not None:
+                active[spec.run_id] = run
+                todo += more
+        planned.extend(batch)
+        units.extend(todo)
+        return todo
+
+    admit(specs)
+    for added, found in cells.grow(specs):  # the cells the store holds complete
+        events.seeded(added, found, admit(added))  # grown to max_seeds: never again
+    return planned, active, units, cells
+
+
+def _stored(loaded: Any, specs: Sequence[RunSpec]) -> dict[str, list[dict[str, Any]]]:
+    """The loaded rows of ``specs``, by run_id ({} when nothing was loaded: ``force``)."""
+    if loaded is None:
+        return {}
+    rows = loaded.rows[loaded.rows["run_id"].isin({s.run_id for s in specs})]
+    found: dict[str, list[dict[str, Any]]] = {}
+    for record in rows.to_dict("records"):
+        found.setdefault(record["run_id"], []).append(record)
+    return found
+
+
+def _admit(
+    spec: RunSpec,
+    kept: list[dict[str, Any]],
+    store: ResultStore,
+    force: bool,
+    events: Events,
+    outcome: Outcome,
+    cells: Cells,
+    write: bool = True,
+) -> tuple[_Run | None, list[Unit]]:
+    """A run joining the plan, given the stored rows it keeps (``_finished``): its ``_Run``
+    and trainings to do; (None, []) when it is stored complete (counted, and told to
+    ``cells``) or refused (counted and said)."""
+    state = sweep_state(spec.protocol, kept)
+    refusal = None if state.complete else store.refusal(*_place(spec))
+    if refusal is not None:  # before anything trains: its file would never be written
+        outcome.refused += 1
+        events.notice(spec, f"refused: {refusal}")
+        return None, []
+    if state.complete and any(r["status"] == LEAKY for r in kept):
+        outcome.stored_leaky += 1  # it would leak again: never retrained, always said
+    if state.complete and (state.marked(kept) or not write):
+        outcome.stored += 1  # complete, and stored with its selection (a dry run: or not)
+        cells.complete(spec, kept)
+        return None, []
+    full = _finished(store.read_run(*_place(spec))) if kept else []
+    if state.complete:  # stored complete but not marked (an interrupted write): mark now
+        mark_selected(spec.protocol, full)
+        store.write(sorted(full, key=lambda r: r["lr"]))
+        outcome.stored += 1
+        cells.complete(spec, full)
+        return None, []
+    return _Run(spec, full, hold=force, root=store.root), _units(spec, state, store.root)
 
 
 def _place(spec: RunSpec) -> tuple[str, str, str, str]:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Columns each schema version added; a file of an older version is read with them null.
 ADDED_IN = {
     2: ("eval_length_mult", "long_token_acc", "long_exact_match"),
@@ -30,6 +30,7 @@ ADDED_IN = {
     ),
     6: ("cpu_isa",),
     7: ("cpu_model",),
+    8: ("lr_robustness", "lr_gap"),
 }
 # The levels of a results path, outermost first: <root>/protocol=.../task=.../mechanism=...
 PARTITIONS = ("protocol", "task", "mechanism")
@@ -60,6 +61,10 @@ SCHEMA = pa.schema(
         ("selected", pa.bool_()),  # the lr the validation set picked
         # the picked lr is alone at an edge of the grid: the optimum may lie beyond it
         ("lr_edge", pa.bool_()),
+        # how robust the run's verdict is to its lr (synthbench/run/lr_selection.py): the lrs
+        # within 0.05 of the best score, and the best score's lead over the next lr
+        ("lr_robustness", pa.int64()),
+        ("lr_gap", pa.float64()),
         ("steps", pa.int64()),
         ("steps_done", pa.int64()),
         ("status", pa.string()),  # ok | diverged | error | leaky (integrity/causality.py)

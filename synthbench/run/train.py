@@ -28,23 +28,29 @@ from synthbench.integrity.audit import Chance, chance
 from synthbench.integrity.causality import BATCH as CHECK_BATCH
 from synthbench.integrity.causality import Leaky, check_model_causality
 from synthbench.run import checkpoint, provenance
-from synthbench.run.lr_selection import Budget
+from synthbench.run.lr_selection import ROW_MARKS, Budget
 from synthbench.run.phases import phase
 from synthbench.run.protocols import Protocol, curve_points
 from synthbench.run.schema import LEAKY, RESULT_METRICS
 from synthbench.run.spec import TEST_SEED, VAL_SEED, RunSpec
 
 FUSED_ADAMW_DEVICES = ("cpu", "cuda")  # where torch has a fused AdamW
+# "still rising" compares a curve's last point with the one this many points before, not
+# its neighbour: the gain over one interval is the noisier sign of where a curve is going
+RISE_POINTS = 2
 
 
-def lr_schedule(protocol: Protocol):
-    """Linear warm-up to 1, then cosine decay to ``min_lr_frac`` (a multiplier per step)."""
+def lr_schedule(protocol: Protocol, horizon: int | None = None):
+    """Linear warm-up to 1, then cosine decay to ``min_lr_frac`` (a multiplier per step) at
+    ``horizon``: ``protocol.steps``, or the later end of a training extended past it (the
+    warm-up stays that of ``protocol.steps``; the decay is stretched to the new end)."""
     warmup = int(protocol.warmup_frac * protocol.steps)
+    end = horizon or protocol.steps
 
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
-        progress = (step - warmup) / max(1, protocol.steps - warmup)
+        progress = (step - warmup) / max(1, end - warmup)
         cosine = 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
         return protocol.min_lr_frac + (1.0 - protocol.min_lr_frac) * cosine
 
@@ -258,14 +264,79 @@ def training_generator(spec: RunSpec) -> torch.Generator:
     return torch.Generator().manual_seed(spec.seed)
 
 
-def training_steps(protocol: Protocol, budget: Budget) -> int:
-    """The steps a training runs at most (the lr schedule still spans protocol.steps)."""
-    return min(protocol.steps, budget.steps or protocol.steps)
+def training_steps(protocol: Protocol, budget: Budget, horizon: int | None = None) -> int:
+    """The steps a training runs at most while its schedule ends at ``horizon``
+    (``protocol.steps`` unless extended): a budget's limit cuts the training short, never
+    the lr schedule."""
+    horizon = horizon or protocol.steps
+    return min(horizon, budget.steps or horizon)
 
 
-def measured_steps(protocol: Protocol, last_step: int) -> set[int]:
-    """The steps after which the validation set is scored (the learning curve's points)."""
-    return set(curve_points(protocol.steps)) | {last_step}
+def measured_steps(protocol: Protocol, last_step: int, horizon: int | None = None) -> set[int]:
+    """The steps after which the validation set is scored (the learning curve's points, up
+    to ``horizon`` for a training extended past ``protocol.steps``)."""
+    return set(curve_points(protocol.steps, horizon=horizon)) | {last_step}
+
+
+def still_rising(protocol: Protocol, accuracies: list[float]) -> bool:
+    """Whether a learning curve (its validation token accuracies so far) still rises: its
+    last point gained at least ``rise_margin``, and more than nothing, on the point
+    ``RISE_POINTS`` before it. A curve too short to tell does not."""
+    if len(accuracies) <= RISE_POINTS:
+        return False
+    gain = accuracies[-1] - accuracies[-1 - RISE_POINTS]
+    return gain > 0 and gain >= protocol.rise_margin
+
+
+class Horizon:
+    """Where a training's lr schedule ends (``end``), and what follows from it: the lr factor
+    of each step, the last step (sooner under a budget's steps limit) and the steps the
+    curve is measured after. It starts at ``protocol.steps``; with ``protocol.max_steps``
+    (recipe v2, docs/PROTOCOLS.md) a training still rising at its end goes on (``extend``).
+    ``train_eval`` and each member of a pack (synthbench/run/packed.py) keep one."""
+
+    def __init__(self, protocol: Protocol, budget: Budget, end: int | None = None) -> None:
+        self.protocol, self.budget = protocol, budget
+        self.move_to(end or protocol.steps)
+
+    def move_to(self, end: int) -> None:
+        """The schedule ends at ``end`` from now on."""
+        self.end = end
+        self.lr_factor = lr_schedule(self.protocol, end)
+        self.last_step = training_steps(self.protocol, self.budget, end)
+        self.measure_at = measured_steps(self.protocol, self.last_step, end)
+
+    def steps_from(self, first: int) -> Iterator[int]:
+        """The steps to train from ``first`` on: up to the last step, read at every step
+        (it moves when the horizon does)."""
+        step = first
+        while step < self.last_step:
+            yield step
+            step += 1
+
+    def extend(self, step: int, accuracies: list[float]) -> bool:
+        """After the curve point ``step`` of a training that did not stop there, with its
+        curve's ``accuracies`` so far: whether the schedule goes on, to its new ``end``
+        (``extend_steps`` later, or half of ``steps``, up to ``max_steps``). Only at the
+        end, below ``max_steps``, with a budget (if any) that allows steps past it, and
+        while the curve still rises."""
+        p, limit = self.protocol, self.budget.steps
+        if step != self.end or self.end >= p.max_steps or (limit and limit <= self.end):
+            return False
+        if not still_rising(p, accuracies):
+            return False
+        self.move_to(min(self.end + (p.extend_steps or max(1, p.steps // 2)), p.max_steps))
+        return True
+
+
+def restart_lr(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
+    """The lr of the next step from the schedule as it is now (LambdaLR computed it at its
+    last ``step()``, before the horizon moved)."""
+    factors = zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+    lrs = [base_lr * factor(scheduler.last_epoch) for base_lr, factor in factors]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
 
 
 def training_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -314,7 +385,7 @@ def _train_and_evaluate(
     checkpoint there and keep one (synthbench/run/checkpoint.py). Returns the seconds the
     training had run before it resumed (0 when it did not)."""
     p = spec.protocol
-    last_step = training_steps(p, budget)
+    horizon = Horizon(p, budget)
     task, long_task = run_tasks(spec)
     with phase("model build"):
         model = seeded_model(spec, task, long_task, device)
@@ -327,7 +398,8 @@ def _train_and_evaluate(
             # one kernel for all parameters: 3x less optimizer time on these small models
             fused=device.type in FUSED_ADAMW_DEVICES or None,
         )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule(p))
+        # the lr factor of the schedule's current end (it moves if the training is extended)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: horizon.lr_factor(s))
     train_gen = training_generator(spec)
     data = evaluation_data(spec, task, long_task, device)
 
@@ -343,9 +415,10 @@ def _train_and_evaluate(
         recent, val_metrics = state["recent"], state["val_metrics"]
         row["curve_steps"], row["curve_val_token_acc"] = state["curve"]
         first_step, before = state["step"], state["seconds"]
+        # where an extended training's schedule ends (its optimizer's lr was saved as is)
+        horizon.move_to(state.get("horizon", p.steps))
     last_save = time.perf_counter()
-    measure_at = measured_steps(p, last_step)
-    for step in range(first_step, last_step):
+    for step in horizon.steps_from(first_step):
         raise_pending()  # a Ctrl-C Python dropped (synthbench/core/interrupts.py)
         with phase("training batches"):
             batch = task.generate(p.batch_size, train_gen, device)
@@ -366,13 +439,15 @@ def _train_and_evaluate(
             optimizer.step()
             scheduler.step()
             recent = (recent + [loss.item()])[-RECENT_LOSSES:]
-        if step + 1 in measure_at:
+        if step + 1 in horizon.measure_at:
             with phase("curve points"):
                 val_metrics = evaluate(model, data.val, p.eval_batch_size)
             if curve_point(row, p, budget, step + 1, val_metrics):
                 break
+            if horizon.extend(step + 1, row["curve_val_token_acc"]):
+                restart_lr(scheduler)
         due = time.perf_counter() - last_save >= checkpoint.CHECKPOINT_SECONDS
-        if saved and due and step + 1 < last_step:
+        if saved and due and step + 1 < horizon.last_step:
             with phase("checkpoints"):
                 state = checkpoint.capture(model, optimizer, scheduler, train_gen)
                 state.update(
@@ -380,6 +455,7 @@ def _train_and_evaluate(
                     recent=recent,
                     val_metrics=val_metrics,
                     curve=(row["curve_steps"], row["curve_val_token_acc"]),
+                    horizon=horizon.end,  # an extended training resumes on its own schedule
                     seconds=before + time.perf_counter() - started,
                 )
                 if not checkpoint.save(saved, ident, state):
@@ -432,8 +508,7 @@ def blank_row(spec: RunSpec, lr: float) -> dict[str, Any]:
     return {
         **spec.row_fields(),
         "lr": lr,
-        "selected": False,  # the runner sets both once the sweep is complete
-        "lr_edge": False,
+        **ROW_MARKS,  # the sweep's marks: the runner sets them once the sweep is complete
         "steps_done": 0,
         "status": "error",
         "error": None,
@@ -456,7 +531,9 @@ def train_eval(
 ) -> dict[str, Any]:
     """One training run at one learning rate -> one results row (never raises on failure).
     With a ``budget`` it stops at its limits (synthbench/run/lr_selection.py says when), the lr
-    schedule unchanged. With ``saved``, a checkpoint path, it resumes from the checkpoint
+    schedule unchanged. With ``protocol.max_steps``, a training still rising at its
+    schedule's end goes on, the schedule stretched (``Horizon``): ``steps_done`` says how
+    far it went. With ``saved``, a checkpoint path, it resumes from the checkpoint
     there (if that is this training's) and keeps one as it goes (synthbench/run/
     checkpoint.py): the row is the same, its wall_seconds counting the time before too.
 

@@ -1,0 +1,201 @@
+"""Recipe v2's panel: how much of each verdict the training recipe decides, counted on rows.
+
+    python benchmarks/recipe_panel.py [SOURCE ...] [--markdown]
+
+SOURCE: a results tree or a Parquet file of rows (default: the shipped reference,
+synthbench/data/reference/quick.parquet). Of its rows it keeps the panel, declared before
+the new recipe was measured (docs/EXAMPLES.md, "Recipe v2"): the tasks ``PANEL_TASKS`` crossed
+with the mechanisms ``PANEL_MECHANISMS``, each protocol at each of its versions, with tasks
+and mechanisms at their defaults. Per (protocol, version) it counts, over the panel's runs:
+
+- **knife-edge runs**: the selected lr beat every other lr the run tried by more than
+  ``KNIFE_EDGE`` on the validation score (a diverged lr scores 0);
+- **runs that learned nothing**: no lr came ``LEARNED`` above the task's chance;
+- **undertrained runs**: the selected lr's validation score was still rising at its last
+  curve point (``RISING`` or more over the last ``RISE_POINTS`` points) and below 0.9;
+- **bimodal cells**: seeds more than ``BIMODAL`` apart in score (the test value of the
+  task's target metric at the selected lr);
+- **pairs separated per task**: two mechanisms' seed means differ by at least 0.05 and by
+  more than their two 95% intervals added, each interval 1.96 standard errors of a mean
+  over the seeds whose variance holds both the seeds' spread and the finite test set
+  (each run's stored standard error);
+- **CPU seconds**: the training seconds of rows trained on a CPU (a GPU's are listed apart).
+
+These definitions are the panel's own, written here once, and applied alike to every
+recipe: they do not read the rows' own ``lr_robustness`` or ``lr_gap`` (older rows lack
+them), so today's rows and the new ones are counted by the same code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SOURCE = ROOT / "synthbench" / "data" / "reference" / "quick.parquet"
+
+PANEL_TASKS = (
+    "kv_recall", "multihop", "parity", "modular", "selective_copy", "compression", "stack",
+    "induction",
+)  # fmt: skip
+PANEL_MECHANISMS = (
+    "softmax", "linear", "deltanet", "gated-deltanet", "mamba2", "gla", "retnet", "based",
+)  # fmt: skip
+KNIFE_EDGE = 0.3
+LEARNED = 0.05
+RISING, RISE_POINTS, SOLVED = 0.02, 2, 0.9
+BIMODAL = 0.5
+MIN_DIFFERENCE, Z95 = 0.05, 1.96
+
+
+def load(source: Path) -> pd.DataFrame:
+    """Every row of a results tree or a Parquet file."""
+    if source.is_file():
+        return pd.read_parquet(source)
+    from synthbench.run.store import ResultStore
+
+    loaded = ResultStore(source).load(warn=False)
+    for line in loaded.warnings():
+        print(f"warning: {line}", file=sys.stderr)
+    return loaded.rows
+
+
+def panel_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """The panel's rows: its tasks and mechanisms. A cell must hold one setting of the task's
+    and the mechanism's parameters (the panel runs them at their defaults): a source with
+    several is refused, since seeds of different settings are not one cell."""
+    rows = rows[rows["task"].isin(PANEL_TASKS) & rows["mechanism"].isin(PANEL_MECHANISMS)]
+    settings = rows.groupby(["protocol", "protocol_version", "task", "mechanism"])[
+        ["task_params", "mechanism_params"]
+    ].nunique()
+    mixed = settings[(settings > 1).any(axis=1)]
+    if len(mixed):
+        raise ValueError(f"cells with several parameter settings: {list(mixed.index)[:3]}")
+    return rows.copy()
+
+
+def validation_score(row) -> float:
+    value = row["val_token_acc"]
+    return 0.0 if row["status"] != "ok" or value is None or value != value else float(value)
+
+
+def run_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """One row per run: its cell, seed, and each count's verdict."""
+    records = []
+    keys = ["protocol", "protocol_version", "task", "mechanism", "run_id"]
+    for (protocol, version, task, mech, _), part in rows.groupby(keys, sort=True):
+        part = part[part["status"].isin(["ok", "diverged"])]
+        chosen = part[part["selected"].astype(bool) & part["status"].eq("ok")]
+        if chosen.empty:
+            continue
+        best = chosen.iloc[0]
+        scores = sorted((validation_score(r) for _, r in part.iterrows()), reverse=True)
+        others = scores[1:]  # the best is the selected lr's (or ties with it)
+        chance = float(best["chance_token_acc"])
+        curve = list(best["curve_val_token_acc"]) if best["curve_val_token_acc"] is not None else []
+        value = best[best["target_metric"]] if best["target_metric"] in best else best["token_acc"]
+        se = best.get(f"{best['target_metric']}_se", np.nan)
+        records.append(
+            {
+                "protocol": protocol,
+                "version": int(version),
+                "task": task,
+                "mechanism": mech,
+                "seed": int(best["seed"]),
+                "score": float(value),
+                "se": float(se) if se is not None and se == se else 0.0,
+                "knife_edge": bool(others) and validation_score(best) - max(others) > KNIFE_EDGE,
+                "learned_nothing": max(scores) < chance + LEARNED,
+                "undertrained": len(curve) > RISE_POINTS
+                and curve[-1] - curve[-1 - RISE_POINTS] >= RISING
+                and validation_score(best) < SOLVED,
+                "lrs": len(part),
+                "cpu_seconds": float(part.loc[part["device"].eq("cpu"), "wall_seconds"].sum()),
+                "gpu_seconds": float(part.loc[~part["device"].eq("cpu"), "wall_seconds"].sum()),
+            }
+        )
+    return pd.DataFrame(records)
+
+
+def interval(cell: pd.DataFrame) -> tuple[float, float]:
+    """A cell's seed mean and the half-width of its 95% interval (seeds and test set)."""
+    n = len(cell)
+    spread = cell["score"].var(ddof=1) if n > 1 else 0.0
+    return float(cell["score"].mean()), Z95 * math.sqrt((spread + (cell["se"] ** 2).mean()) / n)
+
+
+def separated_pairs(runs: pd.DataFrame) -> dict[str, int]:
+    """Per task: the pairs of mechanisms whose intervals part by at least MIN_DIFFERENCE."""
+    out = {}
+    for task, part in runs.groupby("task"):
+        cells = {m: interval(c) for m, c in part.groupby("mechanism") if len(c) >= 2}
+        out[task] = sum(
+            abs(ma - mb) >= MIN_DIFFERENCE and abs(ma - mb) > ha + hb
+            for (ma, ha), (mb, hb) in combinations(cells.values(), 2)
+        )
+    return out
+
+
+def counts(runs: pd.DataFrame) -> dict:
+    """The panel's counts of one (protocol, version)."""
+    by_cell = runs.groupby(["task", "mechanism"])["score"]
+    spread = by_cell.max() - by_cell.min()
+    return {
+        "runs": len(runs),
+        "cells": int(by_cell.ngroups),
+        "knife_edge": int(runs["knife_edge"].sum()),
+        "learned_nothing": int(runs["learned_nothing"].sum()),
+        "undertrained": int(runs["undertrained"].sum()),
+        "bimodal": int((spread > BIMODAL).sum()),
+        "separated": separated_pairs(runs),
+        "cpu_seconds": round(runs["cpu_seconds"].sum()),
+        "gpu_seconds": round(runs["gpu_seconds"].sum()),
+    }
+
+
+def markdown(results: dict[tuple[str, int], dict]) -> str:
+    names = [f"{p} v{v}" for p, v in results]
+    lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for key in ("runs", "cells", "knife_edge", "learned_nothing", "undertrained", "bimodal",
+                "cpu_seconds", "gpu_seconds"):  # fmt: skip
+        lines.append(f"| {key} | " + " | ".join(str(r[key]) for r in results.values()) + " |")
+    for task in PANEL_TASKS:
+        values = [str(r["separated"].get(task, "--")) for r in results.values()]
+        lines.append(f"| pairs separated: {task} | " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("sources", nargs="*", type=Path, default=[DEFAULT_SOURCE])
+    parser.add_argument("--markdown", action="store_true", help="print one Markdown table")
+    args = parser.parse_args(argv)
+    results = {}
+    for source in args.sources:
+        if not source.exists():
+            print(f"error: {source} does not exist", file=sys.stderr)
+            return 2
+        try:
+            runs = run_table(panel_rows(load(source)))
+        except ValueError as exc:
+            print(f"error: {source}: {exc}", file=sys.stderr)
+            return 2
+        for (protocol, version), part in runs.groupby(["protocol", "version"], sort=True):
+            results[(protocol, int(version))] = counts(part)
+    if args.markdown:
+        print(markdown(results))
+    else:
+        for (protocol, version), result in results.items():
+            print(json.dumps({"protocol": protocol, "version": version, **result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
