@@ -1,5 +1,9 @@
-"""Which part of the block track's first block (``arch=block-plain`` since recipe v2) kept
-softmax attention from learning kv_recall?
+"""Which part of a block keeps softmax attention (or ``--mech``) from learning kv_recall?
+Written for the block track's first block (``arch=block-plain`` since recipe v2, the
+default here); ``--protocol-param arch=block`` asks it of fla's block, the block track's:
+
+    python benchmarks/block_recall_ablation.py --protocol-param arch=block steps=2000 \
+        --variants as-is,pytorch-init,no-pre-norm,no-mlp --lr 0.003 --task-param pairs=16 queries=0
 
     python benchmarks/block_recall_ablation.py --variants as-is,no-mlp,zero-fc2 --lr 0.01
     python benchmarks/block_recall_ablation.py --variants as-is --lr 0.003 \
@@ -24,11 +28,17 @@ the training stopped at and the validation curve. The variants:
 - ``zoology-init``: Zoology's ``_init_weights`` (every Linear and Embedding N(0, 0.02), the
   residual outputs N(0, 0.02 / sqrt(2 n_layers)));
 - ``mlp-no-ln``: the MLP without its LayerNorm;
+- ``no-pre-norm``: no norm before the mixer (fla's block has one, ``block-plain`` none);
+- ``pytorch-init``: every Linear, Conv1d and Embedding drawn again with PyTorch's defaults
+  (undoing fla's N(0, 0.02) in ``arch=block``);
+- ``fla-init``: fla's initialisation (synthbench/core/model.py, ``fla_init``) in any arch,
+  say the core's attention-only model;
 - ``decay-near-1``: every ``A_log`` (the decay rate of Gated DeltaNet and Mamba-2, drawn as
   log(uniform(0, 16)) and log(uniform(1, 16))) set to log(1e-3), so that every head starts
   out nearly without forgetting; still learned.
 
-``--protocol-param`` changes the protocol (steps=3000, grad_clip=0) and ``--pos`` its
+``--protocol-param`` changes the protocol (steps=3000, grad_clip=0; arch=block for fla's
+block, the block track's since recipe v2, arch=attn-only for the core's model) and ``--pos`` its
 positional encoding (rope), as ``synthbench run``'s options do. One thread, as the project
 measures. The rows are not stored: this is a diagnosis, not a run.
 """
@@ -42,7 +52,7 @@ import time
 import torch
 from torch import nn
 
-from synthbench.core.model import Block
+from synthbench.core.model import Block, fla_init
 from synthbench.core.params import parse_assignments
 from synthbench.run import train
 from synthbench.run.grid import protocol_points
@@ -91,6 +101,12 @@ def _decay_near_1(model: nn.Module) -> None:
                 param.fill_(math.log(1e-3))
 
 
+def _pytorch_init(model: nn.Module) -> None:
+    for module in model.modules():
+        if isinstance(module, nn.Linear | nn.Conv1d | nn.Embedding):
+            module.reset_parameters()
+
+
 def change(variant: str, model: nn.Module) -> None:
     blocks = [m for m in model.modules() if isinstance(m, Block)]
     if variant == "as-is":
@@ -112,6 +128,13 @@ def change(variant: str, model: nn.Module) -> None:
     elif variant == "mlp-no-ln":
         for block in blocks:
             block.norm2 = nn.Identity()
+    elif variant == "no-pre-norm":
+        for block in blocks:
+            block.norm1 = nn.Identity()
+    elif variant == "pytorch-init":
+        _pytorch_init(model)
+    elif variant == "fla-init":
+        fla_init(model)
     else:
         raise SystemExit(f"unknown variant {variant!r}")
 

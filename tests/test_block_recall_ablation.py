@@ -62,3 +62,20 @@ def test_decay_near_1_sets_every_decay_rate_and_nothing_else():
             assert not torch.allclose(as_is[name], value)
         else:
             assert torch.equal(as_is[name], value)
+
+
+def test_flas_block_variants_undo_its_init_or_its_pre_norm():
+    def fla(variant: str, mech: str = "gated-deltanet") -> torch.nn.Module:
+        run = RunSpec.resolve("kv_recall", mech, PROTOCOLS.get("smoke-block"), 0)
+        task, _ = train.run_tasks(run)
+        built = train.seeded_model(run, task, None, torch.device("cpu"))
+        ablation.change(variant, built)
+        return built
+
+    as_is, pytorch = fla("as-is"), fla("pytorch-init")
+    assert as_is.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.2)
+    assert pytorch.tok_emb.weight.std().item() == pytest.approx(1.0, rel=0.2)
+    # the layer's own parameters (its decay rates) are not the init's to draw
+    torch.testing.assert_close(as_is.blocks[0].attn.A_log, pytorch.blocks[0].attn.A_log)
+    assert isinstance(fla("no-pre-norm").blocks[0].norm1, torch.nn.Identity)
+    assert not isinstance(as_is.blocks[0].norm1, torch.nn.Identity)
