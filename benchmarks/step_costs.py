@@ -114,10 +114,21 @@ STEPS = {"quick": 40, "standard": 12, "quick-block": 40, "standard-block": 12}
 TINY = 16  # examples of each evaluation set of such a training
 
 
+# earlier versions of a protocol whose steps cost what today's do (the same model, batch and
+# evaluation sets): recipe v2 changed which trainings quick runs and how long, not a step
+SAME_STEPS = {"quick": {5}}
+
+
 def reference_rows(reference: pd.DataFrame, protocol: str) -> pd.DataFrame:
-    """The reference's rows of ``protocol`` trained on the CPU: the table prices this
-    machine's trainings, and a GPU's rows (the rebuild's leases) say nothing of them."""
-    mine = reference[(reference["protocol"] == protocol) & (reference["device"] == "cpu")]
+    """The reference's rows of ``protocol`` trained on the CPU, at its version here or one
+    whose steps cost the same (``SAME_STEPS``): the table prices this machine's trainings of
+    today's model, and a GPU's rows (the rebuild's leases) say nothing of them."""
+    versions = {PROTOCOLS.get(protocol).version, *SAME_STEPS.get(protocol, ())}
+    mine = reference[
+        (reference["protocol"] == protocol)
+        & (reference["device"] == "cpu")
+        & reference["protocol_version"].isin(versions)
+    ]
     return mine.assign(source="reference")
 
 

@@ -93,7 +93,7 @@ def test_an_adaptive_protocol_without_measured_runs_gives_the_bound_alone():
     assert est.seconds == pytest.approx(2400) and est.expected is None
     first, second = cost.lines(est, capacity=2)
     assert first.endswith("~20 min wall with 2 at once")
-    assert second.startswith("expected: not known (no measured standard runs")
+    assert second.startswith("expected: not known (no measured runs of standard v")
 
 
 def test_unknown_pairs_are_named_with_how_to_measure_them():
@@ -287,12 +287,13 @@ def test_the_estimate_counts_what_the_runner_plans(tmp_path):
     step budget as its steps."""
     from synthbench.run.lr_selection import Budget
 
-    spec = RunSpec.resolve("copy", "linear", PROTOCOLS.get("quick"), 0)
-    units = [Unit(spec, 3e-3), Unit(spec, 1e-2), Unit(spec, 3.3e-2, Budget(steps=300))]
+    quick = PROTOCOLS.get("quick")
+    spec = RunSpec.resolve("copy", "linear", quick, 0)
+    units = [*(Unit(spec, lr) for lr in quick.lrs), Unit(spec, 3.3e-2, Budget(steps=300))]
     trainings = cost.trainings_of(units)
-    assert [t.steps for t in trainings] == [1000, 1000, 300]
+    assert [t.steps for t in trainings] == [quick.steps] * len(quick.lrs) + [300]
     assert {(t.protocol, t.task, t.mechanism, t.lrs, t.adaptive) for t in trainings} == {
-        ("quick", "copy", "linear", 2, True)
+        ("quick", "copy", "linear", len(quick.lrs), True)
     }
     smoke = RunSpec.resolve("copy", "linear", PROTOCOLS.get("smoke"), 0)
     assert not cost.trainings_of([Unit(smoke, 1e-3)])[0].adaptive

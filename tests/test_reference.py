@@ -635,3 +635,21 @@ def test_a_gpu_is_never_asked_for_bit_identity():
     assert why == "on cuda, kernels need not repeat bit for bit"
     cpu = {**made, "device": "cpu", "cpu_isa": "AVX2", "cpu_model": XEON}
     assert reference.setting_difference(cpu, dict(cpu)) is None
+
+
+def test_a_reference_of_an_earlier_recipe_or_suite_predates_this_synthbench():
+    """``outdated`` (stale until its one rebuild) only for what an earlier synthbench made:
+    an older protocol version or suite, never a newer one or an unknown protocol."""
+    quick = PROTOCOLS.get("quick")
+
+    def rows(version=quick.version, suite=SUITE_VERSION, protocol="quick"):
+        return pd.DataFrame(
+            {"protocol": [protocol], "protocol_version": [version], "suite_version": [suite]}
+        )
+
+    assert reference.predates(rows(version=quick.version - 1))
+    assert reference.predates(rows(suite=SUITE_VERSION - 1))
+    assert not reference.predates(rows())  # current: not stale at all
+    assert not reference.predates(rows(version=quick.version + 1))
+    assert not reference.predates(rows(suite=SUITE_VERSION + 1, version=quick.version - 1))
+    assert not reference.predates(rows(protocol="no-such-protocol"))

@@ -157,22 +157,36 @@ def write_table(table: pd.DataFrame, path: Path) -> None:
     path.write_text("\n".join(header) + "\n" + body)
 
 
+def _current(table: pd.DataFrame) -> pd.Series:
+    """The figures measured at their protocol's version here: only those say how today's
+    recipe trains (an earlier version's runs grew other grids, stopped at other steps; its
+    step times still price a step of the same model)."""
+    if "protocol_version" not in table:  # figures that do not say: taken as today's
+        return pd.Series(True, index=table.index)
+    versions = table["protocol"].map(
+        lambda name: PROTOCOLS.get(name).version if name in PROTOCOLS else -1
+    )
+    return table["protocol_version"].isna() | (table["protocol_version"] == versions)
+
+
 def table_costs(table: pd.DataFrame) -> dict[Key, Cost]:
-    def known(value) -> float | None:
-        return None if pd.isna(value) else float(value)
+    def known(value, current: bool) -> float | None:
+        return None if pd.isna(value) or not current else float(value)
 
     return {
         (r.protocol, r.task, r.mechanism): Cost(
-            float(r.step_seconds), "table", known(r.trainings_per_run), known(r.steps_frac)
-        )
-        for r in table.itertuples()
+            float(r.step_seconds), "table", known(r.trainings_per_run, current),
+            known(r.steps_frac, current),
+        )  # fmt: skip
+        for r, current in zip(table.itertuples(), _current(table), strict=True)
     }
 
 
 def protocol_factors(table: pd.DataFrame) -> dict[str, tuple[float, float]]:
     """Per protocol, the mean trainings per run and share of the steps over the figures that
-    know them: what an adaptive training of a pair without its own is expected to take."""
-    known = table.dropna(subset=["trainings_per_run", "steps_frac"])
+    know them, at the protocol's version here: what an adaptive training of a pair without
+    its own is expected to take."""
+    known = table[_current(table)].dropna(subset=["trainings_per_run", "steps_frac"])
     means = known.groupby("protocol")[["trainings_per_run", "steps_frac"]].mean()
     return {p: (float(r.trainings_per_run), float(r.steps_frac)) for p, r in means.iterrows()}
 
@@ -472,9 +486,10 @@ def lines(est: Estimate, capacity: int = 1, note: str = "", options: str = "") -
                 wall = _wall(est.expected, est.longest, capacity)
                 said.append(f"expected: ~{duration(est.expected)} CPU{wall}{how}")
             else:
+                version = PROTOCOLS.get(protocol).version if protocol in PROTOCOLS else "?"
                 said.append(
-                    f"expected: not known (no measured {protocol} runs say how far its lr grids "
-                    "grow or how early its trainings stop)"
+                    f"expected: not known (no measured runs of {protocol} v{version} say how "
+                    "far its lr grids grow or how early its trainings stop)"
                 )
     if est.unknown:
         parts = [

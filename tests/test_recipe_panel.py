@@ -1,0 +1,61 @@
+"""benchmarks/recipe_panel.py: the panel's counts, on hand-made rows whose answers are known."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "recipe_panel.py"
+spec = importlib.util.spec_from_file_location("recipe_panel", SCRIPT)
+panel = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = panel
+spec.loader.exec_module(panel)
+
+
+def run(mech, seed, vals, selected, score, curve=(0.1, 0.2, 0.3), chance=0.1, se=0.01,
+        statuses=None, device="cpu"):  # fmt: skip
+    """The rows of one run: one per lr of ``vals`` (validation scores)."""
+    statuses = statuses or ["ok"] * len(vals)
+    return [
+        {
+            "protocol": "quick", "protocol_version": 6, "task": "kv_recall", "mechanism": mech,
+            "run_id": f"{mech}-{seed}", "seed": seed, "lr": 1e-3 * (i + 1),
+            "status": status, "selected": i == selected, "val_token_acc": val,
+            "chance_token_acc": chance, "curve_val_token_acc": list(curve),
+            "target_metric": "token_acc", "token_acc": score, "token_acc_se": se,
+            "wall_seconds": 10.0, "device": device, "task_params": "{}",
+            "mechanism_params": "{}",
+        }  # fmt: skip
+        for i, (val, status) in enumerate(zip(vals, statuses, strict=True))
+    ]
+
+
+def test_the_counts_follow_their_definitions():
+    rows = pd.DataFrame(
+        # a knife-edge (0.95 against 0.4 and a diverged lr); rising, but past 0.9
+        run("softmax", 0, [0.4, 0.95, None], 1, 0.95, statuses=["ok", "ok", "diverged"])
+        # robust, plateaued
+        + run("softmax", 1, [0.9, 0.93, 0.92], 1, 0.93, curve=(0.9, 0.9, 0.9))
+        # learned nothing (best 0.12 < chance 0.1 + 0.05), yet still rising (0.10 to 0.13)
+        + run("linear", 0, [0.11, 0.12, 0.10], 1, 0.12, curve=(0.10, 0.11, 0.13))
+        + run("linear", 1, [0.11, 0.11, 0.10], 0, 0.11, curve=(0.11, 0.11, 0.11), device="gpu")
+    )
+    runs = panel.run_table(panel.panel_rows(rows))
+    result = panel.counts(runs)
+    assert result["runs"] == 4 and result["cells"] == 2
+    assert result["knife_edge"] == 1
+    assert result["learned_nothing"] == 2
+    assert result["undertrained"] == 1  # linear seed 0
+    assert result["bimodal"] == 0
+    assert result["cpu_seconds"] == 90 and result["gpu_seconds"] == 30
+    # softmax (0.94 +- small) against linear (0.115 +- small): one pair, separated
+    assert result["separated"] == {"kv_recall": 1}
+
+
+def test_a_cell_of_several_settings_is_refused():
+    rows = pd.DataFrame(run("softmax", 0, [0.5], 0, 0.5) + run("softmax", 1, [0.5], 0, 0.5))
+    rows.loc[rows["seed"] == 1, "task_params"] = '{"pairs": 8}'
+    with pytest.raises(ValueError, match="several parameter settings"):
+        panel.panel_rows(rows)
