@@ -20,12 +20,24 @@ def run(mech, seed, vals, selected, score, curve=(0.1, 0.2, 0.3), chance=0.1, se
     statuses = statuses or ["ok"] * len(vals)
     return [
         {
-            "protocol": "quick", "protocol_version": 6, "task": "kv_recall", "mechanism": mech,
-            "run_id": f"{mech}-{seed}", "seed": seed, "lr": 1e-3 * (i + 1),
-            "status": status, "selected": i == selected, "val_token_acc": val,
-            "chance_token_acc": chance, "curve_val_token_acc": list(curve),
-            "target_metric": "token_acc", "token_acc": score, "token_acc_se": se,
-            "wall_seconds": 10.0, "device": device, "task_params": "{}",
+            "protocol": "quick",
+            "protocol_version": 6,
+            "task": "kv_recall",
+            "mechanism": mech,
+            "run_id": f"{mech}-{seed}",
+            "seed": seed,
+            "lr": 1e-3 * (i + 1),
+            "status": status,
+            "selected": i == selected,
+            "val_token_acc": val,
+            "chance_token_acc": chance,
+            "curve_val_token_acc": list(curve),
+            "target_metric": "token_acc",
+            "token_acc": score,
+            "token_acc_se": se,
+            "wall_seconds": 10.0,
+            "device": device,
+            "task_params": "{}",
             "mechanism_params": "{}",
         }  # fmt: skip
         for i, (val, status) in enumerate(zip(vals, statuses, strict=True))

@@ -175,7 +175,9 @@ def table_costs(table: pd.DataFrame) -> dict[Key, Cost]:
 
     return {
         (r.protocol, r.task, r.mechanism): Cost(
-            float(r.step_seconds), "table", known(r.trainings_per_run, current),
+            float(r.step_seconds),
+            "table",
+            known(r.trainings_per_run, current),
             known(r.steps_frac, current),
         )  # fmt: skip
         for r, current in zip(table.itertuples(), _current(table), strict=True)
