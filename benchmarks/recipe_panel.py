@@ -19,7 +19,12 @@ and mechanisms at their defaults. Per (protocol, version) it counts, over the pa
   more than their two 95% intervals added, each interval 1.96 standard errors of a mean
   over the seeds whose variance holds both the seeds' spread and the finite test set
   (each run's stored standard error);
-- **CPU seconds**: the training seconds of rows trained on a CPU (a GPU's are listed apart).
+- **CPU seconds**: the training seconds of rows trained on a CPU (a GPU's are listed apart);
+  and, since those are wall seconds that a loaded machine inflates, **steps** (the optimizer
+  steps trained, every lr of every run) and, with ``--step-costs``, **modelled CPU seconds**:
+  each row's steps times its (protocol, task, mechanism)'s seconds per step in the given
+  tables (synthbench/data/step_costs.csv, of this version and of the one the earlier rows
+  were trained under), the same figure for a step of the same model whatever the recipe.
 
 These definitions are the panel's own, written here once, and applied alike to every
 recipe: they do not read the rows' own ``lr_robustness`` or ``lr_gap`` (older rows lack
@@ -55,6 +60,29 @@ BIMODAL = 0.5
 MIN_DIFFERENCE, Z95 = 0.05, 1.96
 
 
+def step_costs(tables: list[Path]) -> dict[tuple[str, int, str, str], float]:
+    """(protocol, version, task, mechanism) -> seconds per step, from step-cost tables; a
+    version whose steps cost what another's do (``cost.SAME_STEPS``) shares its figure."""
+    from synthbench.run.cost import SAME_STEPS, read_table
+
+    found = {}
+    for path in tables:
+        for r in read_table(path).itertuples():
+            found[(r.protocol, int(r.protocol_version), r.task, r.mechanism)] = r.step_seconds
+    for (protocol, version, task, mech), seconds in list(found.items()):
+        for later in _sharing(protocol, version, SAME_STEPS):
+            found.setdefault((protocol, later, task, mech), seconds)
+    return found
+
+
+def _sharing(protocol: str, version: int, same: dict[str, set[int]]) -> list[int]:
+    """The versions of ``protocol`` that price their steps by ``version``'s."""
+    from synthbench.run.protocols import PROTOCOLS
+
+    here = PROTOCOLS.get(protocol).version if protocol in PROTOCOLS else None
+    return [here] if here is not None and version in same.get(protocol, ()) else []
+
+
 def load(source: Path) -> pd.DataFrame:
     """Every row of a results tree or a Parquet file."""
     if source.is_file():
@@ -86,8 +114,9 @@ def validation_score(row) -> float:
     return 0.0 if row["status"] != "ok" or value is None or value != value else float(value)
 
 
-def run_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: its cell, seed, and each count's verdict."""
+def run_table(rows: pd.DataFrame, per_step: dict | None = None) -> pd.DataFrame:
+    """One row per run: its cell, seed, and each count's verdict (``per_step``: seconds per
+    step by (protocol, version, task, mechanism), for the modelled CPU seconds)."""
     records = []
     keys = ["protocol", "protocol_version", "task", "mechanism", "run_id"]
     for (protocol, version, task, mech, _), part in rows.groupby(keys, sort=True):
@@ -118,6 +147,9 @@ def run_table(rows: pd.DataFrame) -> pd.DataFrame:
                 and validation_score(best) < SOLVED,
                 "lrs": len(part),
                 "cpu_seconds": float(part.loc[part["device"].eq("cpu"), "wall_seconds"].sum()),
+                "steps": int(part["steps_done"].sum()),
+                "modelled_seconds": float(part["steps_done"].sum())
+                * (per_step or {}).get((protocol, int(version), task, mech), math.nan),
                 "gpu_seconds": float(part.loc[~part["device"].eq("cpu"), "wall_seconds"].sum()),
             }
         )
@@ -157,6 +189,10 @@ def counts(runs: pd.DataFrame) -> dict:
         "separated": separated_pairs(runs),
         "cpu_seconds": round(runs["cpu_seconds"].sum()),
         "gpu_seconds": round(runs["gpu_seconds"].sum()),
+        "steps": int(runs["steps"].sum()),
+        "modelled_seconds": round(runs["modelled_seconds"].sum(min_count=len(runs)))
+        if runs["modelled_seconds"].notna().all()
+        else None,
     }
 
 
@@ -164,7 +200,7 @@ def markdown(results: dict[tuple[str, int], dict]) -> str:
     names = [f"{p} v{v}" for p, v in results]
     lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for key in ("runs", "cells", "knife_edge", "learned_nothing", "undertrained", "bimodal",
-                "cpu_seconds", "gpu_seconds"):  # fmt: skip
+                "cpu_seconds", "gpu_seconds", "steps", "modelled_seconds"):  # fmt: skip
         lines.append(f"| {key} | " + " | ".join(str(r[key]) for r in results.values()) + " |")
     for task in PANEL_TASKS:
         values = [str(r["separated"].get(task, "--")) for r in results.values()]
@@ -176,14 +212,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sources", nargs="*", type=Path, default=[DEFAULT_SOURCE])
     parser.add_argument("--markdown", action="store_true", help="print one Markdown table")
+    parser.add_argument(
+        "--step-costs", nargs="*", type=Path, default=[],
+        help="step-cost tables (synthbench/data/step_costs.csv, of each version compared)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    per_step = step_costs(args.step_costs)
     results = {}
     for source in args.sources:
         if not source.exists():
             print(f"error: {source} does not exist", file=sys.stderr)
             return 2
         try:
-            runs = run_table(panel_rows(load(source)))
+            runs = run_table(panel_rows(load(source)), per_step)
         except ValueError as exc:
             print(f"error: {source}: {exc}", file=sys.stderr)
             return 2

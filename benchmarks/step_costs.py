@@ -114,16 +114,11 @@ STEPS = {"quick": 40, "standard": 12, "quick-block": 40, "standard-block": 12}
 TINY = 16  # examples of each evaluation set of such a training
 
 
-# earlier versions of a protocol whose steps cost what today's do (the same model, batch and
-# evaluation sets): recipe v2 changed which trainings quick runs and how long, not a step
-SAME_STEPS = {"quick": {5}}
-
-
 def reference_rows(reference: pd.DataFrame, protocol: str) -> pd.DataFrame:
     """The reference's rows of ``protocol`` trained on the CPU, at its version here or one
-    whose steps cost the same (``SAME_STEPS``): the table prices this machine's trainings of
+    whose steps cost the same (``cost.SAME_STEPS``): the table prices this machine's trainings of
     today's model, and a GPU's rows (the rebuild's leases) say nothing of them."""
-    versions = {PROTOCOLS.get(protocol).version, *SAME_STEPS.get(protocol, ())}
+    versions = {PROTOCOLS.get(protocol).version, *cost.SAME_STEPS.get(protocol, ())}
     mine = reference[
         (reference["protocol"] == protocol)
         & (reference["device"] == "cpu")

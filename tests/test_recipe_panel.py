@@ -36,6 +36,7 @@ def run(mech, seed, vals, selected, score, curve=(0.1, 0.2, 0.3), chance=0.1, se
             "token_acc": score,
             "token_acc_se": se,
             "wall_seconds": 10.0,
+            "steps_done": 100,
             "device": device,
             "task_params": "{}",
             "mechanism_params": "{}",
@@ -62,6 +63,9 @@ def test_the_counts_follow_their_definitions():
     assert result["undertrained"] == 1  # linear seed 0
     assert result["bimodal"] == 0
     assert result["cpu_seconds"] == 90 and result["gpu_seconds"] == 30
+    assert result["steps"] == 1200 and result["modelled_seconds"] is None  # no table given
+    per_step = {("quick", 6, "kv_recall", m): 0.01 for m in ("softmax", "linear")}
+    assert panel.counts(panel.run_table(rows, per_step))["modelled_seconds"] == 12
     # softmax (0.94 +- small) against linear (0.115 +- small): one pair, separated
     assert result["separated"] == {"kv_recall": 1}
 
@@ -71,3 +75,20 @@ def test_a_cell_of_several_settings_is_refused():
     rows.loc[rows["seed"] == 1, "task_params"] = '{"pairs": 8}'
     with pytest.raises(ValueError, match="several parameter settings"):
         panel.panel_rows(rows)
+
+
+def test_a_step_cost_table_prices_the_versions_whose_steps_cost_the_same(tmp_path):
+    from synthbench.run.cost import SAME_STEPS
+    from synthbench.run.protocols import PROTOCOLS
+
+    table = tmp_path / "costs.csv"
+    table.write_text(
+        "protocol,protocol_version,task,mechanism,step_seconds\n"
+        "quick,5,copy,softmax,0.01\nquick-block,3,copy,softmax,0.03\n"
+    )
+    found = panel.step_costs([table])
+    here = PROTOCOLS.get("quick").version
+    assert found[("quick", 5, "copy", "softmax")] == 0.01
+    assert (found.get(("quick", here, "copy", "softmax")) == 0.01) == (5 in SAME_STEPS["quick"])
+    # the block changed in quick-block v4: its v3 steps price nothing of today's
+    assert ("quick-block", PROTOCOLS.get("quick-block").version, "copy", "softmax") not in found
