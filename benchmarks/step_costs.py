@@ -43,7 +43,7 @@ free-running generation, corrected token after token, can cost minutes (performe
 long_copy) where a trained model's costs seconds. Ratios measured back to back cancel what
 the machine's load (a shared machine) does between pairs.
 
-``--docs`` also puts the written table's summary (``synthbench.run.cost.markdown_table``)
+``--docs`` also puts the written table's summary (``synthbench.run.cost_table.markdown_table``)
 between the cost-table markers of docs/PROTOCOLS.md, which a test checks against the shipped
 table.
 
@@ -74,7 +74,7 @@ import pandas as pd
 import torch
 
 from synthbench.bench.throughput import step_times
-from synthbench.run import cost
+from synthbench.run import cost, cost_table
 from synthbench.run.protocols import PROTOCOLS, Protocol
 from synthbench.run.spec import RunSpec
 from synthbench.run.store import ResultStore
@@ -239,7 +239,7 @@ def write_docs_table(table: pd.DataFrame, doc: Path = DOC) -> None:
     start, end = DOC_MARKERS
     head, rest = doc.read_text().split(start, 1)
     _, tail = rest.split(end, 1)
-    doc.write_text(f"{head}{start}{cost.markdown_table(table)}{end}{tail}")
+    doc.write_text(f"{head}{start}{cost_table.markdown_table(table)}{end}{tail}")
 
 
 def figure(protocol: Protocol, task: str, mech: str, source: str, **fields) -> dict:
@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     held_pairs = {
         name: set(zip(f["task"], f["mechanism"], strict=True)) for name, f in held.items()
     }
-    tasks = cost.builtin_tasks()
+    tasks = cost_table.builtin_tasks()
     mechanisms = list(dict.fromkeys(rows["mechanism"]))
     if only is not None:
         unknown = [m for m in only if m not in mechanisms]

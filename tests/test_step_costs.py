@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from synthbench.run import cost
+from synthbench.run import cost, cost_table
 from synthbench.run.protocols import PROTOCOLS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_costs.py"
@@ -203,7 +203,7 @@ def test_the_docs_table_is_written_between_its_markers_and_the_rest_kept(tmp_pat
     table = table[table["protocol"].isin(["smoke", "quick"])]
     script_constant("write_docs_table")(table, doc)
     text = doc.read_text()
-    assert text == f"# before\n\n{start}{cost.markdown_table(table)}{end}\n\nafter\n"
+    assert text == f"# before\n\n{start}{cost_table.markdown_table(table)}{end}\n\nafter\n"
     assert "| an old table |" not in text and "smoke: 1 lr x 20 steps" in text
 
 
