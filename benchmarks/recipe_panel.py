@@ -18,7 +18,8 @@ and mechanisms at their defaults. Per (protocol, version) it counts, over the pa
 - **pairs separated per task**: two mechanisms' seed means differ by at least 0.05 and by
   more than their two 95% intervals added, each interval 1.96 standard errors of a mean
   over the seeds whose variance holds both the seeds' spread and the finite test set
-  (each run's stored standard error);
+  (each run's stored standard error): the rule of synthbench/report/informative.py, which
+  `synthbench audit --informative` applies to every task;
 - **CPU seconds**: the training seconds of rows trained on a CPU (a GPU's are listed apart);
   and, since those are wall seconds that a loaded machine inflates, **steps** (the optimizer
   steps trained, every lr of every run) and, with ``--step-costs``, **modelled CPU seconds**:
@@ -26,9 +27,10 @@ and mechanisms at their defaults. Per (protocol, version) it counts, over the pa
   tables (synthbench/data/step_costs.csv, of this version and of the one the earlier rows
   were trained under), the same figure for a step of the same model whatever the recipe.
 
-These definitions are the panel's own, written here once, and applied alike to every
-recipe: they do not read the rows' own ``lr_robustness`` or ``lr_gap`` (older rows lack
-them), so today's rows and the new ones are counted by the same code.
+These definitions (but the separation rule, the package's) are the panel's own, written
+here once, and applied alike to every recipe: they do not read the rows' own
+``lr_robustness`` or ``lr_gap`` (older rows lack them), so today's rows and the new ones are
+counted by the same code.
 """
 
 from __future__ import annotations
@@ -37,11 +39,12 @@ import argparse
 import json
 import math
 import sys
-from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from synthbench.report.informative import separated_pairs
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = ROOT / "synthbench" / "data" / "reference" / "quick.parquet"
@@ -57,7 +60,6 @@ KNIFE_EDGE = 0.3
 LEARNED = 0.05
 RISING, RISE_POINTS, SOLVED = 0.02, 2, 0.9
 BIMODAL = 0.5
-MIN_DIFFERENCE, Z95 = 0.05, 1.96
 
 
 def step_costs(tables: list[Path]) -> dict[tuple[str, int, str, str], float]:
@@ -156,25 +158,6 @@ def run_table(rows: pd.DataFrame, per_step: dict | None = None) -> pd.DataFrame:
     return pd.DataFrame(records)
 
 
-def interval(cell: pd.DataFrame) -> tuple[float, float]:
-    """A cell's seed mean and the half-width of its 95% interval (seeds and test set)."""
-    n = len(cell)
-    spread = cell["score"].var(ddof=1) if n > 1 else 0.0
-    return float(cell["score"].mean()), Z95 * math.sqrt((spread + (cell["se"] ** 2).mean()) / n)
-
-
-def separated_pairs(runs: pd.DataFrame) -> dict[str, int]:
-    """Per task: the pairs of mechanisms whose intervals part by at least MIN_DIFFERENCE."""
-    out = {}
-    for task, part in runs.groupby("task"):
-        cells = {m: interval(c) for m, c in part.groupby("mechanism") if len(c) >= 2}
-        out[task] = sum(
-            abs(ma - mb) >= MIN_DIFFERENCE and abs(ma - mb) > ha + hb
-            for (ma, ha), (mb, hb) in combinations(cells.values(), 2)
-        )
-    return out
-
-
 def counts(runs: pd.DataFrame) -> dict:
     """The panel's counts of one (protocol, version)."""
     by_cell = runs.groupby(["task", "mechanism"])["score"]
@@ -186,7 +169,7 @@ def counts(runs: pd.DataFrame) -> dict:
         "learned_nothing": int(runs["learned_nothing"].sum()),
         "undertrained": int(runs["undertrained"].sum()),
         "bimodal": int((spread > BIMODAL).sum()),
-        "separated": separated_pairs(runs),
+        "separated": separated_pairs(runs, value="score"),
         "cpu_seconds": round(runs["cpu_seconds"].sum()),
         "gpu_seconds": round(runs["gpu_seconds"].sum()),
         "steps": int(runs["steps"].sum()),

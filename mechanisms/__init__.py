@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     retnet,
     rewa,
     rff,
+    s4d,
     slay,
     softmax,
     window,

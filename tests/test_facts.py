@@ -13,10 +13,22 @@ import torch
 from clitools import assert_error, invoke
 
 from synthbench.core.task import IGNORE, TASKS
-from synthbench.facts import FACTS, All, Arm, AtLeast, AtMost, Better, Close, Fact, Given
+from synthbench.facts import (
+    FACTS,
+    All,
+    Arm,
+    AtLeast,
+    AtMost,
+    Better,
+    Close,
+    Fact,
+    Given,
+    Precondition,
+)
 from synthbench.facts import shipped as facts_shipped
-from synthbench.facts.builtin import MQAR16
-from synthbench.facts.evaluate import fact_specs
+from synthbench.facts.builtin import MQAR16, S3_LEARNED
+from synthbench.facts.evaluate import decide, fact_specs
+from synthbench.facts.report import counts_line, to_markdown
 from synthbench.facts.rules import (
     INCONCLUSIVE,
     NOT_REPRODUCED,
@@ -50,11 +62,30 @@ def arm(*values, se=0.01, edge=False, problem=None) -> ArmResult:
         ((0.5, 0.5, 0.5), (0.9, 0.9, 0.9), NOT_REPRODUCED),  # the other way round
         ((0.9, 0.45, 0.9), (0.5, 0.5, 0.5), INCONCLUSIVE),  # a seed's difference is negative
         ((0.9,), (0.5,), INCONCLUSIVE),  # one seed
+        # the mean (+0.28) clears the effect, seed 2 (+0.05) does not
+        ((0.9, 0.9, 0.55), (0.5, 0.5, 0.5), INCONCLUSIVE),
+        ((0.6, 0.6, 0.6), (0.5, 0.5, 0.5), REPRODUCED),  # every seed exactly at the effect
     ],
 )
 def test_better_decides_on_the_mean_and_every_seed(a, b, verdict):
-    decision = Better("a", "b", 0.1).decide({"a": arm(*a), "b": arm(*b)})
+    decision = Better("a", "b", 0.1).decide({"a": arm(*a, se=0.001), "b": arm(*b, se=0.001)})
     assert decision.verdict == verdict, decision
+
+
+def test_better_needs_every_seed_to_clear_the_effect_and_names_those_that_do_not():
+    results = {"a": arm(0.9, 0.62, 0.95, 0.65), "b": arm(0.5, 0.5, 0.5, 0.5)}
+    decision = Better("a", "b", 0.2).decide(results)  # mean +0.28; seeds 1 and 3 below 0.2
+    assert decision.verdict == INCONCLUSIVE
+    assert "below 0.2 (seed 1 +0.120, seed 3 +0.150)" in decision.reason
+    assert "+0.280 over 4 seeds" in decision.figures
+    assert "on every one of" in Better("a", "b", 0.2).declaration()
+
+
+def test_better_is_inconclusive_where_seeds_are_missing():
+    """Seeds one arm lacks are no evidence: fewer than two in common, inconclusive."""
+    lacking = ArmResult(pd.Series([0.9], index=[2]), pd.Series([0.01], index=[2]))
+    decision = Better("a", "b", 0.1).decide({"a": arm(0.9, 0.9, 0.9), "b": lacking})
+    assert decision.verdict == INCONCLUSIVE and "common seeds" in decision.reason
 
 
 def test_better_is_inconclusive_within_the_test_noise():
@@ -110,10 +141,35 @@ def test_given_decides_only_where_its_precondition_holds():
     # b never learned the task: its failure far away says nothing, whatever the gap there
     unlearned = {**learned, "b": arm(0.1, 0.1, 0.1), **far}
     decision = rule.decide(unlearned)
-    assert decision.verdict == INCONCLUSIVE and "does not hold" in decision.reason
-    assert "b 0.100" in decision.figures
+    assert decision.verdict == INCONCLUSIVE and "precondition not met" in decision.reason
+    assert "b 0.100" in decision.figures and "a far" in decision.figures  # both figures
     unsure = {**learned, "b": arm(problem="not run yet"), **far}
-    assert "not established" in rule.decide(unsure).reason
+    assert "precondition not established" in rule.decide(unsure).reason
+
+
+def test_a_facts_precondition_decides_first_and_is_named():
+    """A fact with a precondition: where it fails, "inconclusive: precondition not met" with
+    its name and the figures of both; where it holds, the claim decides."""
+    arms = {label: Arm("softmax", "copy") for label in ("s3", "s5")}
+    fact = Fact(
+        source="s",
+        claim="c",
+        arms=arms,
+        rule=Better("s3", "s5", 0.2),
+        precondition=Precondition("S3 learned", AtLeast("s3", 0.9)),
+    )
+    assert fact.verdict_rule.declaration().startswith("given S3 learned (s3 >= 0.9")
+    failed = fact.verdict_rule.decide({"s3": arm(0.3, 0.2, 0.25), "s5": arm(0.0, 0.0, 0.01)})
+    assert failed.verdict == INCONCLUSIVE
+    assert failed.reason.startswith("precondition not met: S3 learned (s3 >= 0.9")
+    assert "s3 0.250 (0.200-0.300) over 3 seeds" in failed.figures  # the precondition's
+    assert "+0.247 over 3 seeds" in failed.figures  # and the claim's
+    held = fact.verdict_rule.decide({"s3": arm(0.95, 0.92, 0.97), "s5": arm(0.1, 0.05, 0.1)})
+    assert held.verdict == REPRODUCED
+    with pytest.raises(ValueError, match="names arms the fact lacks: s4"):
+        Fact("s", "c", arms, Better("s3", "s5"), precondition=Precondition("x", AtLeast("s4", 1)))
+    with pytest.raises(ValueError, match="Precondition"):
+        Fact("s", "c", arms, Better("s3", "s5"), precondition=AtLeast("s3", 1))
 
 
 def test_an_arms_positional_encoding_reaches_its_runs():
@@ -141,6 +197,38 @@ def test_the_builtin_facts_cover_at_least_12_findings_of_6_papers():
         assert all(len(s) == fact.seeds * len(fact.arms[label].tasks) for label, s in specs.items())
         protocols = {s.protocol.name for arm_specs in specs.values() for s in arm_specs}
         assert all(p.endswith("-block") == (fact.track == "block") for p in protocols), entry.name
+
+
+def test_issue_70s_declarations():
+    """Sanity facts marked; merrill-s5 requires attention to learn S3 at the trained length
+    first; mamba-selective-copy's time-invariant arm is s4d, not retnet."""
+    sanity = {e.name for e in FACTS.entries() if e.source == "builtin" and e.obj.sanity}
+    assert sanity == {
+        "olsson-induction-needs-two-layers",
+        "sliding-window-beyond-window",
+        "zoology-fixed-state-falls",
+        "hedgehog-linear-maps-fail-recall",
+    }
+    merrill = FACTS.get("merrill-s5-harder-than-s3")
+    assert merrill.precondition.name == "S3 learned"
+    assert merrill.precondition.rule == AtLeast("softmax S3", S3_LEARNED)
+    s3 = merrill.arms["softmax S3"]
+    assert s3.mech == "softmax" and s3.task_params == {"group": "S3"} and not s3.eval_length_mult
+    copy = FACTS.get("mamba-selective-copy")
+    assert {a.mech for a in copy.arms.values()} == {"mamba2", "s4d"}
+    assert copy.rule == Better("mamba2", "s4d", 0.2)
+
+
+def test_sanity_facts_are_counted_apart_from_the_findings():
+    names = FACTS.names()
+    outcomes = [decide(name, FACTS.get(name), pd.DataFrame()) for name in names]
+    findings = len(names) - 4
+    expected = f"{findings} findings ({findings} not run); 4 sanity facts (4 not run)"
+    assert counts_line(outcomes) == f"{len(names)} facts: {expected}"
+    page = to_markdown(outcomes, "nothing")
+    assert re.search(r"\| olsson-induction-needs-two-layers +\| sanity +\|", page)
+    assert "- **Sanity fact:** it can fail only through a bug" in page
+    assert "- **Precondition:** S3 learned" in page
 
 
 def test_a_malformed_fact_is_refused_in_one_line():
@@ -320,10 +408,50 @@ def test_shipped_rows_stand_in_for_runs_you_lack_and_yours_take_precedence(
     difference = (chosen["softmax"] - chosen["none"]).mean()
     page = (out / "facts.md").read_text()
     assert f"{difference:+.3f} over 2 seeds" in page and "shipped with synthbench" in page
+    assert "predate" not in shown.output  # the file holds every arm of this fact
+    # a fact whose arm changed since the file was measured (none -> linear): said in one
+    # line, judged without it (inconclusive), never a failure
+    changed = tmp_path / "changed_plugin.py"
+    changed.write_text(textwrap.dedent(CHANGED))
+    shown = invoke("facts", "report", "copy-changed", "--results", tmp_path / "absent",
+                   "--out", out, "--plugin", changed)  # fmt: skip
+    assert shown.exit_code == 0, shown.output
+    warned = [li for li in shown.output.splitlines() if "predate" in li]
+    assert len(warned) == 1 and "1 arm of 1 fact (copy-changed: linear)" in warned[0]
+    assert "## copy-changed: inconclusive" in (out / "facts.md").read_text()
     # --no-shipped: judged on the user's rows alone, here none
     alone = invoke("facts", "run", *args, "--results", fresh, "--no-shipped", "--jobs", "1")
     assert alone.exit_code == 0 and "4 runs for 1 fact" in alone.stdout
     assert len(ResultStore(fresh).load(warn=False).rows) == len(rows)
+
+
+CHANGED = """
+from synthbench.facts import FACTS, Arm, Better, Fact
+
+FACTS.add(
+    "copy-changed",
+    Fact(
+        source="a test",
+        claim="copy-needs-mixing with its second arm changed since the runs were shipped",
+        arms={"softmax": Arm("softmax", "copy", "smoke"), "linear": Arm("linear", "copy", "smoke")},
+        rule=Better("softmax", "linear", 0.0),
+        seeds=2,
+    ),
+    paper="test",
+)
+"""
+
+
+def test_arms_the_shipped_runs_lack_are_named_per_fact():
+    fact = FACTS.get("mamba-selective-copy")
+    specs = fact_specs(fact)
+    mamba = pd.DataFrame({"run_id": [s.run_id for s in specs["mamba2"]]})
+    nothing = pd.DataFrame({"run_id": []})
+    assert facts_shipped.arms_not_shipped(fact, mamba, mamba) == ["s4d"]
+    yours = pd.concat([mamba, pd.DataFrame({"run_id": [specs["s4d"][0].run_id]})])
+    assert facts_shipped.arms_not_shipped(fact, mamba, yours) == []  # you have s4d's runs
+    assert facts_shipped.arms_not_shipped(fact, nothing, nothing) == []  # none shipped
+    assert facts_shipped.arms_not_shipped(fact, pd.DataFrame(), mamba) == []
 
 
 def test_a_users_row_of_the_same_run_and_lr_wins():

@@ -70,6 +70,14 @@ def test_the_counts_follow_their_definitions():
     assert result["separated"] == {"kv_recall": 1}
 
 
+def test_the_panel_separates_pairs_by_the_packages_rule():
+    """One rule, in synthbench/report/informative.py (``audit --informative`` applies it)."""
+    from synthbench.report import informative
+
+    assert panel.separated_pairs is informative.separated_pairs
+    assert not hasattr(panel, "interval") and not hasattr(panel, "Z95")
+
+
 def test_a_cell_of_several_settings_is_refused():
     rows = pd.DataFrame(run("softmax", 0, [0.5], 0, 0.5) + run("softmax", 1, [0.5], 0, 0.5))
     rows.loc[rows["seed"] == 1, "task_params"] = '{"pairs": 8}'

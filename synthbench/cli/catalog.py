@@ -1,8 +1,11 @@
-"""``synthbench list`` and ``synthbench show-task``: what is registered, what a task is like."""
+"""``synthbench list``, ``synthbench show-task`` and ``synthbench audit``: what is registered,
+what a task is like, whether it can be answered by a shortcut, and (``audit --informative``)
+how many pairs of mechanisms its stored runs tell apart."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import torch
@@ -12,7 +15,9 @@ from synthbench.cli.common import (
     PluginOption,
     UsageError,
     load_plugins,
+    load_results,
     out,
+    path_parser,
     print_rows,
     write_stdout,
 )
@@ -26,6 +31,7 @@ from synthbench.core.params import parse_assignments
 from synthbench.core.task import CATEGORIES, IGNORE, TASK_SETS, TASKS, in_default_suite, task_set
 from synthbench.core.text import did_you_mean
 from synthbench.integrity.audit import MARGIN, TRAIN_ANSWERS, audit, markdown_table
+from synthbench.report import informative
 from synthbench.run.grid import task_defaults
 from synthbench.run.limits import check_length
 from synthbench.run.protocols import PROTOCOLS
@@ -220,9 +226,12 @@ def show_task_command(
 
 def audit_command(
     name: Annotated[
-        str,
-        typer.Argument(help="Task name, 'all' (plugins included) or 'extended' (all and State)."),
-    ],
+        str | None,
+        typer.Argument(
+            help="Task name, 'all' (plugins included) or 'extended' (all and State); with "
+            "--informative, the task to count (default: every task stored)."
+        ),
+    ] = None,
     difficulty: Annotated[
         str, typer.Option(help="A preset (easy, default, hard, ...) or 'all' of the task's.")
     ] = "all",
@@ -235,11 +244,46 @@ def audit_command(
     check: Annotated[
         bool, typer.Option("--check", help="Exit with status 1 if a task has a shortcut.")
     ] = False,
+    informative: Annotated[
+        bool,
+        typer.Option(
+            "--informative",
+            help="Instead of the shortcuts: per task and track, how many pairs of mechanisms "
+            "the stored runs separate, and which tasks sit at the ceiling or the floor (the "
+            "shipped reference, or --results).",
+        ),
+    ] = False,
+    results: Annotated[
+        Path | None,
+        typer.Option(
+            "--results",
+            help="With --informative: the results tree to count instead of the shipped reference.",
+            parser=path_parser("--results"),
+            metavar="DIR",
+        ),
+    ] = None,
     plugin: PluginOption = None,
 ) -> None:
     """Score shortcut baselines on generated data: can a task be answered without the
-    computation it tests? (The method: docs/TASKS.md, "Shortcut audit".)"""
+    computation it tests? (The method: docs/TASKS.md, "Shortcut audit".) With --informative:
+    how many pairs of mechanisms each task separates (docs/TASKS.md, "Informativeness")."""
     load_plugins(plugin)
+    shortcut_options = {
+        "--difficulty": difficulty != "all",
+        "--param": bool(param),
+        "--answers": answers != TRAIN_ANSWERS,
+        "--check": check,
+    }
+    if informative:
+        given = [option for option, set_ in shortcut_options.items() if set_]
+        if given:
+            raise UsageError(f"{', '.join(given)}: for the shortcut audit, not --informative")
+        informative_audit(name, results)
+        return
+    if results is not None:
+        raise UsageError("--results is read only by --informative")
+    if name is None:
+        raise UsageError("give a task name, 'all' or 'extended' (or --informative)")
     overrides = parse_assignments(param)
     names = task_set(name) if name in TASK_SETS else [TASKS.canonical(name)]
     audits = []
@@ -280,3 +324,33 @@ def audit_command(
         out.print(f"{len(flagged)} of {len(audits)} audited tasks and presets have a shortcut")
         if check:
             raise typer.Exit(1)
+
+
+def informative_audit(name: str | None, results: Path | None) -> None:
+    """``audit --informative``: per task and track, the pairs of mechanisms the stored runs
+    separate and the tasks at the ceiling or the floor (synthbench/report/informative.py),
+    from the shipped reference (read as it is stored, whatever its versions) or a tree."""
+    tasks = None if name in (None, "all", "extended") else [TASKS.canonical(name)]
+    if results is None:
+        rows, where = informative.reference_rows()
+        source = f"the shipped reference {where}, read as stored"
+    else:
+        rows, source = load_results(results).rows, f"the runs under {results}/"
+        if rows.empty:
+            raise UsageError(f"no runs stored under {results}/: nothing to count")
+    table = informative.informativeness(rows, tasks)
+    counted = rows[rows["protocol"].isin(set(table["protocol"]))]
+    out.print(
+        f"counting {source}: {informative.versions_note(counted)}", highlight=False, markup=False
+    )
+    out.print(informative.markdown(table), highlight=False, markup=False)
+    for line in informative.summary(table):
+        out.print(line, highlight=False, markup=False)
+    out.print(
+        f"separated: seed means {informative.MIN_DIFFERENCE:g} or more apart and beyond both "
+        f"95% intervals (seeds and test sets); ceiling, floor: {informative.BOUND_COUNT} or "
+        f"more mechanisms within {informative.BOUND_MARGIN:g} of 1 or of chance; "
+        f'{", ".join(informative.CONTROLS)} aside (docs/TASKS.md, "Informativeness").',
+        highlight=False,
+        markup=False,
+    )

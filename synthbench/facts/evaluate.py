@@ -101,7 +101,7 @@ def decide(name: str, fact: Fact, rows: pd.DataFrame, first_seed: int = 0) -> Ou
     if all(r.missing for r in results.values()):
         why = f"none of its runs is stored: synthbench facts run {name}"
         return Outcome(name, fact, results, Decision(NOT_RUN, "", why))
-    decision = fact.rule.decide(results)
+    decision = fact.verdict_rule.decide(results)
     if decision.verdict == INCONCLUSIVE and not decision.figures:
         figures = "; ".join(f"{label} {r.text()}" for label, r in results.items())
         decision = Decision(INCONCLUSIVE, figures, decision.reason)

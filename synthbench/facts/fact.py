@@ -15,7 +15,7 @@ from typing import Any
 
 from synthbench.core.layer import LAYER_ARCHS
 from synthbench.core.registry import Registry
-from synthbench.facts.rules import Rule
+from synthbench.facts.rules import Given, Precondition, Rule
 from synthbench.run.protocols import PROTOCOLS
 
 TRACKS = ("core", "block")
@@ -74,7 +74,12 @@ class Fact:
     """``source`` (paper, table or figure), ``claim`` (one line), ``arms`` (label -> Arm),
     ``rule`` (declared before any run), ``track`` (core or block), ``seeds``, ``measure``
     (``value`` or ``score``), ``published`` (label -> the source's figure, printed beside
-    ours), ``notes`` (how our setting differs from the source's, and the cost)."""
+    ours), ``notes`` (how our setting differs from the source's, and the cost).
+
+    ``precondition`` (a ``Precondition`` over the fact's arms, e.g. "S3 learned"): the rule
+    decides only where it holds; else the fact is inconclusive, "precondition not met".
+    ``sanity``: the fact can fail only through a bug (a 1-layer model has no induction head,
+    a window cannot see past itself): reported, and counted apart from the findings."""
 
     source: str
     claim: str
@@ -85,6 +90,8 @@ class Fact:
     measure: str = "value"
     published: Mapping[str, str] = field(default_factory=dict)
     notes: str = ""
+    precondition: Precondition | None = None
+    sanity: bool = False
 
     def __post_init__(self) -> None:
         if self.track not in TRACKS:
@@ -93,7 +100,11 @@ class Fact:
             raise ValueError(f"a fact's measure is {' or '.join(MEASURES)}, not {self.measure!r}")
         if not 1 <= self.seeds <= 100:
             raise ValueError(f"a fact needs 1 to 100 seeds, not {self.seeds}")
-        unknown = sorted(set(self.rule.arms()) - set(self.arms))
+        if self.precondition is not None and not isinstance(self.precondition, Precondition):
+            raise ValueError("a fact's precondition is a Precondition(name, rule)")
+        if not isinstance(self.sanity, bool):
+            raise ValueError(f"a fact's sanity is true or false, not {self.sanity!r}")
+        unknown = sorted(set(self.verdict_rule.arms()) - set(self.arms))
         if unknown:
             raise ValueError(f"the rule names arms the fact lacks: {', '.join(unknown)}")
         for label, arm in self.arms.items():
@@ -104,6 +115,18 @@ class Fact:
         for label in self.published:
             if label not in self.arms:
                 raise ValueError(f"a published figure for an arm the fact lacks: {label}")
+
+    @property
+    def verdict_rule(self) -> Rule:
+        """The rule that decides the fact: ``rule``, given the precondition where one is
+        declared."""
+        if self.precondition is None:
+            return self.rule
+        return Given(self.precondition.rule, self.rule, self.precondition.name)
+
+    @property
+    def kind(self) -> str:
+        return "sanity" if self.sanity else "finding"
 
 
 def arm_track(arm: Arm) -> str:

@@ -17,16 +17,36 @@ from synthbench.facts.rules import VERDICTS
 from synthbench.report.formats import latex_escape, markdown_table, markdown_text
 
 
-def counts_line(outcomes: list[Outcome]) -> str:
-    """e.g. ``17 facts: 5 reproduced, 3 not reproduced, 2 inconclusive, 7 not run``."""
+def _verdict_counts(outcomes: list[Outcome]) -> str:
     counts = Counter(o.decision.verdict for o in outcomes)
-    parts = [f"{counts[v]} {v}" for v in VERDICTS if counts[v]]
-    return f"{plural(len(outcomes), 'fact')}: {', '.join(parts)}"
+    return ", ".join(f"{counts[v]} {v}" for v in VERDICTS if counts[v])
+
+
+def counts_line(outcomes: list[Outcome]) -> str:
+    """e.g. ``17 facts: 5 reproduced, 3 not reproduced, 2 inconclusive, 7 not run``; where
+    some are sanity facts (they can fail only through a bug), the findings are counted
+    apart: ``18 facts: 14 findings (5 reproduced, ...); 4 sanity facts (4 reproduced)``."""
+    sanity = [o for o in outcomes if o.fact.sanity]
+    if not sanity:
+        return f"{plural(len(outcomes), 'fact')}: {_verdict_counts(outcomes)}"
+    findings = [o for o in outcomes if not o.fact.sanity]
+    parts = (
+        [f"{plural(len(findings), 'finding')} ({_verdict_counts(findings)})"] if findings else []
+    )
+    parts.append(f"{plural(len(sanity), 'sanity fact')} ({_verdict_counts(sanity)})")
+    return f"{plural(len(outcomes), 'fact')}: {'; '.join(parts)}"
 
 
 def summary_rows(outcomes: list[Outcome]) -> list[list[str]]:
     return [
-        [o.name, o.fact.track, o.decision.verdict, o.decision.figures or "-", _published(o)]
+        [
+            o.name,
+            o.fact.kind,
+            o.fact.track,
+            o.decision.verdict,
+            o.decision.figures or "-",
+            _published(o),
+        ]
         for o in outcomes
     ]
 
@@ -43,9 +63,13 @@ def to_markdown(outcomes: list[Outcome], source: str) -> str:
         "declared with its fact, before any run (synthbench/facts/builtin.py); a fact that "
         "does not reproduce is reported with its figures, never tuned away. Our figures: "
         "mean over seeds (min-max) of the target metric at each run's selected lr, or its "
-        "chance-normalised score where the fact says so.",
+        "chance-normalised score where the fact says so. A sanity fact can fail only through "
+        "a bug (what it claims follows from the construction); it is counted apart from the "
+        "findings.",
         "",
-        markdown_table(summary_rows(outcomes), ["fact", "track", "verdict", "ours", "published"]),
+        markdown_table(
+            summary_rows(outcomes), ["fact", "kind", "track", "verdict", "ours", "published"]
+        ),
         "",
     ]
     for o in outcomes:
@@ -55,9 +79,14 @@ def to_markdown(outcomes: list[Outcome], source: str) -> str:
             "",
             f"- **Claim:** {markdown_text(fact.claim)}",
             f"- **Source:** {markdown_text(fact.source)}",
-            f"- **Rule (declared):** {markdown_text(fact.rule.declaration())}; "
+            f"- **Rule (declared):** {markdown_text(fact.verdict_rule.declaration())}; "
             f"{fact.seeds} seeds, measure {fact.measure}, {fact.track} track",
         ]
+        if fact.precondition is not None:
+            condition = f"{fact.precondition.name}: {fact.precondition.rule.declaration()}"
+            lines.append(f"- **Precondition:** {markdown_text(condition)}")
+        if fact.sanity:
+            lines.append("- **Sanity fact:** it can fail only through a bug")
         if o.decision.reason:
             lines.append(f"- **Why:** {markdown_text(o.decision.reason)}")
         if fact.notes:
@@ -81,7 +110,8 @@ def to_latex(outcomes: list[Outcome]) -> str:
         r"\midrule",
     ]
     for o in outcomes:
-        cells = [o.name, o.fact.source, o.decision.verdict, o.decision.figures or "-"]
+        name = f"{o.name} (sanity)" if o.fact.sanity else o.name
+        cells = [name, o.fact.source, o.decision.verdict, o.decision.figures or "-"]
         cells.append(_published(o))
         lines.append(" & ".join(latex_escape(c) for c in cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]

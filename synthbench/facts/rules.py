@@ -5,12 +5,17 @@ the threshold. It reads each arm's per-seed values (``ArmResult``) and decides. 
 runs are missing, failed (diverged at every lr, raised, leaked) or lack seeds makes the rule
 inconclusive with that reason, never a verdict.
 
-``Better(a, b, effect)`` follows the separation rule (synthbench/report/separation.py): the
-claim "a beats b" is reproduced when the mean difference a - b over the seeds both have is
-at least ``effect``, every seed's difference is positive and beyond two standard errors of
-the test sets; it is not reproduced when the mean difference is below ``effect``; anything
-else (seeds that disagree, a difference within the test noise, a selected lr alone at the
-edge of its grid) is inconclusive.
+``Better(a, b, effect)`` is stricter than the separation rule (synthbench/report/
+separation.py): the claim "a beats b" is reproduced when every seed both have clears the
+effect (a - b >= ``effect`` on each, not only on the mean) and each seed's difference is
+beyond two standard errors of the test sets; it is not reproduced when the mean difference is
+below ``effect``; anything else (a seed below the effect, seeds that disagree, a difference
+within the test noise, a selected lr alone at the edge of its grid, seeds missing) is
+inconclusive.
+
+A fact may also declare a precondition (``Precondition``: a name and a rule, e.g. "S3
+learned"): ``Given`` decides the claim only where the precondition is reproduced; where it is
+not, the fact is inconclusive, "precondition not met", with the figures of both.
 """
 
 from __future__ import annotations
@@ -130,8 +135,8 @@ class Better(Rule):
 
     def declaration(self) -> str:
         return (
-            f"{self.a} - {self.b} >= {self.effect:g} on the mean over >= {MIN_SEEDS} common "
-            f"seeds, every seed's difference > 0 and beyond {NOISE_SES} SE"
+            f"{self.a} - {self.b} >= {self.effect:g} on every one of >= {MIN_SEEDS} common "
+            f"seeds, each beyond {NOISE_SES} SE"
         )
 
     def decide(self, results: Mapping[str, ArmResult]) -> Decision:
@@ -142,6 +147,11 @@ class Better(Rule):
             return Decision(NOT_REPRODUCED, figures, f"the difference is below {self.effect:g}")
         if (differences <= 0).any():
             return Decision(INCONCLUSIVE, figures, "the seeds' differences disagree in sign")
+        short = differences[differences < self.effect - TOLERANCE]
+        if len(short):  # the mean clears the effect, a seed does not: not every seed shows it
+            seeds = ", ".join(f"seed {seed} {d:+.3f}" for seed, d in short.items())
+            why = f"a seed's difference is below {self.effect:g} ({seeds})"
+            return Decision(INCONCLUSIVE, figures, why)
         if not noise.isna().all() and not (differences > noise.fillna(0)).all():
             return Decision(INCONCLUSIVE, figures, f"a seed's difference is within {NOISE_SES} SE")
         return Decision(REPRODUCED, figures)
@@ -255,23 +265,38 @@ class All(Rule):
 class Given(Rule):
     """``rule`` decides only where ``precondition`` holds: a claim about what a model does
     beyond its training (a longer test, say) says nothing where the arms never learned the
-    task at all. Inconclusive, naming the precondition, where it does not hold."""
+    task at all. Inconclusive where it does not hold ("precondition not met", named by
+    ``name``) or is not established (its runs missing), with the figures of both."""
 
     precondition: Rule
     rule: Rule
+    name: str = ""  # the precondition in words ("S3 learned"); its rule's declaration if empty
 
     def arms(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(self.precondition.arms() + self.rule.arms()))
 
     def declaration(self) -> str:
-        return f"given {self.precondition.declaration()}: {self.rule.declaration()}"
+        condition = self.precondition.declaration()
+        if self.name:
+            condition = f"{self.name} ({condition})"
+        return f"given {condition}: {self.rule.declaration()}"
 
     def decide(self, results: Mapping[str, ArmResult]) -> Decision:
         given = self.precondition.decide(results)
-        if given.verdict != REPRODUCED:
-            state = "does not hold" if given.verdict == NOT_REPRODUCED else "is not established"
-            why = f"the precondition {state} ({given.reason or given.verdict})"
-            return Decision(INCONCLUSIVE, given.figures, why)
         decision = self.rule.decide(results)
         figures = "; ".join(f for f in (given.figures, decision.figures) if f)
+        if given.verdict != REPRODUCED:
+            state = "not met" if given.verdict == NOT_REPRODUCED else "not established"
+            what = self.name or self.precondition.declaration()
+            detail = given.reason or given.verdict
+            return Decision(INCONCLUSIVE, figures, f"precondition {state}: {what} ({detail})")
         return Decision(decision.verdict, figures, decision.reason)
+
+
+@dataclass(frozen=True)
+class Precondition:
+    """What must hold before a fact's claim means anything (``Fact.precondition``): ``name``
+    in words ("S3 learned") and the ``rule`` that decides it, over the fact's arms."""
+
+    name: str
+    rule: Rule

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from synthbench.facts.evaluate import fact_specs
+from synthbench.facts.fact import Fact
 from synthbench.report import reference
 from synthbench.run.schema import LEAKY, lr_key
 
@@ -57,3 +59,20 @@ def complete_runs(rows: pd.DataFrame) -> set[str]:
     selected = set(rows.loc[rows["selected"].fillna(False).astype(bool), "run_id"])
     ended = rows.groupby("run_id")["status"].agg(lambda s: s.isin(("diverged", LEAKY)).all())
     return selected | set(ended[ended].index)
+
+
+def arms_not_shipped(
+    fact: Fact, shipped: pd.DataFrame, rows: pd.DataFrame, first_seed: int = 0
+) -> list[str]:
+    """The arms of ``fact`` of which neither ``rows`` (the user's and the shipped ones) nor
+    the ``shipped`` file holds a run, where the file holds runs of its other arms: arms
+    declared or changed since the file was measured (their run ids are new). Empty where
+    the file holds none of the fact (then nothing of it predates the change)."""
+    if shipped.empty:
+        return []
+    in_file, anywhere = set(shipped["run_id"]), set(rows["run_id"]) if len(rows) else set()
+    specs = fact_specs(fact, first_seed)
+    held = {label: {s.run_id for s in arm} for label, arm in specs.items()}
+    if not any(ids & in_file for ids in held.values()):
+        return []
+    return [label for label, ids in held.items() if not ids & (in_file | anywhere)]
