@@ -461,6 +461,7 @@ def test_report_filters_and_formats(stored, tmp_path):
     assert written == [
         "leaderboard.md",
         "smoke/lrs.md",
+        "smoke/separation.csv",  # every pair on every task: the data behind separation.md
         "smoke/separation.md",
         "smoke/target/category-memory.md",
         "smoke/target/curves.md",

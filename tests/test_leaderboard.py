@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from synthbench.report.leaderboard import build, t_critical, to_markdown
+from synthbench.report.formats import latex_escape
+from synthbench.report.leaderboard import build, t_critical, to_latex, to_markdown
 
 # two-sided 95% critical values of Student's t, from a printed table: df -> t
 T_TABLE = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228, 30: 2.042}
@@ -183,7 +184,8 @@ def test_one_seed_has_no_interval_and_tells_no_neighbours_apart():
     md = to_markdown(board)
     (line,) = [x for x in md.splitlines() if "| a" in x]
     cells = [c.strip() for c in line.strip("|").split("|")]
-    assert cells == ["1", "a ≈", "0.900", "0.900", "1/1", "--"]  # a: no registered state
+    # no rank interval, no tier; a: no registered state
+    assert cells == ["1", "", "a ≈", "0.900", "0.900", "1/1", "--"]
     assert "One seed: no interval" in md
 
 
@@ -248,7 +250,7 @@ def test_the_board_quotes_each_registered_mechanisms_declared_state():
     )  # fmt: skip
     md = to_markdown(board)
     cells = {
-        c[1]: c[-1]
+        c[2]: c[-1]
         for c in ([x.strip() for x in line.strip("|").split("|")] for line in md.splitlines())
         if len(c) > 2
     }
@@ -271,7 +273,7 @@ def test_the_block_board_quotes_each_layers_whole_state():
     header = next(line for line in md.splitlines() if line.startswith("| rank"))
     assert header.rstrip(" |").endswith("state/layer")
     cells = {
-        c[1].removesuffix(" ≈"): c[-1]
+        c[2].removesuffix(" ≈"): c[-1]
         for c in ([x.strip() for x in line.strip("|").split("|")] for line in md.splitlines())
         if len(c) > 2
     }
@@ -280,3 +282,25 @@ def test_the_block_board_quotes_each_layers_whole_state():
     conv = 3 * (4 - 1) * 64  # q, k and v windows of a kernel-4 convolution, d_model wide
     assert cells["deltanet"] == f"{conv + heads * head * head:,}"
     assert "state/layer: the numbers one layer carries" in md
+
+
+def test_the_board_names_the_reference_runs_yours_replaced():
+    """A run of yours with a reference run's run id replaces it: the board says which
+    cells of the reference lack which seeds, in its notes (Markdown and LaTeX alike)."""
+    replaced = pd.DataFrame(
+        [("copy", "softmax", 0), ("sort", "softmax", 0), ("sort", "softmax", 1)],
+        columns=["task", "mechanism", "seed"],
+    )
+    values = runs({("Basic", "copy", "softmax (reference)"): [0.9, 0.8]})
+    board = build(values, "quick", 6, "target", replaced=replaced)
+    line = (
+        "Replaced: 3 runs of yours have the configuration (the run id) of a shipped reference "
+        "run; yours are shown and the reference's left out, so its cells there hold fewer "
+        "seeds: softmax on copy (seed 0), sort (seeds 0, 1)."
+    )
+    assert f"- {line}" in to_markdown(board)
+    assert latex_escape(line) in to_latex(board)
+    assert "Replaced" not in to_markdown(build(values, "quick", 6, "target"))
+    one = build(values, "quick", 6, "target", replaced=replaced[:1])
+    assert "Replaced: 1 run of yours has the configuration" in to_markdown(one)
+    assert "yours is shown" in to_markdown(one)

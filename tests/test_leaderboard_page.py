@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from synthbench.report.leaderboard import build
+from synthbench.report.leaderboard import ONE_SEED_NOTE, build, interval_notes
 from synthbench.report.page import to_html
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -128,12 +128,22 @@ def test_says_how_the_score_and_its_interval_are_made(page, boards):
     """The legend states the normalisation and the t-interval; the one-seed board has no
     interval in its data."""
     assert "Chance-normalised: (accuracy - chance) / (1 - chance)" in page
-    assert "Student-t" in page and "bootstrap" not in page
+    assert "Student-t" in page  # the score's interval; the rank's is the bootstrap's
     data = _embedded(page)["boards"]
     assert data[0]["score_note"].startswith("Chance-normalised")
     ranked = [r for r in data[0]["rows"] if r["complete"]]
     assert all(r["ci_low"] < r["score"] < r["ci_high"] for r in ranked)
     assert all(r["ci_low"] is None for r in data[1]["rows"])  # one seed: no interval
+    # the rank intervals and tiers: said in the 3-seed board's notes, as in its Markdown
+    assert data[0]["notes"] == interval_notes(boards[0]) and "bootstrap" in data[0]["notes"][0]
+    ranks = [(r["rank"], r["rank_low"], r["rank_high"], r["tier"]) for r in data[0]["rows"]]
+    table = boards[0].table
+    assert ranks == [
+        (None if pd.isna(r) else int(r), *(None if pd.isna(v) else int(v) for v in (lo, hi, t)))
+        for r, lo, hi, t in zip(table["rank"], table["rank_low"], table["rank_high"],
+                                table["tier"], strict=True)
+    ]  # fmt: skip
+    assert data[1]["notes"] == [] and all(r["rank_low"] is None for r in data[1]["rows"])
     raw = to_html([build(_runs(LEVELS), "core", 1, "long_token_acc")])
     assert _embedded(raw)["boards"][0]["score_note"].startswith("Raw long_token_acc")
 
@@ -388,3 +398,37 @@ def test_no_request_leaves_the_machine(browser):
     ]
     assert any(url.startswith("file:") for url in urls)  # the log did record the page load
     assert all(url.startswith(("file:", "data:", "about:")) for url in urls), urls
+
+
+def test_rank_intervals_tiers_and_notes_in_the_browser(browser, boards):
+    """Each ranked row shows its rank interval; in the rank order a rule opens each new tier
+    (and the unranked below); sorted by a category, no tier rule; the board's notes are
+    listed, and the one-seed board says why it has no interval."""
+    from selenium.webdriver.common.by import By
+
+    driver = _open(browser)
+    table = boards[0].table
+    rows = driver.execute_script(
+        "return Array.from(document.querySelectorAll('#leaderboard tbody tr')).map(tr => ["
+        " tr.querySelector('td[data-key=rank]').textContent,"
+        " tr.querySelector('td[data-key=tier]').textContent,"
+        " tr.classList.contains('tier-start')]);"
+    )
+    for (rank, tier, _), (_, row) in zip(rows, table.iterrows(), strict=True):
+        if pd.isna(row["rank"]):
+            assert (rank, tier) == ("--", "--")
+        else:
+            assert rank == f"{row['rank']} [{row['rank_low']}, {row['rank_high']}]"
+            assert tier == str(row["tier"])
+    tiers = [str(t) for _, t, _ in rows]
+    assert [s for _, _, s in rows] == [i > 0 and tiers[i] != tiers[i - 1] for i in range(len(rows))]
+    assert any(s for _, _, s in rows)  # a rule is drawn somewhere: the check checks something
+    notes = [li.text for li in driver.find_elements(By.CSS_SELECTOR, "#board-notes li")]
+    assert notes == interval_notes(boards[0])
+    _header(driver, "cat:Memory").click()
+    assert not driver.find_elements(By.CSS_SELECTOR, "tr.tier-start")
+    from selenium.webdriver.support.ui import Select
+
+    Select(driver.find_element(By.ID, "protocol")).select_by_visible_text("long v2")
+    assert driver.find_element(By.ID, "note-one-seed").text == ONE_SEED_NOTE
+    assert not driver.find_elements(By.CSS_SELECTOR, "#board-notes li")

@@ -14,6 +14,7 @@ from synthbench.core.task import TASKS
 from synthbench.report.compare import comparison_grid, published
 from synthbench.report.formats import latex_document
 from synthbench.report.publish import write_reports
+from synthbench.report.reference import REPLACED_COLUMNS
 from synthbench.report.tables import MISSING, Stat, build_tables
 from synthbench.run.protocols import curve_points
 
@@ -69,12 +70,12 @@ def test_everything_is_written(rows, tmp_path):
     assert relative(written, tmp_path) == sorted(
         [
             "leaderboard.md",
+            "leaderboard.tex",
             "leaderboard.html",
             *(f"{folder}/{t}.{s}" for t in tables for s in ("md", "tex")),
             f"{folder}/tables.tex",
             *(f"{folder}/{f}.{s}" for f in figures for s in ("png", "pdf")),
-            "smoke/separation.md",
-            "smoke/separation.tex",
+            *(f"smoke/separation.{s}" for s in ("md", "tex", "csv", "png", "pdf")),
             "smoke/lrs.md",
             "smoke/lrs.tex",
         ]
@@ -94,15 +95,17 @@ def test_everything_is_written(rows, tmp_path):
     curves = (tmp_path / folder / "curves.md").read_text()
     assert "Steps to 0.9 validation accuracy" in curves and "Learning-curve area" in curves
     separation = (tmp_path / "smoke" / "separation.md").read_text()
-    # copy: softmax 0.91 on average, linear 0.70: beyond 2 SE on every seed
-    copy = next(line for line in separation.splitlines() if "| copy" in line)  # the target's
-    assert "softmax +0.21" in copy
+    # copy: softmax 0.91 on average, linear 0.70: beyond 2 SE on every seed; softmax is the
+    # only ranked mechanism (linear diverged on kv_recall, never ran stack): no neighbours
     assert "Informative tasks (at least one pair separates): 1 of 3." in separation
+    pairs = (tmp_path / "smoke" / "separation.csv").read_text().splitlines()
+    assert "Basic,copy,linear,softmax,target,3,-0.21,True,softmax," in pairs
 
 
 def test_formats_select_the_outputs(rows, tmp_path):
     written = write_reports(rows, tmp_path, formats=("md",))
-    assert {p.suffix for p in written} == {".md"}
+    # separation.csv: the full data behind separation.md's short table, written beside it
+    assert {p.suffix for p in written} == {".md", ".csv"}
     with pytest.raises(ValueError, match="unknown format svg"):
         write_reports(rows, tmp_path, formats=("md", "svg"))
 
@@ -145,11 +148,14 @@ def test_latex_compiles(rows, tmp_path):
     rows = pd.concat([rows, frame(*(learnt("copy", "my_mech & 50%#", s, 0.5) for s in range(3)))])
     paper = frame(*(row("copy", "slay", s, 0.8, protocol="slay-paper") for s in range(3)))
     write_reports(pd.concat([rows, paper]), tmp_path, formats=("tex",), compare="slay-paper")
+    board = (tmp_path / "leaderboard.tex").read_text()
+    assert r"\midrule" in board and "Tier: a new tier" in board  # 3 seeds: tiers, notes
     for protocol in ("smoke", "slay-paper"):
         folder = tmp_path / protocol / "target"
         separation = (tmp_path / protocol / "separation.tex").read_text()
         (folder / "separation-doc.tex").write_text(latex_document([separation]))
-        for document in ("tables.tex", "separation-doc.tex"):
+        (folder / "leaderboard-doc.tex").write_text(latex_document([board]))
+        for document in ("tables.tex", "separation-doc.tex", "leaderboard-doc.tex"):
             result = subprocess.run(
                 ["pdflatex", "-interaction=nonstopmode", "-halt-on-error", document],
                 cwd=folder,
@@ -214,3 +220,66 @@ def test_compare_needs_rows_of_its_protocol(rows, tmp_path):
     with pytest.raises(ValueError, match="unknown comparison"):
         write_reports(rows, tmp_path, compare="other-paper")
     assert not any(tmp_path.iterdir())  # nothing half-written
+
+
+# -- what the figures are given ---------------------------------------------------------------
+
+
+def test_figures_state_the_seeds_shown_and_follow_the_board(rows, tmp_path, monkeypatch):
+    """Your one seed beside the reference's three: every title says so, never "3 seeds";
+    the heatmap gets the board's order, ranks and your mechanisms to mark; the board names
+    the reference run yours replaced."""
+    from synthbench.report import figures
+
+    mine = frame(*(learnt(t, "mine", 0, 0.8) for t in ("copy", "kv_recall")))
+    ref = rows[rows["task"] != "stack"].assign(mechanism=rows["mechanism"] + " (reference)")
+    titles, heat = {}, {}
+
+    def record(name, original):
+        def wrapper(*args, **kwargs):
+            titles[name] = args[1]
+            if name == "heatmap":
+                heat.update(order=args[5], ranks=args[6], yours=args[7])
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    for name in ("heatmap", "category_bars", "learning_curves"):
+        monkeypatch.setattr(figures, name, record(name, getattr(figures, name)))
+    replaced = pd.DataFrame([("smoke", 1, "copy", "linear", 3)], columns=REPLACED_COLUMNS)
+    write_reports(
+        pd.concat([mine, ref], ignore_index=True), tmp_path, formats=("png", "md"),
+        replaced=replaced,
+    )  # fmt: skip
+    both = "1 seed (yours), 3 seeds (reference)"
+    assert f"mean over {both}, mechanisms by board rank, yours in red" in titles["heatmap"]
+    assert f"mean ± std over {both}" in titles["category_bars"]
+    assert f"mean over {both} at each run's selected lr" in titles["learning_curves"]
+    # mine 0.8, softmax (0.91 + 0.6) / 2; linear diverged on kv_recall: last
+    assert heat["order"] == ["mine", "softmax (reference)", "linear (reference)"]
+    assert heat["ranks"] == {"mine": 1, "softmax (reference)": 2, "linear (reference)": 3}
+    assert heat["yours"] == {"mine"}
+    board = (tmp_path / "leaderboard.md").read_text()
+    assert "hold fewer seeds: linear on copy (seed 3)." in board
+
+
+def test_a_grid_over_a_knob_named_n_titles_its_seeds(tmp_path, monkeypatch):
+    """copy's n swept (4, 6), two seeds: the frontier figure's title counts them; a knob
+    named like a column of the counts ("n") never clashes with it."""
+    from synthbench.report import figures
+
+    titles = []
+    original = figures.frontier_curves
+    monkeypatch.setattr(
+        figures, "frontier_curves", lambda *a, **k: titles.append(a[2]) or original(*a, **k)
+    )
+    rows = []
+    for n, acc in ((4, 0.95), (6, 0.6)):
+        for seed in range(2):
+            for mechanism, lower in (("softmax", 0.0), ("linear", 0.1)):
+                one = learnt("copy", mechanism, seed, acc - lower, task_params=f'{{"n": {n}}}')
+                rows.append({**one, "run_id": f"{one['run_id']}-{n}"})
+    written = write_reports(frame(*rows), tmp_path, formats=("png", "md"))
+    assert "smoke/frontier-copy-n.png" in relative(written, tmp_path)
+    (title,) = titles
+    assert "copy: target accuracy against n, protocol smoke v1, mean ± std over 2 seeds" in title

@@ -223,9 +223,12 @@ def test_best_in_bold_is_said_only_where_a_cell_is_bold():
         for text in (to_markdown(grid), to_latex(grid)):
             assert BEST_IN_BOLD not in text and "**" not in text.split("\n", 2)[2]
             assert "protocol smoke v1 (core track)." in text  # the sentence still ends
-    (two,) = build_tables(frame(row("copy", "softmax", 0, 0.5), row("copy", "linear", 0, 0.4)))
+    (two,) = build_tables(
+        frame(*(row("copy", m, s, v) for m, v in (("softmax", 0.5), ("linear", 0.4))
+                for s in range(2)))
+    )  # fmt: skip
     assert two.full.best_cells() == {(0, 1)}
-    assert "protocol smoke v1 (core track); best in bold." in to_markdown(two.full)
+    assert f"protocol smoke v1 (core track); {BEST_IN_BOLD}." in to_markdown(two.full)
     assert "best in bold" in to_latex(two.full)
 
 
@@ -235,11 +238,14 @@ def test_no_value_no_bold_note():
     assert empty.shown_notes() == ["head.", "other."]
     assert to_markdown(empty).endswith("head.\nother.\n")
     assert "head." in to_latex(empty) and BEST_IN_BOLD not in to_latex(empty)
-    # a lone survivor among two is bold, and the note stays
+    # a lone survivor among two is bold, and the note stays; of one seed it never is
     survivor = Grid(
-        "t", ["task"], [("copy",)], ["a", "b"], [[None, Stat(0.4, 0, 1)]], 1, "row", notes
+        "t", ["task"], [("copy",)], ["a", "b"], [[None, Stat(0.4, 0, 2)]], 2, "row", notes
     )
     assert survivor.shown_notes() == notes
+    single = Grid("t", ["task"], [("copy",)], ["a", "b"], [[None, Stat(0.4, 0, 1)]], 1, "row",
+                  notes)  # fmt: skip
+    assert single.shown_notes() == ["head.", "other."]
 
 
 def test_curve_area_table_of_one_mechanism_says_no_bold():
@@ -277,7 +283,7 @@ def test_report_footnotes_count_in_words():
         frame(row("copy", "softmax", 0, 0.5), row("kv_recall", "linear", 0, 0.5))
     )
     md = to_markdown(tables.full)
-    assert "mean ± std over 1 seed (" in md and "seed(s)" not in md
+    assert "one seed (no spread to show)" in md and "seed(s)" not in md
     assert "(2 cells, 2 of them not run)" in md and "cell(s)" not in md
     (one,) = build_tables(
         frame(
@@ -287,3 +293,81 @@ def test_report_footnotes_count_in_words():
         )
     )
     assert "no successful run (1 cell, not run); never counted as 0." in to_markdown(one.full)
+
+
+# -- legends, board order, the pairs matrix ---------------------------------------------------
+
+REFERENCE_NAMES = [f"{m} (reference)" for m in ("gated-deltanet", "sliding-window", "cosformer",
+                   "performer", "deltanet", "mamba2", "retnet", "softmax", "linear", "based",
+                   "slay", "none", "gla")]  # fmt: skip
+
+
+def test_the_curves_legend_fits_its_figure_whatever_the_names():
+    """Three tasks and 15 mechanisms, long names: the trial's curves.png cut its legend at
+    both sides; the legend takes the columns the figure's width holds."""
+    mechanisms = [*REFERENCE_NAMES, "softmax", LONG]
+    learning = pd.DataFrame(
+        [
+            {"category": "Basic", "task": t, "mechanism": m, "step": s, "mean": 0.5}
+            for t in ("copy", "modular", "parity")
+            for m in mechanisms
+            for s in (100, 200)
+        ]
+    )
+    fig = figures.learning_figure(learning, "validation token accuracy, protocol quick v6")
+    assert_all_inside(fig)
+    (legend,) = fig.legends
+    assert_inside(fig, legend)
+    assert len(legend.get_texts()) == len(mechanisms)
+    points = pd.DataFrame(
+        [{"task": "copy", "mechanism": m, "mult": x, "mean": 0.5, "std": 0.1}
+         for m in mechanisms for x in (1.0, 2.0)]
+    )  # fmt: skip
+    fig = figures.length_figure(points, TITLE)
+    assert_all_inside(fig)
+    assert_inside(fig, fig.legends[0])
+
+
+def test_the_heatmap_follows_the_board_and_marks_yours():
+    """Columns in the board's order, each named with its rank; your mechanism (not marked
+    "(reference)") framed and named in red; the cells follow their columns."""
+    grid = Grid(
+        "All tasks", ["category", "task"], [("Basic", "copy")], ["a (reference)", "mine", "z"],
+        [[Stat(0.2, 0.0, 3), Stat(0.9, 0.0, 1), Stat(0.5, 0.0, 3)]], 3,
+    )  # fmt: skip
+    order = ["mine", "z", "a (reference)"]
+    fig = figures.heatmap_figure(
+        grid, TITLE, LABEL, order, {"mine": 1, "z": 2, "a (reference)": 3}, frozenset({"mine"})
+    )
+    assert_all_inside(fig)
+    ax = fig.axes[0]
+    labels = ax.get_xticklabels()
+    assert [t.get_text() for t in labels] == ["1. mine", "2. z", "3. a (reference)"]
+    assert labels[0].get_color() == figures.YOURS_COLOUR and labels[0].get_fontweight() == "bold"
+    assert labels[1].get_color() != figures.YOURS_COLOUR
+    cells = [t.get_text() for t in ax.texts]
+    assert cells == ["0.90", "0.50", "0.20"]
+    red = matplotlib.colors.to_rgb(figures.YOURS_COLOUR)
+    (frame_,) = [p for p in ax.patches if p.get_edgecolor()[:3] == red]
+    assert frame_.get_x() == pytest.approx(-0.5)  # around the first column: yours
+
+
+def test_the_pairs_matrix_is_readable_with_every_reference_mechanism():
+    names = [*REFERENCE_NAMES, LONG]
+    n = len(names)
+    ahead = np.arange(n * n).reshape(n, n) % 5
+    np.fill_diagonal(ahead, 0)
+    tested = np.full((n, n), 22)
+    tested[:, -1] = tested[-1, :] = 0  # yours: one seed, nothing testable
+    np.fill_diagonal(tested, 0)
+    ranks = {m: i + 1 for i, m in enumerate(names[:-1])}
+    fig = figures.pairs_figure(ahead, tested, names, TITLE, ranks, frozenset({LONG}))
+    assert_all_inside(fig)
+    ax = fig.axes[0]
+    texts = [t.get_text() for t in ax.texts]
+    assert texts[1] == f"{ahead[0, 1]}/22" and texts[n - 1] == "--" and texts[0] == ""
+    assert [t.get_text() for t in ax.get_yticklabels()][:2] == [
+        "1. gated-deltanet (reference)",
+        "2. sliding-window (reference)",
+    ]
+    assert ax.get_yticklabels()[-1].get_color() == figures.YOURS_COLOUR

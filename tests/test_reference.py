@@ -20,6 +20,7 @@ from clitools import assert_error, invoke
 from synthbench.cli.reproduce import _sample
 from synthbench.core.task import TASKS, in_default_suite
 from synthbench.report import reference
+from synthbench.report.leaderboard import ONE_SEED_NOTE
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.schema import COLUMNS
 from synthbench.run.spec import SUITE_VERSION, RunSpec
@@ -149,6 +150,18 @@ def test_with_reference_adds_marked_runs_and_the_users_run_wins(reference_tree):
     assert reference.with_reference(user.assign(task="sort"), reference_tree)[1].empty
 
 
+def test_replaced_runs_are_the_reference_runs_yours_have(reference_tree):
+    user = reference_tree[reference_tree["mechanism"] == "softmax"]
+    replaced = reference.replaced_runs(user, reference_tree)
+    assert list(replaced.columns) == reference.REPLACED_COLUMNS
+    assert replaced[["task", "mechanism", "seed"]].values.tolist() == [["copy", "softmax", 0]]
+    # another run id, a filtered-out mechanism: nothing replaced
+    assert reference.replaced_runs(user.assign(run_id="mine"), reference_tree).empty
+    assert reference.replaced_runs(user, reference_tree, mechanisms=["linear"]).empty
+    found = reference.for_report(user, path=None)  # $SYNTHBENCH_REFERENCE unset: shipped
+    assert isinstance(found, reference.ForReport) and len(found) == 4
+
+
 def test_with_reference_drops_names_unknown_here(reference_tree):
     user = reference_tree[reference_tree["mechanism"] == "softmax"].assign(run_id="mine")
     foreign = reference_tree.assign(mechanism="gone-mechanism", run_id="gone")
@@ -178,6 +191,14 @@ def test_report_marks_reference_runs_everywhere(smoke_tree, tiny_reference, tmp_
     ]
     board = (out / "leaderboard.md").read_text()
     assert "linear (reference)" in board and "softmax (reference)" not in board
+    # your softmax run has the reference's run id: it replaced it, and the board says so
+    assert line.endswith("; 1 run of yours replaces the reference's of the same configuration "
+                         "(the leaderboard names them)")  # fmt: skip
+    assert "Replaced: 1 run of yours has the configuration (the run id)" in board
+    assert "softmax on copy (seed 0)." in board
+    assert "softmax on copy (seed 0)." in (out / "leaderboard.html").read_text()
+    # a tree of one seed: no rank interval, and one line says why
+    assert board.count(ONE_SEED_NOTE) == 1 and "Rank [95% CI]:" not in board
     assert "linear (reference)" in (out / "leaderboard.html").read_text()
     for name in ("summary.md", "category-basic.md", "curves.md"):
         assert "linear (reference)" in (out / "smoke" / "target" / name).read_text()

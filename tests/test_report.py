@@ -24,7 +24,14 @@ from synthbench.report.aggregate import (
     selected_runs,
 )
 from synthbench.report.formats import latex_escape, to_latex, to_markdown
-from synthbench.report.tables import MISSING, Stat, build_tables, category_scores, lr_grid
+from synthbench.report.tables import (
+    MISSING,
+    Stat,
+    build_tables,
+    category_scores,
+    lr_grid,
+    seeds_text,
+)
 
 NAN = float("nan")
 
@@ -271,15 +278,39 @@ def test_footnote_for_cells_not_run():
 
 def test_best_is_bold_for_every_tie_and_not_in_a_single_column_table():
     rows = frame(
-        row("copy", "softmax", 0, 0.5),
-        row("copy", "linear", 0, 0.5),
-        row("copy", "yat", 0, 0.4),
+        *(row("copy", "softmax", s, 0.5) for s in range(2)),
+        *(row("copy", "linear", s, 0.5) for s in range(2)),
+        *(row("copy", "yat", s, 0.4) for s in range(2)),
     )
     full = build_tables(rows)[0].full
     assert full.columns == ["linear", "softmax", "yat"]
     assert full.best_cells() == {(0, 0), (0, 1)}
     single = build_tables(frame(row("copy", "softmax", 0, 0.5)))[0].full
     assert single.best_cells() == set()
+
+
+def test_a_cell_with_one_seed_is_never_bold_and_shows_no_spread():
+    """yours (one seed, 1.0) beside a reference cell of three (0.8 ± 0.1): the one-seed cell
+    is plain "1.000 (n=1)", never bold nor "± 0.000"; the best of the cells with 2 seeds
+    or more is bold, and the note says so. A table of one seed throughout has no bold."""
+    rows = frame(
+        row("copy", "mine", 0, 1.0),
+        *(row("copy", "softmax (reference)", s, v) for s, v in enumerate((0.7, 0.8, 0.9))),
+        *(row("copy", "linear (reference)", s, 0.5) for s in range(3)),
+    )
+    (tables,) = build_tables(rows)
+    md, tex = to_markdown(tables.full), to_latex(tables.full)
+    (line,) = [x for x in md.splitlines() if "| copy" in x]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    assert cells[2:] == ["0.500 ± 0.000", "1.000 (n=1)", "**0.800 ± 0.100**"]
+    assert "1.000 $\\pm$" not in tex and "\\textbf{1.000" not in tex and "1.000 (n=1)" in tex
+    assert "best in bold (of the cells with 2 seeds or more)" in md
+    alone = build_tables(frame(row("copy", "a", 0, 0.9), row("copy", "b", 0, 0.5)))[0]
+    md = to_markdown(alone.full)
+    assert "**" not in md.split("\n\n")[1] and "± " not in md.split("\n\n")[1]
+    assert "best in bold" not in md and "one seed (no spread to show)" in md
+    summary = to_markdown(alone.summary[0])
+    assert "0.900 " in summary and "0.900 ±" not in summary
 
 
 def test_two_protocols_two_sets_of_tables(rows):
@@ -413,6 +444,21 @@ def test_length_points():
     assert points.loc[2.0, "mean"] == pytest.approx(0.4)
     assert points.loc[4.0, "mean"] == pytest.approx(0.2)
     assert points.loc[2.0, "std"] == pytest.approx(math.sqrt(0.02))
+    assert points["n"].tolist() == [2, 2, 2]  # the seeds behind each point, for the title
+
+
+def test_a_figure_title_states_the_seeds_it_shows():
+    def counts(*pairs):
+        return pd.DataFrame(pairs, columns=["mechanism", "seeds"])
+
+    assert seeds_text(counts(("a", 3), ("b", 3))) == "mean over 3 seeds"
+    assert seeds_text(counts(("a", 1))) == "mean over 1 seed"
+    assert seeds_text(counts(("a", 1), ("b", 3))) == "mean over 1 to 3 seeds"
+    yours_and_reference = counts(("mine", 1), ("softmax (reference)", 2), ("linear (reference)", 3))
+    assert seeds_text(yours_and_reference, "mean ± std") == (
+        "mean ± std over 1 seed (yours), 2 to 3 seeds (reference)"
+    )
+    assert seeds_text(counts(("a (reference)", 3))) == "mean over 3 seeds"  # the reference alone
 
 
 def test_aggregate_without_failures_warns_nothing():

@@ -4,13 +4,26 @@ edge) and on the learning-curve area, against hand computations."""
 
 from __future__ import annotations
 
+import io
+
 import pandas as pd
 import pytest
 from test_report import frame, row
 
 from synthbench.report.formats import to_markdown
-from synthbench.report.separation import CLOSE, EDGE, FLIP, NO_SE, NOISE, SEEDS, grids, separation
-from synthbench.report.tables import MISSING
+from synthbench.report.separation import (
+    CLOSE,
+    CSV_COLUMNS,
+    EDGE,
+    FLIP,
+    NO_SE,
+    NOISE,
+    SEEDS,
+    csv_text,
+    grids,
+    head_to_head,
+    separation,
+)
 from synthbench.run.protocols import curve_points
 
 POINTS = curve_points(100)
@@ -182,52 +195,67 @@ def test_the_count_of_informative_tasks():
     assert counts.loc["area", "silent"] == ["sort", "kv_recall", "stack"]
 
 
-def test_the_separation_tables():
-    result = separation(informative_rows())
-    target_counts, target, area_counts, area = grids(result, "smoke", 1)
-    assert target.columns == ["pairs apart", "a vs b"]
-    assert target.rows == [
-        ("Basic", "copy"),
-        ("Basic", "reverse"),
-        ("Basic", "sort"),
-        ("Memory", "kv_recall"),
-        ("Reasoning", "stack"),
-    ]
-    assert [c for _, c in target.cells] == ["a +0.37", "noise", "flip", "edge", MISSING]
-    assert [c for _, c in area.cells] == ["a +0.37", "a +0.08", "flip", "edge", MISSING]
-    # how many pairs each task separates, of those that both ran it (stack: a alone)
-    assert [n for n, _ in target.cells] == ["1/1", "0/1", "0/1", "0/1", MISSING]
-    assert [n for n, _ in area.cells] == ["1/1", "1/1", "0/1", "0/1", MISSING]
-    # head to head: a ahead of b on 1 (target) or 2 (area) of the 4 tasks both ran
-    assert target_counts.rows == [("a",), ("b",)] and target_counts.columns == ["a", "b"]
-    assert target_counts.cells == [[MISSING, "1/4"], ["0/4", MISSING]]
-    assert area_counts.cells == [[MISSING, "2/4"], ["0/4", MISSING]]
-    assert "Pairs told apart by at least one task: 1 of 1. By none: none." in to_markdown(
-        target_counts
-    )
-    md = to_markdown(target)
-    assert "Informative tasks (at least one pair separates): 1 of 5." in md
-    assert "Separating nothing: reverse, sort, kv_recall, stack." in md
-    assert "target: token_acc on every task." in md
-    assert "Informative tasks (at least one pair separates): 2 of 5." in to_markdown(area)
-
-
-def test_head_to_head_names_the_pairs_no_task_tells_apart():
-    """c copies b on copy: a is ahead of both there, b and c are never told apart, and c
-    ran copy alone of the five tasks."""
+def test_the_decisive_pairs_tables():
+    """b, a and c in the board's order: b against a, then a against c. Target: copy
+    separates a (ahead) from b, sort flips, reverse is within noise, kv_recall has an lr at
+    the edge (untested), stack was run by a alone; c ran copy alone, a ahead of it there."""
     rows = pd.concat(
         [informative_rows(), frame(*cell("copy", "c", [0.5, 0.55, 0.6], se=0.01))],
         ignore_index=True,
     )
-    target_counts, target, _, _ = grids(separation(rows), "smoke", 1)
-    assert target_counts.cells == [
-        [MISSING, "1/4", "1/1"],
-        ["0/4", MISSING, "0/1"],
-        ["0/1", "0/1", MISSING],
+    target, area = grids(separation(rows), "smoke", 1, ranked=["b", "a", "c"])
+    assert target.columns == ["ranks", "tasks apart", "upper ahead on", "lower ahead on"]
+    assert target.rows == [("b vs a",), ("a vs c",)]
+    assert target.cells == [
+        ["1-2", "1/4 (1 untested)", "none", "copy"],
+        ["2-3", "1/1", "copy", "none"],
     ]
-    md = to_markdown(target_counts)
-    assert "Pairs told apart by at least one task: 2 of 3. By none: b vs c." in md
-    assert target.rows[0] == ("Basic", "copy") and target.cells[0][0] == "2/3"
+    # flat curves: the area separates copy and reverse (0.08 each seed, no SE asked)
+    assert area.cells[0] == ["1-2", "2/4 (1 untested)", "none", "copy, reverse"]
+    md = to_markdown(target)
+    assert "Informative tasks (at least one pair separates): 1 of 5." in md
+    assert "Separating nothing: reverse, sort, kv_recall, stack." in md
+    assert "target: token_acc on every task." in md
+    assert "Pairs of mechanisms told apart by at least one task: 2 of 3." in md
+    assert "separation.csv" in md and "&lt;" not in md and "n<2" not in md
+    assert "Informative tasks (at least one pair separates): 2 of 5." in to_markdown(area)
+    # by default every mechanism, by name
+    default, _ = grids(separation(rows), "smoke", 1)
+    assert default.rows == [("a vs b",), ("b vs c",)]
+
+
+def test_a_long_list_of_tasks_is_cut():
+    tasks = [f"t{i}" for i in range(9)]
+    rows = frame(*(r for t in tasks for m, v in (("a", [0.9, 0.92]), ("b", [0.5, 0.55]))
+                   for r in cell(t, m, v)))  # fmt: skip
+    target, _ = grids(separation(rows), "smoke", 1, ranked=["a", "b"])
+    assert target.cells[0][1:3] == ["9/9", "t0, t1, t2, t3, t4, t5 (+3 more)"]
+
+
+def test_head_to_head_counts_only_tested_tasks():
+    """c copies b on copy: a is ahead of both there, b and c are never told apart, c ran
+    copy alone; kv_recall (lr at an edge) tests nothing."""
+    rows = pd.concat(
+        [informative_rows(), frame(*cell("copy", "c", [0.5, 0.55, 0.6], se=0.01))],
+        ignore_index=True,
+    )
+    result = separation(rows)
+    target = result.pairs[result.pairs["measure"] == "target"]
+    ahead, tested = head_to_head(target, ["a", "b", "c"])
+    assert ahead.tolist() == [[0, 1, 1], [0, 0, 0], [0, 0, 0]]
+    assert tested.tolist() == [[0, 3, 1], [3, 0, 1], [1, 1, 0]]
+
+
+def test_the_csv_holds_every_pair():
+    result = separation(informative_rows())
+    table = pd.read_csv(io.StringIO(csv_text(result, "smoke")))
+    assert list(table.columns) == CSV_COLUMNS
+    assert len(table) == 4 * 2  # 4 tasks both ran, 2 measures; stack was a's alone
+    copy = table[(table["task"] == "copy") & (table["measure"] == "target")].iloc[0]
+    assert copy["separated"] and copy["ahead"] == "a"
+    assert copy["difference"] == pytest.approx((0.40 + 0.37 + 0.35) / 3, abs=1e-5)
+    sort = table[(table["task"] == "sort") & (table["measure"] == "target")].iloc[0]
+    assert sort["reason"] == FLIP and pd.isna(sort["ahead"])
 
 
 def test_protocols_are_separated_apart():
@@ -240,6 +268,6 @@ def test_protocols_are_separated_apart():
     assert counts.loc[("quick", "target"), "tasks"] == 1
     assert counts.loc[("quick", "target"), "informative"] == 0
     assert counts.loc[("smoke", "target"), "tasks"] == 5
-    (quick_counts, quick_target, _, _) = grids(result, "quick", 1)
-    assert quick_target.columns == ["pairs apart"] and quick_target.rows == [("Basic", "copy")]
-    assert quick_target.cells == [[MISSING]] and quick_counts.cells == [[MISSING]]
+    quick_target, _ = grids(result, "quick", 1)
+    assert quick_target.rows == [] and "Fewer than 2 ranked mechanisms" in to_markdown(quick_target)
+    assert csv_text(result, "quick").strip() == ",".join(CSV_COLUMNS)

@@ -411,8 +411,8 @@ def length_metric(metric: str) -> str:
 
 def length_points(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
     """Accuracy against evaluation length, for the runs evaluated at a longer length: per
-    (protocol, task, mechanism, mult) the mean and std over seeds, mult 1 being the trained
-    length and the others ``long_<metric>`` (``length_metric``)."""
+    (protocol, task, mechanism, mult) the mean, std and number (n) of seeds, mult 1 the
+    trained length and the others ``long_<metric>`` (``length_metric``)."""
     base = length_metric(metric)
     rows = label_variants(rows[rows["eval_length_mult"].notna()]) if len(rows) else rows
     ok = rows[(rows["status"] == "ok") & rows["selected"].astype(bool)]
@@ -422,4 +422,5 @@ def length_points(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFr
     # runs at several multipliers train the same model: one trained-length value per seed
     points = pd.concat([trained, longer]).groupby([*keys, "mult"])["value"].mean().reset_index()
     stats = points.groupby(["protocol", "task", "mechanism", "mult"])["value"]
-    return stats.agg(mean="mean", std=lambda v: v.std(ddof=1) if len(v) > 1 else 0.0).reset_index()
+    std = lambda v: v.std(ddof=1) if len(v) > 1 else 0.0  # noqa: E731
+    return stats.agg(mean="mean", std=std, n="count").reset_index()

@@ -99,12 +99,14 @@ def mean_curves(curves: pd.DataFrame) -> pd.DataFrame:
 
 
 def _steps_text(values: pd.Series, n_seeds: int) -> str:
-    """mean ± std over the seeds that reached the threshold, and how many never did."""
+    """mean ± std over the seeds that reached the threshold (the mean alone for one), and
+    how many never did."""
     reached = values.dropna()
     never = len(values) - len(reached)
     if len(reached):
         stat = stat_over_seeds(reached)
-        text = f"{stat.mean:.0f} ± {stat.std:.0f}" + (f" ({never} {NEVER})" if never else "")
+        spread = f" ± {stat.std:.0f}" if stat.n > 1 else ""  # one seed: no spread to show
+        text = f"{stat.mean:.0f}{spread}" + (f" ({never} {NEVER})" if never else "")
     else:
         text = NEVER
     return text if len(values) >= n_seeds else f"{text} (n={len(values)})"

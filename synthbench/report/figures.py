@@ -70,60 +70,175 @@ def fit_title(text: matplotlib.text.Text) -> int:
         lines = _wrap(title, chars)
 
 
+LEGEND_ROW = 0.2  # inches: one row of a 7-point legend under the panels
+
+
+def add_legend(fig, handles, labels, most_columns: int = 6) -> int:
+    """One legend under the panels, in as many columns (at most ``most_columns``) as the
+    figure's width holds, measured as drawn: a legend wider than its figure is cut at both
+    sides. Returns its number of rows, for the figure's height."""
+    room = (fig.get_figwidth() - 2 * TITLE_MARGIN) * fig.dpi
+    renderer = fig.canvas.get_renderer()
+    for columns in range(max(1, min(most_columns, len(labels))), 0, -1):
+        legend = fig.legend(handles, labels, fontsize=7, loc="outside lower center", ncol=columns)
+        if columns == 1 or legend.get_window_extent(renderer).width <= room:
+            return -(-len(labels) // columns)
+        legend.remove()
+    return 0
+
+
+def _grow_for_legend(fig, rows: int) -> None:
+    """Add ``rows`` legend rows to the figure's height (the panels keep theirs)."""
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width, height + LEGEND_ROW * rows)
+
+
 def heatmap(
-    full: Grid, title: str, stem: Path, suffixes: list[str], label: str = "accuracy"
+    full: Grid,
+    title: str,
+    stem: Path,
+    suffixes: list[str],
+    label: str = "accuracy",
+    order: list[str] | None = None,
+    ranks: dict[str, int] | None = None,
+    yours: frozenset[str] = frozenset(),
 ) -> list[Path]:
     """Tasks (grouped by category) x mechanisms, colour and text the seed mean; a missing
     cell is grey with ``--``, never drawn as 0. The colours span [0, 1] (``label`` names the
-    colour bar): a chance-normalised score below 0 takes the colour of 0, its text says."""
-    return _save(heatmap_figure(full, title, label), stem, suffixes)
+    colour bar): a chance-normalised score below 0 takes the colour of 0, its text says.
+    ``order``: the mechanisms left to right (the board's rank order; default the grid's),
+    each named with its rank in ``ranks``; the columns of ``yours`` are marked apart."""
+    figure = heatmap_figure(full, title, label, order, ranks, yours)
+    return _save(figure, stem, suffixes)
 
 
-def heatmap_figure(full: Grid, title: str, label: str = "accuracy"):
+YOURS_COLOUR = "#c0392b"  # a user's mechanism beside the reference's: its labels and frame
+
+
+def heatmap_figure(
+    full: Grid,
+    title: str,
+    label: str = "accuracy",
+    order: list[str] | None = None,
+    ranks: dict[str, int] | None = None,
+    yours: frozenset[str] = frozenset(),
+):
     """The figure of ``heatmap``, not saved."""
+    order = list(full.columns) if order is None else order
+    at = {m: j for j, m in enumerate(full.columns)}
     means = np.array(
         [[v.mean if isinstance(v, Stat) else np.nan for v in row] for row in full.cells]
+    ).reshape(len(full.rows), len(full.columns))[:, [at[m] for m in order]]
+    texts = [["--" if np.isnan(v) else f"{v:.2f}" for v in row] for row in means]
+    categories = [cat for cat, _ in full.rows]
+    fig, ax = _matrix_figure(
+        means,
+        texts,
+        [f"{task}  ({cat})" for cat, task in full.rows],
+        _ranked_labels(order, ranks),
+        title,
+        label,
+        "viridis",
+        [j for j, m in enumerate(order) if m in yours],
     )
-    n_tasks, n_mechs = means.shape
-    task_labels = [f"{task}  ({cat})" for cat, task in full.rows]
-    # margins in inches from the label lengths: an automatic layout draws the figure once
-    # more per format, which doubles the time of a large heatmap
-    left = 0.3 + CHAR_INCHES * max(map(len, task_labels))
+    for i in range(1, len(full.rows)):  # a line between categories
+        if categories[i] != categories[i - 1]:
+            ax.axhline(i - 0.5, color="white", linewidth=2)
+    return fig
+
+
+def _ranked_labels(mechanisms: list[str], ranks: dict[str, int] | None) -> list[str]:
+    """The mechanisms' names, each after its board rank where it has one: "3. linear"."""
+    ranks = ranks or {}
+    return [f"{ranks[m]}. {m}" if m in ranks else m for m in mechanisms]
+
+
+def _matrix_figure(values, texts, row_labels, column_labels, title, label, cmap, marked=(),
+                   axes_names=("", "")):  # fmt: skip
+    """A matrix of coloured cells in [0, 1] with its text in each (a NaN cell grey), rows and
+    columns named, a colour bar named ``label``, the title above; the columns (and, for a
+    square matrix, the rows) at the indices ``marked`` are framed and named in
+    ``YOURS_COLOUR``; ``axes_names``: what the columns and the rows are (x and y labels).
+    The margins come from the label lengths: an automatic layout draws the figure once more
+    per format, which doubles the time of a large matrix."""
+    n_rows, n_columns = values.shape
+    named = 0.25  # inches: an axis name's line, beyond its tick labels
+    left = 0.3 + CHAR_INCHES * max(map(len, row_labels)) + (named if axes_names[1] else 0)
     # the first name, at 40 degrees, reaches left of its column by about 0.77 of its length
-    left = max(left, 0.77 * CHAR_INCHES * len(full.columns[0]) - 0.2)
-    bottom = 0.3 + 0.7 * CHAR_INCHES * max(map(len, full.columns))  # names at 40 degrees
+    left = max(left, 0.77 * CHAR_INCHES * len(column_labels[0]) - 0.2)
+    bottom = 0.3 + 0.7 * CHAR_INCHES * max(map(len, column_labels))  # names at 40 degrees
+    bottom += named if axes_names[0] else 0
     right = 1.0  # the colour bar
-    width = left + right + 0.6 * n_mechs
+    width = left + right + 0.6 * n_columns
     fig = plt.figure(figsize=(width, 1))
     # the title over the whole figure, wrapped to its width; the top margin grows with it
     heading = fig.suptitle(title, fontsize=TITLE_SIZE, va="top")
     top = 0.25 + fit_title(heading) * 1.25 * TITLE_SIZE / 72
     # a row 0.3 inches high; a few rows stand taller, so that the colour bar beside them
     # holds its label
-    plot = max(0.3 * n_tasks, CHAR_INCHES * len(label))
+    plot = max(0.3 * n_rows, CHAR_INCHES * len(label))
     height = bottom + top + plot
     fig.set_size_inches(width, height)
     heading.set_y(1 - 0.1 / height)
-    ax = fig.add_axes((left / width, bottom / height, 0.6 * n_mechs / width, plot / height))
+    ax = fig.add_axes((left / width, bottom / height, 0.6 * n_columns / width, plot / height))
+    ax.set_xlabel(axes_names[0], fontsize=8)
+    ax.set_ylabel(axes_names[1], fontsize=8)
     bar = fig.add_axes(
         ((width - right + 0.15) / width, bottom / height, 0.15 / width, plot / height)
     )
     ax.set_facecolor("#dddddd")
-    image = ax.imshow(np.ma.masked_invalid(means), cmap="viridis", vmin=0, vmax=1, aspect="auto")
-    for i in range(n_tasks):
-        for j in range(n_mechs):
-            value = means[i, j]
-            text = "--" if np.isnan(value) else f"{value:.2f}"
-            colour = "black" if np.isnan(value) or value > 0.6 else "white"
-            ax.text(j, i, text, ha="center", va="center", fontsize=7, color=colour)
-    ax.set_xticks(range(n_mechs), full.columns, rotation=40, ha="right", fontsize=8)
-    ax.set_yticks(range(n_tasks), task_labels, fontsize=8)
-    categories = [cat for cat, _ in full.rows]
-    for i in range(1, n_tasks):  # a line between categories
-        if categories[i] != categories[i - 1]:
-            ax.axhline(i - 0.5, color="white", linewidth=2)
+    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=0, vmax=1, aspect="auto")
+    light = cmap != "viridis"  # a light low end: dark text there, white on the dark high end
+    for i in range(n_rows):
+        for j in range(n_columns):
+            value = values[i, j]
+            dark_cell = not np.isnan(value) and (value > 0.6 if light else value <= 0.6)
+            ax.text(j, i, texts[i][j], ha="center", va="center", fontsize=7,
+                    color="white" if dark_cell else "black")  # fmt: skip
+    ax.set_xticks(range(n_columns), column_labels, rotation=40, ha="right", fontsize=8)
+    ax.set_yticks(range(n_rows), row_labels, fontsize=8)
+    ticks = [ax.get_xticklabels()] + ([ax.get_yticklabels()] if n_rows == n_columns else [])
+    for j in marked:
+        frame = plt.Rectangle((j - 0.5, -0.5), 1, n_rows, fill=False, edgecolor=YOURS_COLOUR,
+                              linewidth=1.5, clip_on=False)  # fmt: skip
+        ax.add_patch(frame)
+        for labels in ticks:
+            labels[j].set(color=YOURS_COLOUR, fontweight="bold")
     fig.colorbar(image, cax=bar).set_label(label, fontsize=8)
-    return fig
+    return fig, ax
+
+
+def pairs_matrix(
+    ahead: np.ndarray,
+    tested: np.ndarray,
+    mechanisms: list[str],
+    title: str,
+    stem: Path,
+    suffixes: list[str],
+    ranks: dict[str, int] | None = None,
+    yours: frozenset[str] = frozenset(),
+) -> list[Path]:
+    """Separation head to head (synthbench/report/separation.py ``head_to_head``): in row a,
+    column b, on how many tasks a is ahead of b and the pair separates, of the tasks the
+    rules could test them on, coloured by that share (grey, ``--``: none could); the
+    mechanisms in the board's order, named with their ``ranks``, ``yours`` marked apart."""
+    return _save(pairs_figure(ahead, tested, mechanisms, title, ranks, yours), stem, suffixes)
+
+
+def pairs_figure(ahead, tested, mechanisms, title, ranks=None, yours=frozenset()):
+    """The figure of ``pairs_matrix``, not saved."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(tested > 0, ahead / tested, np.nan)
+    texts = [
+        ["" if i == j else f"{ahead[i, j]}/{tested[i, j]}" if tested[i, j] else "--"
+         for j in range(len(mechanisms))]
+        for i in range(len(mechanisms))
+    ]  # fmt: skip
+    labels = _ranked_labels(mechanisms, ranks)
+    label = "share of the tested tasks on which the row is ahead"
+    marked = [j for j, m in enumerate(mechanisms) if m in yours]
+    names = ("behind: the column's mechanism", "ahead: the row's mechanism")
+    return _matrix_figure(share, texts, labels, labels, title, label, "Blues", marked, names)[0]
 
 
 def category_bars(
@@ -230,14 +345,8 @@ def length_figure(points: pd.DataFrame, title: str):
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
             legend.setdefault(label, handle)
-    fig.legend(
-        list(legend.values()),
-        list(legend),
-        fontsize=7,
-        loc="outside lower center",
-        ncol=min(5, max(1, len(legend))),
-    )
-    fit_title(fig.suptitle(title, fontsize=TITLE_SIZE))
+    _grow_for_legend(fig, add_legend(fig, list(legend.values()), list(legend), 5))
+    _grow_for_legend(fig, fit_title(fig.suptitle(title, fontsize=TITLE_SIZE)) - 1)
     return fig
 
 
@@ -258,11 +367,10 @@ def learning_figure(curves: pd.DataFrame, title: str):
     colour = {m: colours(i % colours.N) for i, m in enumerate(mechanisms)}
     columns = min(4, len(tasks))
     rows = -(-len(tasks) // columns)
-    legend_rows = -(-len(mechanisms) // min(6, len(mechanisms)))
     fig, axes = plt.subplots(
         rows,
         columns,
-        figsize=(max(4.5, 2.6 * columns), 0.5 + 0.25 * legend_rows + 1.9 * rows),
+        figsize=(max(4.5, 2.6 * columns), 0.5 + 1.9 * rows),
         squeeze=False,
         sharex=True,
         sharey=True,
@@ -292,14 +400,8 @@ def learning_figure(curves: pd.DataFrame, title: str):
     for ax in axes[:, 0]:
         ax.set_ylabel("val. accuracy", fontsize=7)
     handles = [plt.Line2D([], [], color=colour[m], linewidth=1.5) for m in mechanisms]
-    fig.legend(
-        handles,
-        mechanisms,
-        fontsize=7,
-        loc="outside lower center",
-        ncol=min(6, len(mechanisms)),
-    )
-    fit_title(fig.suptitle(title, fontsize=TITLE_SIZE))
+    _grow_for_legend(fig, add_legend(fig, handles, mechanisms))
+    _grow_for_legend(fig, fit_title(fig.suptitle(title, fontsize=TITLE_SIZE)) - 1)
     return fig
 
 
@@ -349,10 +451,8 @@ def _finish_accuracy_panels(fig, axes, colour: dict, title: str, stem: Path, suf
     for ax in axes[:, 0]:
         ax.set_ylabel("target accuracy", fontsize=7)
     handles = [plt.Line2D([], [], color=colour[m], marker="o", markersize=3) for m in colour]
-    fig.legend(
-        handles, list(colour), fontsize=7, loc="outside lower center", ncol=min(6, len(colour))
-    )
-    fit_title(fig.suptitle(title, fontsize=TITLE_SIZE))
+    _grow_for_legend(fig, add_legend(fig, handles, list(colour)))
+    _grow_for_legend(fig, fit_title(fig.suptitle(title, fontsize=TITLE_SIZE)) - 1)
     return _save(fig, stem, suffixes)
 
 

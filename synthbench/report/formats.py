@@ -11,11 +11,15 @@ from synthbench.report.tables import MISSING, Cell, Grid
 
 
 def _text(value: Cell, grid: Grid, pm: str) -> str:
+    """A cell as printed: ``mean ± std``, the mean alone for one seed (a spread of one value
+    says nothing), ``(n=k)`` after a cell with fewer seeds than the table's."""
     if value is None:
         return MISSING
     if isinstance(value, str):
         return value
-    text = f"{value.mean:.{grid.digits}f} {pm} {value.std:.{grid.digits}f}"
+    text = f"{value.mean:.{grid.digits}f}"
+    if value.n > 1:
+        text += f" {pm} {value.std:.{grid.digits}f}"
     return text if value.n >= grid.n_seeds else f"{text} (n={value.n})"
 
 
@@ -96,18 +100,25 @@ def latex_escape(text: str) -> str:
         "≈": r"$\approx$",
         "→": r"$\to$",
         "Δ": r"$\Delta$",
+        "√": r"$\surd$",
+        "·": r"$\cdot$",
     }
     return "".join(replacements.get(ch, ch) for ch in str(text))
 
 
-def to_latex(grid: Grid) -> str:
+def to_latex(grid: Grid, notes_below: bool = False) -> str:
     """A booktabs tabular (needs ``\\usepackage{booktabs}``); repeated group labels in the
-    first column are printed once, with a rule between groups."""
+    first column are printed once, with a rule between groups. The notes are its last rows,
+    or, with ``notes_below``, a paragraph below it (``latex_notes``: long notes wrap there).
+    """
     best = grid.best_cells()
     width = len(grid.row_headers) + len(grid.columns)
     lines = [
-        f"% {latex_escape(grid.title)}; needs \\usepackage{{booktabs}}",
-        r"\begin{tabular}{" + "l" * len(grid.row_headers) + "c" * len(grid.columns) + "}",
+        f"% {latex_escape(grid.title)}; needs \\usepackage{{{_packages(grid)}}}",
+        r"\begin{tabular}{"
+        + "l" * len(grid.row_headers)
+        + (grid.latex_columns or "c" * len(grid.columns))
+        + "}",
         r"\toprule",
         " & ".join(latex_escape(h) for h in [*grid.row_headers, *grid.columns]) + r" \\",
         r"\midrule",
@@ -123,12 +134,30 @@ def to_latex(grid: Grid) -> str:
         texts = [rf"\textbf{{{t}}}" if (i, j) in best else t for j, t in enumerate(texts)]
         lines.append(" & ".join([*map(latex_escape, labels), *texts]) + r" \\")
     lines.append(r"\bottomrule")
-    lines += [
-        rf"\multicolumn{{{width}}}{{l}}{{\footnotesize {latex_escape(note)}}} \\"
-        for note in grid.shown_notes()
-    ]
+    if not notes_below:
+        lines += [
+            rf"\multicolumn{{{width}}}{{l}}{{\footnotesize {latex_escape(note)}}} \\"
+            for note in grid.shown_notes()
+        ]
     lines.append(r"\end{tabular}")
-    return "\n".join(lines) + "\n"
+    text = "\n".join(lines) + "\n"
+    return text + latex_notes(grid.shown_notes()) if notes_below else text
+
+
+def _packages(grid: Grid) -> str:
+    """What a grid's tabular needs: booktabs, and array where a column type says ``>{...}``
+    (a wrapped column set ragged right)."""
+    return "booktabs,array" if ">" in (grid.latex_columns or "") else "booktabs"
+
+
+RAGGED = r">{\raggedright\arraybackslash}"  # a p{} column's text set ragged, not justified
+
+
+def latex_notes(notes: list[str]) -> str:
+    """Notes below a tabular, as a paragraph in small type: they wrap at the width of the
+    text around them, where notes in a table cell would widen the table to their length."""
+    body = "\n".join(f"{latex_escape(note)}\\par" for note in notes)
+    return f"{{\\footnotesize\\par\\smallskip\n{body}\n\\par}}\n"
 
 
 def latex_document(fragments: list[str]) -> str:
@@ -136,6 +165,6 @@ def latex_document(fragments: list[str]) -> str:
     body = "\n\\bigskip\n\n".join(fragments)
     return (
         "\\documentclass{article}\n\\usepackage[margin=1cm,landscape]{geometry}\n"
-        "\\usepackage{booktabs}\n\\begin{document}\n\\small\n"
+        "\\usepackage{booktabs,array}\n\\begin{document}\n\\small\n"
         f"{body}\n\\end{{document}}\n"
     )

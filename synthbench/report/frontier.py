@@ -417,14 +417,20 @@ def frontier_grid(
 
 def state_points(runs: pd.DataFrame) -> pd.DataFrame:
     """Per (protocol, version, task, mechanism, grid point): declared state size and the
-    mean and std of the target accuracy over seeds; rows without a state left out."""
+    mean, std and number (n_seeds) of seeds of the target accuracy; rows without a state
+    left out."""
     if runs.empty:
         return pd.DataFrame()
     runs = runs[np.isfinite(runs["state"].astype(float))]
     keys = [c for c in runs.columns if c not in ("seed", "value", "state")]
     stats = (
         runs.groupby(keys, dropna=False, sort=False)
-        .agg(state=("state", "first"), mean=("value", "mean"), std=("value", "std"))
+        .agg(
+            state=("state", "first"),
+            mean=("value", "mean"),
+            std=("value", "std"),
+            n_seeds=("value", "count"),  # not "n": a task knob may be named so
+        )
         .reset_index()
     )
     stats["std"] = stats["std"].fillna(0.0)

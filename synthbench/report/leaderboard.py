@@ -7,9 +7,10 @@ so every category weighs the same whatever its number of tasks.
 
 Seed s is the same data stream and initialisation seed for every mechanism, so the score
 of one seed (the same mean over categories of that seed's task scores) is comparable across
-mechanisms. The interval is the t-interval of the per-seed scores; the ≈ mark is the paired
-t-interval of two neighbours' per-seed score differences. A bootstrap over 3 seeds, the
-usual count, has only 10 distinct resamples: too few to draw a 95% interval from.
+mechanisms. The score's interval is the t-interval of the per-seed scores (a bootstrap over
+3 seeds alone, the usual count, has only 10 distinct resamples); the ≈ mark is the paired
+t-interval of two neighbours' per-seed score differences. How sure the order is, over tasks
+and seeds together, is the rank interval and the tiers (synthbench/report/rank_intervals.py).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ import pandas as pd
 
 from synthbench.core.task import CATEGORIES
 from synthbench.core.text import plural
+from synthbench.report import rank_intervals
 from synthbench.report.aggregate import CHANCE_COLUMN, normalise
-from synthbench.report.formats import markdown_table
-from synthbench.report.tables import score_note
+from synthbench.report.formats import latex_escape, latex_notes, markdown_table
+from synthbench.report.tables import score_note, track_text
 
 CONFIDENCE = 0.95
 
@@ -82,12 +84,18 @@ class Leaderboard:
     # score, ci_low, ci_high (NaN below 2 seeds), ci_seeds (the seeds the interval is over),
     # same_as_next (not significantly above the next one), n_tasks, leaky_tasks (refused as
     # leaky: it sees later positions), diverged_runs (scored as no right answer), complete,
-    # then one column per category with its mean
+    # fewest_seeds (the fewest seeds of its cells), then one column per category with its
+    # mean, then rank_low, rank_high (the bootstrap's rank interval) and tier (NA where the
+    # board has no bootstrap: one seed; and for unranked mechanisms)
     table: pd.DataFrame
     # seed index, mechanism columns: the per-seed score (NaN where the seed lacks a task)
     per_seed: pd.DataFrame
     generated: str = field(default_factory=lambda: date.today().isoformat())
     track: str = "core"  # synthbench/run/protocols.py: the rule alone, or published layers
+    draws: int = 0  # the bootstrap's draws (rank_intervals.DRAWS), 0 where none was drawn
+    # the reference runs the user's runs replaced (the same run id): task, mechanism, seed
+    # (synthbench/report/reference.py ``replaced_runs``), named in the notes
+    replaced: pd.DataFrame | None = None
 
 
 def _category_scores(task_means: np.ndarray, task_categories: list[str], categories: list[str]):
@@ -133,6 +141,8 @@ def build(
     leaky_tasks: dict[str, int] | None = None,
     diverged: pd.DataFrame | None = None,
     track: str = "core",
+    replaced: pd.DataFrame | None = None,
+    intervals: bool = True,
 ) -> Leaderboard:
     """``runs``: one row per successful run of one protocol version, with columns category,
     task, mechanism, seed and score (``report.selected_runs``). A run whose score is NaN (no
@@ -144,7 +154,10 @@ def build(
     task, mechanism, seed; ``ReportTables.diverged``): each scores what no right answer
     scores on its task, and a mechanism with any is ranked below every one without, so a
     layer that diverges is never dropped from the ranking nor lifted by its surviving seeds.
-    ``track``: the track the board shows, said in its notes."""
+    ``track``: the track the board shows, said in its notes. ``replaced``: the reference
+    runs the user's runs of the same run id replaced (task, mechanism, seed), said in its
+    notes. With ``intervals`` and 2 seeds or more, the ranked mechanisms get a rank interval
+    and a tier (synthbench/report/rank_intervals.py)."""
     order = {c: i for i, c in enumerate(CATEGORIES)}
     diverged = _no_diverged() if diverged is None else diverged[_DIVERGED_KEYS]
     tasks = sorted(
@@ -176,9 +189,10 @@ def build(
     }
 
     lowest = _category_scores(lowest_per_task, task_categories, categories)[1]
-    means, per_seed, rows = {}, {}, []
+    means, per_seed, seeds, rows = {}, {}, {}, []
     for m in mechanisms:
         mine = by_mechanism.get(m, pd.DataFrame()).reindex(columns=columns)
+        seeds[m] = mine
         means[m] = mine.mean(axis=0).to_numpy()
         complete = bool(len(mine)) and not np.isnan(means[m]).any()
         # the seeds with a score on every task
@@ -199,11 +213,12 @@ def build(
                 "leaky_tasks": int((leaky_tasks or {}).get(m, 0)),
                 "diverged_runs": int(diverged_runs.get(m, 0)),
                 "complete": complete,
+                "fewest_seeds": int(mine.notna().sum().min()) if len(mine) else 0,
                 **{c: float(s) for c, s in zip(categories, per_category, strict=True)},
             }
         )
     fields = ["mechanism", "score", "ci_low", "ci_high", "ci_seeds", "n_tasks", "leaky_tasks",
-              "diverged_runs", "complete"]  # fmt: skip
+              "diverged_runs", "complete", "fewest_seeds"]  # fmt: skip
     table = pd.DataFrame(rows, columns=[*fields, *categories])  # the columns even when empty
     table = (
         table.assign(any_diverged=table["diverged_runs"] > 0)
@@ -222,6 +237,20 @@ def build(
         table.loc[i, "same_as_next"] = same_as_next(per_seed[upper], per_seed[lower])
     # 0 for a protocol with no successful run
     n_seeds = int(runs.groupby(["category", "task", "mechanism"]).size().max()) if len(runs) else 0
+    for column in ("rank_low", "rank_high", "tier"):
+        table[column] = pd.array([None] * len(table), dtype="Int64")
+    draws = 0
+    if intervals and n_seeds >= 2 and ranked:  # one seed: nothing to resample or compare
+        draws = rank_intervals.DRAWS
+        cells = [[seeds[m][task].dropna().to_numpy() for task in columns] for m in ranked]
+        drawn = rank_intervals.draw_ranks(
+            cells, task_categories, [int(r > 0) for r in table["diverged_runs"][: len(ranked)]]
+        )
+        for i in range(len(ranked)):
+            low, high = rank_intervals.rank_interval(drawn.ranks[:, i], CONFIDENCE)
+            table.loc[i, ["rank_low", "rank_high"]] = [low, high]
+        next_same = table["same_as_next"][: len(ranked)].tolist()
+        table.loc[: len(ranked) - 1, "tier"] = rank_intervals.tiers(drawn, next_same, CONFIDENCE)
     return Leaderboard(
         protocol,
         protocol_version,
@@ -232,6 +261,8 @@ def build(
         table,
         pd.DataFrame(per_seed).sort_index(),
         track=track,
+        draws=draws,
+        replaced=replaced,
     )
 
 
@@ -252,22 +283,80 @@ def _interval(row) -> str:
     return f"{row['score']:.3f} [{row['ci_low']:.3f}, {row['ci_high']:.3f}]"
 
 
+def rank_text(row) -> str:
+    """A mechanism's rank and its bootstrap interval: "3 [2, 6]"; "" when unranked."""
+    if pd.isna(row["rank"]):
+        return ""
+    if pd.isna(row["rank_low"]):
+        return str(int(row["rank"]))
+    return f"{int(row['rank'])} [{int(row['rank_low'])}, {int(row['rank_high'])}]"
+
+
+def tier_text(row) -> str:
+    return "" if pd.isna(row["tier"]) else str(int(row["tier"]))
+
+
+def rank_note(board: Leaderboard) -> str:
+    """How the rank interval is drawn (docs/REPORTS.md, "Rank intervals and tiers")."""
+    tail = round(board.draws * (1 - CONFIDENCE) / 2)
+    return (
+        f"Rank [{CONFIDENCE:.0%} CI]: the board's rank, and its interval from a bootstrap over "
+        f"tasks and seeds ({board.draws:,} draws, numpy default_rng({rank_intervals.SEED})): "
+        "each draw takes, within each category, as many of its tasks as it has, at random "
+        "with replacement, and for each drawn task each mechanism's seeds likewise; the score "
+        "is recomputed and the mechanisms ranked (tied scores share the better rank; one "
+        "with diverged runs stays below every one without); the interval runs from the "
+        f"{tail:,}th to the {board.draws - tail:,}th of a mechanism's {board.draws:,} ranks, "
+        "sorted."
+    )
+
+
+TIER_NOTE = (
+    "Tier: a new tier begins below a mechanism that is significantly above the next one on "
+    f"both tests: fewer than {(1 - CONFIDENCE) / 2:.1%} of the bootstrap's draws have the next "
+    "at or above it (other tasks would keep the step), and the paired t-test over seeds tells "
+    "them apart (no ≈: other seeds would keep it)."
+)
+ONE_SEED_NOTE = (
+    "One seed: no interval (score or rank) and no tiers, since both resample or compare "
+    "seeds; and no two mechanisms can be told apart (≈)."
+)
+
+
+def interval_notes(board: Leaderboard) -> list[str]:
+    """How the rank intervals and tiers are made, where the board has them (2 seeds or
+    more), and which mechanisms' intervals miss a seed spread (a cell of one seed)."""
+    if not board.draws:
+        return []
+    notes = [rank_note(board), TIER_NOTE]
+    one_seed = board.table[board.table["rank_low"].notna() & (board.table["fewest_seeds"] < 2)]
+    if len(one_seed):
+        notes.append(
+            f"One seed on some task ({', '.join(one_seed['mechanism'])}): such a cell gives "
+            "its one value in every draw, so the rank interval holds the spread over tasks "
+            "but not over its seeds."
+        )
+    return notes
+
+
 def notes(board: Leaderboard) -> list[str]:
-    """The footnotes of the ranking, as sentences (the Markdown's; the page says the same)."""
+    """The footnotes of the ranking, as sentences (the Markdown's and the LaTeX's; the page
+    says the same)."""
     notes = [
         f"Protocol {board.protocol} v{board.protocol_version}, {TRACK_TEXT[board.track]}; "
         f"{board.metric} on the test set, up to {plural(board.n_seeds, 'seed')}; generated "
         f"{board.generated}.",
         "Score: mean over categories of the mean over their tasks of the seed-mean score; "
         "the category columns are those means. " + score_note(board.metric),
-        f"Interval: {CONFIDENCE:.0%} Student-t over seeds: score ± t(n-1) · sd / √n, sd the "
-        "standard deviation of the per-seed scores (seed s: the same data and initialisation "
-        "for every mechanism), n the seeds with a run on every task; cut to the score's "
-        "range (at most 1).",
+        f"Score interval: {CONFIDENCE:.0%} Student-t over seeds: score ± t(n-1) · sd / √n, sd "
+        "the standard deviation of the per-seed scores (seed s: the same data and "
+        "initialisation for every mechanism), n the seeds with a run on every task; cut to the "
+        "score's range (at most 1).",
         "≈: not significantly above the next mechanism: the paired "
         f"{CONFIDENCE:.0%} t-interval of their per-seed score differences reaches 0 (or they "
         "share fewer than 2 seeds).",
     ]
+    notes += interval_notes(board)
     if not board.table["complete"].all():
         notes.append(
             "Unranked: a mechanism without a score on every task (no successful run, or no "
@@ -277,11 +366,42 @@ def notes(board: Leaderboard) -> list[str]:
         notes.append(LEAKY_NOTE)
     if board.table["diverged_runs"].any():
         notes.append(DIVERGED_NOTE)
+    replaced = replaced_note(board.replaced)
+    if replaced:
+        notes.append(replaced)
     if not board.n_seeds:
         notes.append("No successful run: nothing is ranked.")
     elif board.n_seeds < 2:
-        notes.append("One seed: no interval, and no two mechanisms can be told apart (≈).")
+        notes.append(ONE_SEED_NOTE)
     return notes
+
+
+def _seed_list(seeds) -> str:
+    seeds = sorted(int(s) for s in seeds)
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
+def replaced_note(replaced: pd.DataFrame | None) -> str | None:
+    """What the board says of the reference runs the user's runs replaced (the same run id:
+    the same configuration), so that a reference cell with fewer seeds is explained where
+    it is shown; None: none was."""
+    if replaced is None or replaced.empty:
+        return None
+    parts = []
+    for mechanism, mine in replaced.groupby("mechanism", sort=True):
+        tasks = mine.groupby("task", sort=True)["seed"].unique()
+        if len(tasks) <= 4:
+            where = ", ".join(f"{task} ({_seed_list(s)})" for task, s in tasks.items())
+        else:
+            where = f"{plural(len(tasks), 'task')} ({plural(len(mine), 'run')})"
+        parts.append(f"{mechanism} on {where}")
+    one = len(replaced) == 1
+    return (
+        f"Replaced: {plural(len(replaced), 'run')} of yours "
+        f"{'has' if one else 'have'} the configuration (the run id) of a shipped reference "
+        f"run; yours {'is' if one else 'are'} shown and the reference's left out, so its "
+        f"cells there hold fewer seeds: {'; '.join(parts)}."
+    )
 
 
 LEAKY_NOTE = (
@@ -351,24 +471,61 @@ def tasks_leaky(n: int, diverged: int = 0) -> str:
     )
 
 
-def to_markdown(board: Leaderboard) -> str:
-    """The ranking as a Markdown table with its footnotes, and each mechanism's declared
-    state beside its score."""
-    n_tasks = len(board.tasks)
+def _state_text(board: Leaderboard, mechanism: str) -> str:
+    state = declared_state(mechanism, board.protocol)
+    return "--" if state is None else f"{state:,}"
+
+
+def _rows(board: Leaderboard) -> list[list[str]]:
+    """The ranking's cells as text, a row per mechanism: rank [CI], tier, mechanism (≈),
+    score [CI], each category's mean, tasks, state."""
     body = []
     for _, row in board.table.iterrows():
-        rank = "" if pd.isna(row["rank"]) else str(int(row["rank"]))
         tie = " ≈" if row["same_as_next"] else ""
         cells = ["--" if pd.isna(row[c]) else f"{row[c]:.3f}" for c in board.categories]
-        tasks = f"{row['n_tasks']}/{n_tasks}" + tasks_leaky(
+        tasks = f"{row['n_tasks']}/{len(board.tasks)}" + tasks_leaky(
             row["leaky_tasks"], row["diverged_runs"]
         )
-        state = declared_state(row["mechanism"], board.protocol)
-        state_text = "--" if state is None else f"{state:,}"
-        body.append([rank, row["mechanism"] + tie, _interval(row), *cells, tasks, state_text])
-    state_header, state_note = state_column(board.track)
-    headers = ["rank", "mechanism", f"score [{CONFIDENCE:.0%} CI]", *board.categories, "tasks",
-               state_header]  # fmt: skip
-    text = markdown_table(body, headers)
-    lines = [*notes(board), state_note]
+        body.append(
+            [rank_text(row), tier_text(row), row["mechanism"] + tie, _interval(row), *cells,
+             tasks, _state_text(board, row["mechanism"])]
+        )  # fmt: skip
+    return body
+
+
+def _headers(board: Leaderboard) -> list[str]:
+    return [f"rank [{CONFIDENCE:.0%} CI]", "tier", "mechanism", f"score [{CONFIDENCE:.0%} CI]",
+            *board.categories, "tasks", state_column(board.track)[0]]  # fmt: skip
+
+
+def to_markdown(board: Leaderboard) -> str:
+    """The ranking as a Markdown table with its footnotes: each mechanism's rank with its
+    bootstrap interval, its tier, its score with its t-interval, and its declared state."""
+    text = markdown_table(_rows(board), _headers(board))
+    lines = [*notes(board), state_column(board.track)[1]]
     return text + "\n\n" + "\n".join(f"- {n}" for n in lines) + "\n"
+
+
+def to_latex(board: Leaderboard) -> str:
+    """The ranking as a booktabs tabular, a rule between tiers, its notes below it as a
+    paragraph (they wrap at the text's width, where a table cell would not)."""
+    headers = _headers(board)
+    lines = [
+        f"% Leaderboard, {latex_escape(_title(board))}; needs \\usepackage{{booktabs}}",
+        r"\begin{tabular}{rcl" + "c" * (len(headers) - 3) + "}",
+        r"\toprule",
+        " & ".join(latex_escape(h) for h in headers) + r" \\",
+        r"\midrule",
+    ]
+    previous = None
+    for row in _rows(board):
+        if previous is not None and row[1] != previous:
+            lines.append(r"\midrule")  # a new tier, or the unranked below the ranked
+        previous = row[1]
+        lines.append(" & ".join(latex_escape(cell) for cell in row) + r" \\")
+    lines += [r"\bottomrule", r"\end{tabular}"]
+    return "\n".join(lines) + "\n" + latex_notes([*notes(board), state_column(board.track)[1]])
+
+
+def _title(board: Leaderboard) -> str:
+    return track_text(board.protocol, board.protocol_version, board.track)

@@ -19,7 +19,15 @@ import math
 import pandas as pd
 
 from synthbench.core.text import noun
-from synthbench.report.leaderboard import CONFIDENCE, DIVERGED_NOTE, LEAKY_NOTE, Leaderboard
+from synthbench.report.leaderboard import (
+    CONFIDENCE,
+    DIVERGED_NOTE,
+    LEAKY_NOTE,
+    ONE_SEED_NOTE,
+    Leaderboard,
+    interval_notes,
+    replaced_note,
+)
 from synthbench.report.tables import score_note
 
 _CSS = """
@@ -68,6 +76,7 @@ tbody tr:nth-child(even) { background: var(--zebra); }
 .missing { color: var(--muted); }
 .tie { color: var(--accent); cursor: help; margin-left: .3em; font-weight: 700; }
 tr.unranked td { color: var(--muted); }
+tr.tier-start td { border-top: 2px solid var(--fg); }  /* a new tier, in the rank order */
 tr.unranked td.mech { font-style: italic; }
 #legend ul { margin: 0; padding-left: 1.2rem; color: var(--muted); }
 #legend li { margin: .15rem 0; }
@@ -80,7 +89,9 @@ tr.unranked td.mech { font-style: italic; }
 _JS = """
 (function () {
   "use strict";
-  var boards = JSON.parse(document.getElementById("leaderboard-data").textContent).boards;
+  var data = JSON.parse(document.getElementById("leaderboard-data").textContent);
+  var boards = data.boards;
+  var CONFIDENCE = data.confidence;  // "95%"
   var state = { board: 0, category: "", key: "rank", dir: "asc" };
   var byId = function (id) { return document.getElementById(id); };
   var missing = function (v) { return v === null || v === undefined; };
@@ -105,7 +116,12 @@ _JS = """
   // The visible columns: the overall view, or one category with its tasks.
   function columns(board) {
     var cols = [
-      { key: "rank", label: "rank", num: true, first: "asc", get: function (r) { return r.rank; } },
+      { key: "rank", label: "rank [" + CONFIDENCE + " CI]", num: true, first: "asc",
+        title: "the board's rank, with its " + CONFIDENCE + " interval from the bootstrap " +
+          "over tasks and seeds", get: function (r) { return r.rank; } },
+      { key: "tier", label: "tier", num: true, first: "asc",
+        title: "a new tier begins below a significant step to the next mechanism",
+        get: function (r) { return r.tier; } },
       { key: "mechanism", label: "mechanism", num: false, first: "asc",
         get: function (r) { return r.mechanism; } },
       { key: "score", label: "score [95% CI]", num: true, first: "desc", best: true,
@@ -200,6 +216,11 @@ _JS = """
     } else if (col.key === "rank") {
       td.textContent = missing(v) ? "--" : String(v);
       if (missing(v)) td.title = "unranked: no score on every task";
+      if (!missing(row.rank_low)) {
+        td.append(el("span", " [" + row.rank_low + ", " + row.rank_high + "]", "ci"));
+      }
+    } else if (col.key === "tier") {
+      td.textContent = missing(v) ? "--" : String(v);
     } else if (col.key === "n_tasks") {
       td.textContent = v + "/" + board.tasks.length +
         (row.leaky_tasks ? ", " + row.leaky_tasks + " leaky" : "") +
@@ -222,8 +243,12 @@ _JS = """
     var best = cols.map(function (c) { return c.best ? bestOf(board, c) : null; });
     var body = byId("leaderboard").tBodies[0];
     body.replaceChildren();
+    var inRankOrder = (state.key === "rank" || state.key === "tier") && state.dir === "asc";
+    var tier = null;
     sorted(board, col, state.dir).forEach(function (row) {
       var tr = el("tr", undefined, row.complete ? "ranked" : "unranked");
+      if (inRankOrder && tier !== null && row.tier !== tier) tr.classList.add("tier-start");
+      tier = row.tier;
       tr.setAttribute("data-mechanism", row.mechanism);
       cols.forEach(function (c, i) { tr.append(cell(c, row, board, best[i])); });
       body.append(tr);
@@ -250,6 +275,9 @@ _JS = """
     byId("note-diverged").hidden = !board.rows.some(function (r) { return r.diverged_runs; });
     byId("track-name").textContent = board.track;
     byId("note-one-seed").hidden = board.n_seeds !== 1;  // 0: no success, all unranked
+    var notes = byId("board-notes");  // this board's: rank intervals, tiers, replaced runs
+    notes.replaceChildren();
+    board.notes.forEach(function (text) { notes.append(el("li", text)); });
     byId("caption").textContent = "Leaderboard, protocol " + board.protocol + " v" +
       board.protocol_version + (state.category ? ", category " + state.category : "");
   }
@@ -319,6 +347,9 @@ def _board_data(board: Leaderboard) -> dict:
         rows.append(
             {
                 "rank": None if pd.isna(row["rank"]) else int(row["rank"]),
+                "rank_low": None if pd.isna(row["rank_low"]) else int(row["rank_low"]),
+                "rank_high": None if pd.isna(row["rank_high"]) else int(row["rank_high"]),
+                "tier": None if pd.isna(row["tier"]) else int(row["tier"]),
                 "mechanism": str(mechanism),
                 "score": _number(row["score"]),
                 "ci_low": _number(row["ci_low"]),
@@ -345,6 +376,9 @@ def _board_data(board: Leaderboard) -> dict:
         "categories": [str(c) for c in board.categories],
         "tasks": tasks,
         "rows": rows,
+        # what this board's legend adds: how its rank intervals and tiers are made, and the
+        # reference runs the user's replaced (the Markdown's notes, word for word)
+        "notes": [*interval_notes(board), *filter(None, [replaced_note(board.replaced)])],
     }
 
 
@@ -384,8 +418,8 @@ def to_html(boards: list[Leaderboard], title: str = "synthbench leaderboard", fr
         raise ValueError("no leaderboard to show")
     first = boards[0]
     e = html.escape
-    data = _script_json({"boards": [_board_data(b) for b in boards]})
     confidence = f"{CONFIDENCE:.0%}"
+    data = _script_json({"boards": [_board_data(b) for b in boards], "confidence": confidence})
     # The meta line is written for the first board so it reads right before (or without)
     # the script, which rewrites it when the protocol changes.
     return f"""<!DOCTYPE html>
@@ -429,7 +463,7 @@ style-src 'unsafe-inline'; script-src 'unsafe-inline'">
 seed-mean score of <span class="metric-name">{e(first.metric)}</span>, so every category
 weighs the same whatever its number of tasks; the category and task columns are those
 means. <span id="score-note">{e(score_note(first.metric))}</span></li>
-<li><b>[low, high]</b>: the {confidence} Student-t interval over seeds: score &plusmn;
+<li><b>Score [low, high]</b>: the {confidence} Student-t interval over seeds: score &plusmn;
 t(n-1) &middot; sd / &radic;n, sd the standard deviation of the per-seed scores (seed s is
 the same data and initialisation for every mechanism), n the seeds with a run on every
 task.</li>
@@ -441,8 +475,10 @@ successful run, or no known chance to normalise by); a missing value is shown as
 as 0.</li>
 <li id="note-leaky" hidden>{e(LEAKY_NOTE)}</li>
 <li id="note-diverged" hidden>{e(DIVERGED_NOTE)}</li>
-<li id="note-one-seed" hidden><b>One seed</b>: no interval, and no two mechanisms can be
-told apart (&asymp;).</li>
+<li id="note-one-seed" hidden>{e(ONE_SEED_NOTE)}</li>
+</ul>
+<ul id="board-notes"></ul>
+<ul>
 <li>Click a column header to sort by it, again to reverse; missing values always sort
 last. <b>Bold</b>: the best value of a column.</li>
 </ul>

@@ -1,6 +1,7 @@
 """Everything ``synthbench report`` writes, regenerated from the stored rows:
 
-    <out>/leaderboard.md, leaderboard.html          every protocol, one ranking each
+    <out>/leaderboard.md, .tex, .html                every protocol, one ranking each, with
+                                                     rank intervals and tiers
     <out>/<protocol>/<metric>/full.{md,tex}          tasks by category x mechanisms
     <out>/<protocol>/<metric>/summary.{md,tex}       category averages, core and higher-level
     <out>/<protocol>/<metric>/category-<name>.{md,tex}
@@ -13,8 +14,10 @@
                                                      with published LM quality, for each protocol
                                                      with 3 mechanisms the published tables cover
                                                      (synthbench/report/published_lm.py)
-    <out>/<protocol>/separation.{md,tex}             which pairs each task tells apart, and head
-                                                     to head (always on the target metric)
+    <out>/<protocol>/separation.{md,tex}             the tasks that tell the board's neighbours
+                                                     apart (always on the target metric)
+    <out>/<protocol>/separation.csv                  every pair of mechanisms on every task
+    <out>/<protocol>/separation.{png,pdf}            every pair head to head, in board order
     <out>/<protocol>/lrs.{md,tex}                    the lr each run selected
     <out>/tracks-<protocol>.{md,tex}                 a core protocol and its block twin side by
                                                      side, where the rows hold both
@@ -34,12 +37,20 @@ from pathlib import Path
 import pandas as pd
 
 from synthbench.core.atomic import write_atomically
-from synthbench.core.text import did_you_mean, plural
+from synthbench.core.text import did_you_mean
 from synthbench.report import curves, frontier, leaderboard, published_lm, separation, tracks
 from synthbench.report.aggregate import CHANCE_COLUMN, DEFAULT_METRIC, length_metric, length_points
 from synthbench.report.compare import PUBLISHED, PUBLISHED_LM, check_comparison, comparison_grid
 from synthbench.report.formats import latex_document, to_latex, to_markdown
-from synthbench.report.tables import Grid, ReportTables, build_tables, lr_grid
+from synthbench.report.reference import SUFFIX as REFERENCE_SUFFIX
+from synthbench.report.tables import (
+    Grid,
+    ReportTables,
+    build_tables,
+    lr_grid,
+    seeds_text,
+    track_text,
+)
 
 FORMATS = ("md", "tex", "html", "png", "pdf")
 
@@ -73,30 +84,80 @@ def _write_grids(folder: Path, stem: str, grids: list[Grid], formats, written) -
         _write(folder / f"{stem}.tex", "\n\\bigskip\n\n".join(to_latex(g) for g in grids), written)
 
 
+def _cell_seeds(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per (task, mechanism) of ``runs`` (one row per run): mechanism and seeds, for
+    ``seeds_text``."""
+    return runs.groupby(["task", "mechanism"])["seed"].nunique().rename("seeds").reset_index()
+
+
+def _yours(mechanisms) -> frozenset[str]:
+    """The user's mechanisms, marked apart in the figures where the reference's are beside
+    them (with nothing of the reference's, nothing needs telling apart)."""
+    mechanisms = [str(m) for m in mechanisms]
+    if not any(m.endswith(REFERENCE_SUFFIX) for m in mechanisms):
+        return frozenset()
+    return frozenset(m for m in mechanisms if not m.endswith(REFERENCE_SUFFIX))
+
+
+def _ranks(board: leaderboard.Leaderboard) -> dict[str, int]:
+    table = board.table.dropna(subset=["rank"])
+    return {str(m): int(r) for m, r in zip(table["mechanism"], table["rank"], strict=True)}
+
+
 def _figures(
-    tables: ReportTables, rows: pd.DataFrame, runs: pd.DataFrame, folder: Path, suffixes, written
+    tables: ReportTables,
+    board: leaderboard.Leaderboard,
+    rows: pd.DataFrame,
+    runs: pd.DataFrame,
+    folder: Path,
+    suffixes,
+    written,
 ) -> None:
-    """The figures of one protocol: ``rows`` its stored rows, ``runs`` its ``run_curves``."""
+    """The figures of one protocol: ``rows`` its stored rows, ``runs`` its ``run_curves``;
+    each title states the seeds its values are taken over (``seeds_text``)."""
     from synthbench.report import figures  # matplotlib is imported only when a figure is asked for
 
     where = f"protocol {tables.protocol} v{tables.protocol_version}"
-    seeds = f"mean over {plural(tables.n_seeds, 'seed')}"
     normalised = tables.metric in CHANCE_COLUMN
     score = f"chance-normalised {tables.metric}" if normalised else tables.metric
     label = "(accuracy - chance) / (1 - chance)" if normalised else tables.metric
-    title = f"{score}, {where}, {seeds}"
-    written += figures.heatmap(tables.heat, title, folder / "heatmap", suffixes, label)
-    if any(cell is not None for grid in tables.summary for row in grid.cells for cell in row):
-        stem = folder / "categories"  # not for a protocol without any category average
-        written += figures.category_bars(tables.summary, title, stem, suffixes, label)
+    shown = list(tables.heat.columns)
+    order = [m for m in board.table["mechanism"] if m in shown]
+    order += [m for m in shown if m not in order]
+    yours = _yours(order)
+    marked = ", yours in red" if yours else ""
+    title = (
+        f"{score}, {where}, {seeds_text(_cell_seeds(tables.runs))}, mechanisms by board "
+        f"rank{marked}"
+    )
+    written += figures.heatmap(
+        tables.heat, title, folder / "heatmap", suffixes, label, order, _ranks(board), yours
+    )
+    stats = [
+        {"mechanism": m, "seeds": cell.n}
+        for grid in tables.summary
+        for (m,), row in zip(grid.rows, grid.cells, strict=True)
+        for cell in row
+        if cell is not None
+    ]
+    if stats:  # not for a protocol without any category average
+        seeds = seeds_text(pd.DataFrame(stats), "mean ± std")
+        stem = folder / "categories"
+        written += figures.category_bars(
+            tables.summary, f"{score}, {where}, {seeds}", stem, suffixes, label
+        )
     if len(runs):
-        title = f"validation token accuracy, {where}, mean over seeds at each run's selected lr"
+        counts = runs.groupby(["task", "mechanism"]).size().rename("seeds").reset_index()
+        title = (
+            f"validation token accuracy, {where}, {seeds_text(counts)} at each run's selected lr"
+        )
         written += figures.learning_curves(
             curves.mean_curves(runs), title, folder / "curves", suffixes
         )
     if "eval_length_mult" in rows and rows["eval_length_mult"].notna().any():
         points = length_points(rows, tables.metric)
         if not points.empty:
+            seeds = seeds_text(points.rename(columns={"n": "seeds"}))
             title = f"{length_metric(tables.metric)}, {where}, {seeds}"
             written += figures.length_curves(points, title, folder / "length", suffixes)
 
@@ -119,9 +180,13 @@ def _frontiers(found, states, tables: ReportTables, out: Path, formats, suffixes
     for line in mine:
         by_knob.setdefault((line.task, line.knob.name), []).append(line)
     for (task, knob), knob_lines in by_knob.items():
+        counts = pd.DataFrame(
+            [{"mechanism": line.mechanism, "seeds": n} for line in knob_lines
+             for n in line.points["n"]]
+        )  # fmt: skip
         title = (
-            f"{task}: target accuracy against {knob}\nprotocol {protocol} v{version}, mean "
-            f"± std over seeds, each at its selected lr"
+            f"{task}: target accuracy against {knob}, protocol {protocol} v{version}, "
+            f"{seeds_text(counts, 'mean ± std')}, each at its selected lr"
         )
         stem = folder / f"frontier-{_slug(task)}-{_slug(knob)}"
         written += figures.frontier_curves(knob_lines, frontier.THRESHOLD, title, stem, suffixes)
@@ -134,13 +199,64 @@ def _frontiers(found, states, tables: ReportTables, out: Path, formats, suffixes
         if part.empty:
             continue
         context = frontier.task_knobs_varying(part, task)
+        seeds = seeds_text(part.rename(columns={"n_seeds": "seeds"}), "mean ± std")
         title = (
-            f"{task}: target accuracy against declared state size\nprotocol {protocol} "
-            f"v{version}, mean ± std over seeds, each at its selected lr"
+            f"{task}: target accuracy against declared state size, protocol {protocol} "
+            f"v{version}, {seeds}, each at its selected lr"
         )
         stem = folder / f"state-{_slug(task)}"
         written += figures.state_curves(part, context, title, stem, suffixes)
     return grid
+
+
+def _target_board(
+    separated: separation.Separation, tables: ReportTables
+) -> leaderboard.Leaderboard:
+    """The board of one protocol on the target metric, its order alone (no bootstrap): what
+    separation, which is always on the target metric, names its pairs of neighbours by."""
+    runs = separated.runs[separated.runs["protocol"] == tables.protocol]
+    return leaderboard.build(
+        runs, tables.protocol, tables.protocol_version, DEFAULT_METRIC, tables.full.columns,
+        tables.full.rows, tables.leaky_tasks, tables.diverged, tables.track, intervals=False,
+    )  # fmt: skip
+
+
+def _separation(separated, tables: ReportTables, board, out: Path, formats, suffixes, written):
+    """separation.{md,tex,csv} and the pairs figure of one protocol (on the target metric,
+    whatever the report's), its pairs of neighbours those of the target board."""
+    protocol, version = tables.protocol, tables.protocol_version
+    if separated is None or protocol not in set(separated.runs["protocol"]):
+        return
+    folder = _under(out, protocol)
+    if board.metric != DEFAULT_METRIC:
+        board = _target_board(separated, tables)
+    order = [str(m) for m in board.table["mechanism"]]
+    ranked = order[: int(board.table["rank"].notna().sum())]
+    if {"md", "tex"} & set(formats):
+        grids = separation.grids(separated, protocol, version, tables.track, ranked)
+        if "md" in formats:
+            _write(folder / "separation.md", "\n".join(to_markdown(g) for g in grids), written)
+        if "tex" in formats:
+            text = "\n\\bigskip\n\n".join(to_latex(g, notes_below=True) for g in grids)
+            _write(folder / "separation.tex", text, written)
+        _write(folder / "separation.csv", separation.csv_text(separated, protocol), written)
+    if suffixes:
+        from synthbench.report import figures  # matplotlib only where a figure is asked for
+
+        pairs = separated.pairs
+        mine = pairs[(pairs["protocol"] == protocol) & (pairs["measure"] == "target")]
+        present = set(separated.runs.loc[separated.runs["protocol"] == protocol, "mechanism"])
+        order = [m for m in order if m in present] + sorted(present - set(order))
+        ahead, tested = separation.head_to_head(mine, order)
+        title = (
+            f"Head to head on the target metric, {track_text(protocol, version, tables.track)}: "
+            "in row a, column b, on how many tasks a is ahead of b and the pair separates, of "
+            "the tasks both ran that the rules could test (--: none; separation.md)"
+        )
+        written += figures.pairs_matrix(
+            ahead, tested, order, title, folder / "separation", suffixes, _ranks(board),
+            _yours(order),
+        )  # fmt: skip
 
 
 def write_reports(
@@ -149,9 +265,11 @@ def write_reports(
     metric: str = DEFAULT_METRIC,
     formats: tuple[str, ...] = FORMATS,
     compare: str | None = None,
+    replaced: pd.DataFrame | None = None,
 ) -> list[Path]:
     """Write the reports of ``rows`` (one version per protocol) under ``out``; returns the
-    paths written."""
+    paths written. ``replaced``: the reference runs the user's runs replaced (the same run
+    id; ``reference.replaced_runs``), which each board names."""
     unknown = sorted(set(formats) - set(FORMATS))
     if unknown:
         hint = did_you_mean(unknown[0], FORMATS) if len(unknown) == 1 else ""
@@ -170,7 +288,9 @@ def write_reports(
         )
     written: list[Path] = []
     boards = []
-    separated = separation.separation(rows) if {"md", "tex"} & set(formats) else None
+    suffixes = [f".{f}" for f in ("png", "pdf") if f in formats]
+    wants_pairs = {"md", "tex"} & set(formats) or suffixes
+    separated = separation.separation(rows) if wants_pairs else None
     # over every protocol at once, so that variants are named as in the tables
     all_curves = curves.run_curves(rows)
     # grids of runs (run with lists, sweep): on the target metric, whatever the report's
@@ -180,6 +300,20 @@ def write_reports(
     frontier_grids: list[Grid] = []
     for tables in all_tables:
         mine = rows[rows["protocol"] == tables.protocol]
+        board = leaderboard.build(
+            tables.runs,
+            tables.protocol,
+            tables.protocol_version,
+            metric,
+            # every mechanism and task of the tables: those without a success are unranked
+            tables.full.columns,
+            tables.full.rows,
+            tables.leaky_tasks,
+            tables.diverged,
+            tables.track,
+            _of_protocol(replaced, tables),
+        )
+        boards.append(board)
         folder = _under(out, tables.protocol, metric)
         _write_grids(folder, "full", [tables.full], formats, written)
         _write_grids(folder, "summary", tables.summary, formats, written)
@@ -202,35 +336,15 @@ def write_reports(
             grids.append(grid)
         if "tex" in formats:
             _write(folder / "tables.tex", latex_document([to_latex(g) for g in grids]), written)
-        if separated is not None and tables.protocol in set(separated.runs["protocol"]):
-            # on the target metric, whatever the report's
-            pair_grids = separation.grids(
-                separated, tables.protocol, tables.protocol_version, tables.track
-            )
-            _write_grids(_under(out, tables.protocol), "separation", pair_grids, formats, written)
+        _separation(separated, tables, board, out, formats, suffixes, written)
         if len(tables.runs):
             grid = lr_grid(tables.runs, tables.protocol, tables.protocol_version, tables.track)
             _write_grids(_under(out, tables.protocol), "lrs", [grid], formats, written)
-        suffixes = [f".{f}" for f in ("png", "pdf") if f in formats]
         if suffixes:
-            _figures(tables, mine, runs, folder, suffixes, written)
+            _figures(tables, board, mine, runs, folder, suffixes, written)
         frontier_grid = _frontiers(found, states, tables, out, formats, suffixes, written)
         if frontier_grid is not None:
             frontier_grids.append(frontier_grid)
-        boards.append(
-            leaderboard.build(
-                tables.runs,
-                tables.protocol,
-                tables.protocol_version,
-                metric,
-                # every mechanism and task of the tables: those without a success are unranked
-                tables.full.columns,
-                tables.full.rows,
-                tables.leaky_tasks,
-                tables.diverged,
-                tables.track,
-            )
-        )
     stem = "leaderboard" if metric == DEFAULT_METRIC else f"leaderboard-{metric}"
     suffix = "" if metric == DEFAULT_METRIC else f"-{metric}"
     if compare == PUBLISHED_LM:
@@ -249,8 +363,21 @@ def write_reports(
         )
         text += "".join(f"\n{to_markdown(g)}" for g in [*track_grids, *frontier_grids])
         _write(out / f"{stem}.md", f"# Leaderboard ({metric})\n\n{text}", written)
+    if "tex" in formats:
+        text = "\n\\bigskip\n\n".join(leaderboard.to_latex(b) for b in boards)
+        _write(out / f"{stem}.tex", text, written)
     if "html" in formats:
         from synthbench.report.page import to_html
 
         _write(out / f"{stem}.html", to_html(boards, frontiers=frontier_grids), written)
     return written
+
+
+def _of_protocol(replaced: pd.DataFrame | None, tables: ReportTables) -> pd.DataFrame | None:
+    """The replaced reference runs of one protocol version (``write_reports``)."""
+    if replaced is None or replaced.empty:
+        return None
+    here = (replaced["protocol"] == tables.protocol) & (
+        replaced["protocol_version"].astype(int) == tables.protocol_version
+    )
+    return replaced[here]

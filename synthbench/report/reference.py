@@ -31,7 +31,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -221,6 +221,30 @@ def mark(rows: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(mechanism=rows["mechanism"].astype(str) + SUFFIX)
 
 
+def _beside(
+    user_rows: pd.DataFrame,
+    reference: pd.DataFrame,
+    tasks: Iterable[str] | None,
+    mechanisms: Iterable[str] | None,
+) -> pd.DataFrame:
+    """The reference rows that belong beside ``user_rows`` (``with_reference``), the user's
+    own run ids not yet left out."""
+    from synthbench.core.mechanism import MECHANISMS
+    from synthbench.core.task import TASKS
+
+    versions = _versions(user_rows)
+    ref = reference[_versions(reference).isin(set(versions))]
+    keep_tasks = set(user_rows["task"])
+    if tasks is not None:
+        keep_tasks &= set(tasks)
+    ref = ref[ref["task"].isin(keep_tasks)]
+    if mechanisms is not None:
+        ref = ref[ref["mechanism"].isin(set(mechanisms))]
+    # a name this install does not know (a mechanism removed since) is left out, cleanly
+    known = ref["mechanism"].isin(MECHANISMS.names()) & ref["task"].isin(TASKS.names())
+    return ref[known]
+
+
 def with_reference(
     user_rows: pd.DataFrame,
     reference: pd.DataFrame,
@@ -232,23 +256,10 @@ def with_reference(
     version, and its task, are among the user's rows; when its task and mechanism pass the
     report's filters (``tasks``, ``mechanisms``: canonical names, None for every one); when
     its task and mechanism are registered here; and when the user has no run of the same
-    run id (their own row wins)."""
-    from synthbench.core.mechanism import MECHANISMS
-    from synthbench.core.task import TASKS
-
+    run id (their own row wins: ``replaced_runs``)."""
     if reference.empty or user_rows.empty:
         return user_rows, reference.iloc[:0]
-    versions = _versions(user_rows)
-    ref = reference[_versions(reference).isin(set(versions))]
-    keep_tasks = set(user_rows["task"])
-    if tasks is not None:
-        keep_tasks &= set(tasks)
-    ref = ref[ref["task"].isin(keep_tasks)]
-    if mechanisms is not None:
-        ref = ref[ref["mechanism"].isin(set(mechanisms))]
-    # a name this install does not know (a mechanism removed since) is left out, cleanly
-    known = ref["mechanism"].isin(MECHANISMS.names()) & ref["task"].isin(TASKS.names())
-    ref = ref[known]
+    ref = _beside(user_rows, reference, tasks, mechanisms)
     ref = ref[~ref["run_id"].isin(set(user_rows["run_id"]))]
     if ref.empty:
         return user_rows, ref
@@ -256,13 +267,36 @@ def with_reference(
     return combined, ref
 
 
+REPLACED_COLUMNS = ["protocol", "protocol_version", "task", "mechanism", "seed"]
+
+
+def replaced_runs(
+    user_rows: pd.DataFrame,
+    reference: pd.DataFrame,
+    tasks: Iterable[str] | None = None,
+    mechanisms: Iterable[str] | None = None,
+) -> pd.DataFrame:
+    """The reference runs ``with_reference`` leaves out because the user has a run of the
+    same run id (the same configuration: theirs is shown), one row each: protocol,
+    protocol_version, task, mechanism and seed. The leaderboard says so
+    (``leaderboard.replaced_note``)."""
+    if reference.empty or user_rows.empty:
+        return pd.DataFrame(columns=REPLACED_COLUMNS)
+    ref = _beside(user_rows, reference, tasks, mechanisms)
+    ref = ref[ref["run_id"].isin(set(user_rows["run_id"]))].drop_duplicates("run_id")
+    return ref[REPLACED_COLUMNS].reset_index(drop=True)
+
+
 def _versions(rows: pd.DataFrame) -> pd.Series:
     """Per row, ``protocol vN``."""
     return rows["protocol"].astype(str) + " v" + rows["protocol_version"].astype(int).astype(str)
 
 
-def describe(added: pd.DataFrame, user_rows: pd.DataFrame) -> str:
-    """The report's one line about the reference runs it adds."""
+def describe(
+    added: pd.DataFrame, user_rows: pd.DataFrame, replaced: pd.DataFrame | None = None
+) -> str:
+    """The report's one line about the reference runs it adds (and those of the user's
+    ``replaced``, which the leaderboard names)."""
     mechs = [m for m in REFERENCE_MECHANISMS if m in set(added["mechanism"])]
     mechs += sorted(set(added["mechanism"]) - set(mechs))
     protocols = ", ".join(sorted(set(_versions(added))))
@@ -276,7 +310,23 @@ def describe(added: pd.DataFrame, user_rows: pd.DataFrame) -> str:
         f"{protocols}, {plural(added['task'].nunique(), 'task')}; shipped with synthbench "
         f"{made_with('synthbench_version')}, torch {made_with('torch_version')}), marked "
         f"'{SUFFIX.strip()}'; --no-reference leaves them out"
+        + (
+            f"; {plural(len(replaced), 'run')} of yours "
+            f"{'replaces' if len(replaced) == 1 else 'replace'} the reference's of the same "
+            "configuration (the leaderboard names them)"
+            if replaced is not None and len(replaced)
+            else ""
+        )
     )
+
+
+class ForReport(NamedTuple):
+    """What ``synthbench report`` shows of the reference (``for_report``)."""
+
+    rows: pd.DataFrame  # the user's rows with the reference's beside them, marked
+    added: str | None  # the line saying what was added, or why nothing was; None: neither
+    problem: str | None  # a warning (the reference is unusable); None: none
+    replaced: pd.DataFrame  # the reference runs the user's replaced (``replaced_runs``)
 
 
 def for_report(
@@ -284,33 +334,37 @@ def for_report(
     tasks: Sequence[str] | None = None,
     mechanisms: Sequence[str] | None = None,
     path: str | Path | None = None,
-) -> tuple[pd.DataFrame, str | None, str | None]:
+) -> ForReport:
     """What ``synthbench report`` shows: the rows (``with_reference``), the line saying
     what was added, or why nothing was where the user's rows are all of protocols the
-    reference does not hold (None: neither), and a warning (None: none). The warning is
-    given only where the reference would have been shown: the user has rows of a protocol
-    it holds."""
+    reference does not hold (None: neither), a warning (None: none), and the reference runs
+    the user's replaced. The warning is given only where the reference would have been
+    shown: the user has rows of a protocol it holds."""
     reference = load(path)
+    none = pd.DataFrame(columns=REPLACED_COLUMNS)
     if reference.problem is not None:
         wanted = set(user_rows["protocol"]) & reference.protocols
         if wanted or not reference.protocols:
-            return user_rows, None, f"{reference.problem}: reference runs not shown"
-        return user_rows, None, None
+            warning = f"{reference.problem}: reference runs not shown"
+            return ForReport(user_rows, None, warning, none)
+        return ForReport(user_rows, None, None, none)
     rows, added = with_reference(user_rows, reference.rows, tasks, mechanisms)
+    replaced = replaced_runs(user_rows, reference.rows, tasks, mechanisms)
     if len(added):
-        return rows, describe(added, user_rows), None
+        return ForReport(rows, describe(added, user_rows, replaced), None, replaced)
     held = sorted(set(_versions(reference.rows)))
     if held and not set(_versions(user_rows)) & set(held):  # say why there is none
         yours = ", ".join(sorted(set(_versions(user_rows))))
         names = sorted(set(reference.rows["protocol"]))
-        return (
+        return ForReport(
             rows,
             f"no shipped reference runs beside protocol {yours}: the reference holds "
             f"{', '.join(held)} (`synthbench run --protocol {names[0]}` makes runs it is "
             "shown beside)",
             None,
+            replaced,
         )
-    return rows, None, None
+    return ForReport(rows, None, None, replaced)
 
 
 # -- reproducing a reference run --------------------------------------------------------------

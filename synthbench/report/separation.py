@@ -23,10 +23,12 @@ import math
 from itertools import combinations
 from typing import NamedTuple
 
+import numpy as np
 import pandas as pd
 
 from synthbench.report.aggregate import KEYS, prepare_rows, selected_runs
 from synthbench.report.curves import run_curves
+from synthbench.report.formats import RAGGED
 from synthbench.report.tables import MISSING, Grid, sort_tasks, target_note, track_text
 
 MIN_DIFFERENCE = 0.05
@@ -54,10 +56,13 @@ SHORT = {
     NO_SE: ("no SE", "a standard error is not stored (older rows)"),
     NO_VALUE: ("no value", "a run lacks the metric (older rows)"),
     EDGE: ("edge", "a seed's selected lr is alone at an edge of its grid"),
-    SEEDS: ("n<2", f"fewer than {MIN_SEEDS} seeds in common"),
+    SEEDS: ("few seeds", f"fewer than {MIN_SEEDS} seeds in common"),
     NO_CURVE: ("no curve", "a run without a learning curve"),
 }
-MEASURES = {"target": "value", "area": "area"}  # measure -> the runs' column compared
+MEASURES = {"target": "value", "area": "area"}
+# why a pair could not be called either way: the rules need 2 seeds, an lr inside its grid
+# and, on the target metric, a stored value and standard error
+UNTESTED = (SEEDS, EDGE, NO_SE, NO_VALUE, NO_CURVE)  # measure -> the runs' column compared
 
 
 _PAIR_COLUMNS = [
@@ -163,12 +168,6 @@ def separation(rows: pd.DataFrame) -> Separation:
     return Separation(pairs, pd.DataFrame(counts, columns=_COUNT_COLUMNS), runs)
 
 
-def _cell(pair) -> str:
-    if pair.separated:
-        return f"{pair.ahead} +{abs(pair.difference):.2f}"
-    return SHORT[pair.reason][0]
-
-
 def _count_note(count) -> str:
     silent = ", ".join(count.silent) if count.silent else "none"
     return (
@@ -177,66 +176,95 @@ def _count_note(count) -> str:
     )
 
 
-PAIRS_APART = "pairs apart"  # the detail table's first column: separated pairs of those run
+def head_to_head(pairs: pd.DataFrame, mechanisms: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs' records of one measure as two mechanism x mechanism arrays: ``ahead[i, j]``
+    the tasks on which mechanisms[i] is ahead of mechanisms[j] and the pair separates,
+    ``tested[i, j]`` the tasks both ran on which the rules could call the pair either way
+    (not ``UNTESTED``; 0 on the diagonal)."""
+    index = {m: i for i, m in enumerate(mechanisms)}
+    ahead = np.zeros((len(mechanisms), len(mechanisms)), dtype=int)
+    tested = np.zeros_like(ahead)
+    for pair in pairs.itertuples():
+        if pair.a not in index or pair.b not in index or pair.reason in UNTESTED:
+            continue
+        a, b = index[pair.a], index[pair.b]
+        tested[a, b] += 1
+        tested[b, a] += 1
+        if pair.separated:
+            winner, loser = (a, b) if pair.ahead == pair.a else (b, a)
+            ahead[winner, loser] += 1
+    return ahead, tested
 
 
-def _apart(pairs: pd.DataFrame) -> str:
-    """How many of ``pairs`` (records) separate, of how many: "3/28"."""
-    return f"{int(pairs['separated'].sum())}/{len(pairs)}" if len(pairs) else MISSING
+LISTED = 6  # task names a cell lists before it counts the rest
 
 
-def head_to_head(pairs: pd.DataFrame, mechanisms: list[str], title: str) -> Grid:
-    """The pairs' records of one measure as a mechanism x mechanism table: in row a, column
-    b, on how many tasks a is ahead of b and the pair separates, of the tasks both ran.
-    With many mechanisms this is the table to read first: the per-task one has a column
-    per pair (28 for 8 mechanisms)."""
-    cells = []
-    for a in mechanisms:
-        line = []
-        for b in mechanisms:
-            first, second = sorted((a, b))  # a pair is stored once, its names in order
-            both = pairs[(pairs["a"] == first) & (pairs["b"] == second)]
-            ahead = int((both["separated"] & (both["ahead"] == a)).sum())
-            line.append(f"{ahead}/{len(both)}" if a != b and len(both) else MISSING)
-        cells.append(line)
-    ever = {(p.a, p.b) for p in pairs.itertuples() if p.separated}
-    never = [f"{a} vs {b}" for a, b in combinations(mechanisms, 2) if (a, b) not in ever]
-    n_pairs = len(mechanisms) * (len(mechanisms) - 1) // 2
-    notes = [
-        "Cell (row a, column b): on how many tasks a is ahead of b and the pair separates "
-        "(the rules below), of the tasks both ran.",
-        f"Pairs told apart by at least one task: {n_pairs - len(never)} of {n_pairs}. "
-        f"By none: {', '.join(never) if never else 'none'}.",
-    ]
+def _task_names(tasks: list[str]) -> str:
+    if not tasks:
+        return "none"
+    shown = ", ".join(tasks[:LISTED])
+    return shown + (f" (+{len(tasks) - LISTED} more)" if len(tasks) > LISTED else "")
+
+
+def decisive_grid(pairs: pd.DataFrame, ranked: list[str], title: str, notes: list[str]) -> Grid:
+    """The pairs that decide the board's order, of one measure: each ranked mechanism
+    (``ranked``, in rank order) against the next, with the tasks that separate them each
+    way."""
+    rows, cells = [], []
+    for rank, (upper, lower) in enumerate(zip(ranked, ranked[1:], strict=False), start=1):
+        first, second = sorted((upper, lower))  # a pair is stored once, its names in order
+        both = pairs[(pairs["a"] == first) & (pairs["b"] == second)]
+        apart = both[both["separated"]]
+        rows.append((f"{upper} vs {lower}",))
+        untested = int(both["reason"].isin(UNTESTED).sum())
+        cells.append(
+            [
+                f"{rank}-{rank + 1}",
+                _apart(both) + (f" ({untested} untested)" if untested else ""),
+                _task_names(apart.loc[apart["ahead"] == upper, "task"].tolist()),
+                _task_names(apart.loc[apart["ahead"] == lower, "task"].tolist()),
+            ]
+        )
+    if len(ranked) < 2:
+        notes = [*notes, "Fewer than 2 ranked mechanisms: no pair of neighbours to show."]
     return Grid(
         title,
-        ["mechanism"],
-        [(m,) for m in mechanisms],
-        mechanisms,
+        ["pair"],
+        rows,
+        ["ranks", PAIRS_APART, "upper ahead on", "lower ahead on"],
         cells,
         0,
         best=None,
         notes=notes,
+        latex_columns="cc" + f"{RAGGED}p{{4.2cm}}" * 2,  # the task lists wrap: a page holds it
     )
 
 
-def grids(result: Separation, protocol: str, version: int, track: str = "core") -> list[Grid]:
+PAIRS_APART = "tasks apart"  # how many tasks separate a pair, of those both ran
+
+
+def _apart(pairs: pd.DataFrame) -> str:
+    """How many of ``pairs`` (records) separate, of how many: "3/22"."""
+    return f"{int(pairs['separated'].sum())}/{len(pairs)}" if len(pairs) else MISSING
+
+
+def grids(
+    result: Separation,
+    protocol: str,
+    version: int,
+    track: str = "core",
+    ranked: list[str] | None = None,
+) -> list[Grid]:
     """The tables of one protocol, on the target metric, then on the learning-curve area:
-    for each, the head-to-head counts (``head_to_head``), then a row per task and a column
-    per pair (after how many pairs the task separates), with the informative count below."""
+    the decisive pairs (``decisive_grid``: each of ``ranked``, the board's ranked mechanisms
+    in order, against the next; default: every mechanism by name), with the informative
+    count and the pairs told apart below. Every pair on every task is in ``csv_text``."""
     pairs = result.pairs[result.pairs["protocol"] == protocol]
     runs = result.runs[result.runs["protocol"] == protocol]
-    tasks = sort_tasks(runs)
     mechanisms = sorted(runs["mechanism"].unique())
-    columns = [f"{a} vs {b}" for a, b in combinations(mechanisms, 2)]
-    # the reasons each measure can give: the area has no standard error, the target a value
-    reasons = {
-        "target": (CLOSE, FLIP, NOISE, NO_SE, EDGE, SEEDS, NO_VALUE),
-        "area": (CLOSE, FLIP, EDGE, SEEDS, NO_CURVE),
-    }
+    ranked = mechanisms if ranked is None else ranked
     compared = {"target": "the target metric", "area": "the learning-curve area"}
     shows = track_text(protocol, version, track)
-    titles = {m: f"on {on} ({shows})" for m, on in compared.items()}
     rules = {
         "target": (
             "Each task's target metric on the test set at each run's selected lr, over the "
@@ -255,36 +283,38 @@ def grids(result: Separation, protocol: str, version: int, track: str = "core") 
     result_grids = []
     for measure in MEASURES:
         mine = pairs[pairs["measure"] == measure]
-        found = {(p.task, f"{p.a} vs {p.b}"): _cell(p) for p in mine.itertuples()}
-        cells = [
-            [_apart(mine[mine["task"] == t]), *(found.get((t, c), MISSING) for c in columns)]
-            for _, t in tasks
-        ]
         (count,) = result.counts[
             (result.counts["protocol"] == protocol) & (result.counts["measure"] == measure)
         ].itertuples()
+        ahead, _ = head_to_head(mine, mechanisms)
+        n_pairs = len(mechanisms) * (len(mechanisms) - 1) // 2
+        told = int(((ahead + ahead.T) > 0).sum()) // 2
         notes = [
+            "Each ranked mechanism against the next one on the board (the leaderboard on the "
+            f"target metric); upper: the higher-ranked. {PAIRS_APART}: the tasks on which the "
+            "pair separates, of those both ran (untested: the rules could not call them: "
+            f"fewer than {MIN_SEEDS} seeds in common, an lr alone at its grid's edge, or no "
+            "value or standard error stored); then the tasks on which each is ahead.",
             rules[measure],
-            "Cell: the mechanism ahead and the mean difference; else why the pair does not "
-            "separate: "
-            + "; ".join(f"{SHORT[r][0]}: {SHORT[r][1]}" for r in reasons[measure])
-            + f"; {MISSING}: one of the two did not run the task. {PAIRS_APART}: how many "
-            "pairs of mechanisms the task separates, of those that both ran it.",
             _count_note(count),
+            f"Pairs of mechanisms told apart by at least one task: {told} of {n_pairs}. Every "
+            "pair on every task, and why a pair does not separate: separation.csv; every pair "
+            "head to head: separation.png.",
         ]
         if measure == "target":
-            notes.insert(1, target_note(runs))
-        result_grids.append(head_to_head(mine, mechanisms, f"Head to head {titles[measure]}"))
-        result_grids.append(
-            Grid(
-                f"Separation {titles[measure]}",
-                ["category", "task"],
-                tasks,
-                [PAIRS_APART, *columns],
-                cells,
-                0,
-                best=None,
-                notes=notes,
-            )
-        )
+            notes.insert(2, target_note(runs))
+        title = f"Decisive pairs on {compared[measure]}, {shows}"
+        result_grids.append(decisive_grid(mine, ranked, title, notes))
     return result_grids
+
+
+CSV_COLUMNS = ["category", "task", "a", "b", "measure", "seeds", "difference", "separated",
+               "ahead", "reason"]  # fmt: skip
+
+
+def csv_text(result: Separation, protocol: str) -> str:
+    """Every pair on every task of one protocol, both measures, as CSV: the full data the
+    Markdown's short table is drawn from (``reason``: why a pair does not separate, empty
+    where it does)."""
+    pairs = result.pairs[result.pairs["protocol"] == protocol][CSV_COLUMNS]
+    return pairs.to_csv(index=False, float_format="%.6g", lineterminator="\n")

@@ -31,13 +31,14 @@ from synthbench.report.aggregate import (
     run_outcomes,
     selected_runs,
 )
+from synthbench.report.reference import SUFFIX as REFERENCE_SUFFIX
 from synthbench.run.lr_selection import KNIFE_EDGE
 from synthbench.run.schema import LEAKY
 
 MISSING = "--"
-# the clause of a note that says the best is bold ("; best in bold"): printed only where a
-# cell is bold (``Grid.shown_notes``), never under a table of one mechanism
-BEST_IN_BOLD = "best in bold"
+# the clause of a note that says the best is bold ("; best in bold ..."): printed only where
+# a cell is bold (``Grid.shown_notes``), never under a table of one mechanism
+BEST_IN_BOLD = "best in bold (of the cells with 2 seeds or more)"
 CORE = ("Basic", "Arithmetic", "Long-Range", "Memory")
 HIGHER_LEVEL = ("Patterns", "Reasoning", "Robustness")
 CATEGORY_ORDER = {c: i for i, c in enumerate(CATEGORIES)}
@@ -58,8 +59,9 @@ Cell = Stat | str | None  # None: no successful run; str: shown as it is (e.g. a
 @dataclass
 class Grid:
     """One table, whatever its output format. ``best`` bolds the highest mean per
-    ``"column"`` or per ``"row"`` (or ``None``); ``n_seeds`` is the number a full cell has
-    (a cell with fewer says how many)."""
+    ``"column"`` or per ``"row"`` (or ``None``) of the cells with 2 seeds or more (one seed
+    is never bold: it has no spread to be best beyond); ``n_seeds`` is the number a full cell
+    has (a cell with fewer says how many)."""
 
     title: str
     row_headers: list[str]  # the label columns, e.g. ["category", "task"]
@@ -70,13 +72,16 @@ class Grid:
     best: str | None = "column"
     notes: list[str] = field(default_factory=list)
     digits: int = 3
+    # the LaTeX column types of the value columns (default: each centred, "c"); a "p{4cm}"
+    # wraps a long text cell at that width
+    latex_columns: str | None = None
 
     def best_cells(self) -> set[tuple[int, int]]:
         def top(positions):
             means = {
                 p: round(self.cells[p[0]][p[1]].mean, self.digits)
                 for p in positions
-                if isinstance(self.cells[p[0]][p[1]], Stat)
+                if isinstance(self.cells[p[0]][p[1]], Stat) and self.cells[p[0]][p[1]].n > 1
             }
             high = max(means.values(), default=None)
             return {p for p, m in means.items() if m == high} if len(positions) > 1 else set()
@@ -164,9 +169,11 @@ def _head_note(
     shows = track_text(protocol, version, track)
     if not n_seeds:  # every run of the protocol failed: its tables are all --
         return f"{metric} on the test set: no successful run; {shows}."
+    if n_seeds == 1:
+        return f"{metric} on the test set, one seed (no spread to show); {shows}; {last}."
     return (
         f"{metric} on the test set, mean ± std over {plural(n_seeds, 'seed')} (a cell with "
-        f"fewer says n=); {shows}; {last}."
+        f"fewer says n=, and one with a single seed shows no ± std); {shows}; {last}."
     )
 
 
@@ -180,6 +187,25 @@ def score_note(metric: str) -> str:
             "perfect, below 0 worse than chance."
         )
     return f"Raw {metric}, not chance-normalised: no chance is known at the longer length."
+
+
+def seeds_text(counts: pd.DataFrame, what: str = "mean") -> str:
+    """The seeds a figure's values are taken over, for its title: ``counts`` holds a row per
+    value shown (mechanism, seeds). "mean over 3 seeds", "mean over 1 to 3 seeds", or, with
+    the reference's runs beside yours, "mean over 1 seed (yours), 2 to 3 seeds (reference)":
+    a title never claims more seeds than a value has."""
+
+    def span(seeds: pd.Series) -> str:
+        low, high = int(seeds.min()), int(seeds.max())
+        return plural(high, "seed") if low == high else f"{low} to {high} seeds"
+
+    if counts.empty:
+        return f"{what} over no seed"
+    reference = counts["mechanism"].astype(str).str.endswith(REFERENCE_SUFFIX)
+    if reference.all() or not reference.any():
+        return f"{what} over {span(counts['seeds'])}"
+    yours, theirs = span(counts["seeds"][~reference]), span(counts["seeds"][reference])
+    return f"{what} over {yours} (yours), {theirs} (reference)"
 
 
 def target_note(runs: pd.DataFrame) -> str:
