@@ -519,7 +519,7 @@ def test_leak_guard_stores_leaky_rows_over_an_old_result(leaky, tmp_path):
     store = ResultStore(tmp_path)
     old = failed_row(specs[0], SMOKE.lrs[0], torch.device("cpu"), "")
     store.write([{**old, "status": "ok", "error": None, "token_acc": 1.0, "selected": True}])
-    refusal = leak_guard(specs, store, None)
+    refusal = leak_guard(specs, store, None).refusal
     assert refusal.startswith(f"refused: mechanism {name} is not causal (causality:")
     assert "\n" not in refusal
     rows = store.load(warn=False).rows
@@ -532,9 +532,11 @@ def test_leak_guard_refuses_a_proven_leak_not_a_mechanism_that_raises(register, 
     diverge) and are stored so."""
     store = ResultStore(tmp_path)
     for cls in (RefusesFloat64, ReturnsNaN):
-        assert leak_guard(plan(["kv_recall"], [register(cls)], SMOKE, 1), store, None) is None
+        guarded = leak_guard(plan(["kv_recall"], [register(cls)], SMOKE, 1), store, None)
+        assert guarded.refusal is None and not guarded.ended
     leaks = plan(["kv_recall"], [register(RefusesFloat64AndLeaks)], SMOKE, 1)
-    assert "(causality-forward: outputs at positions <= 0" in leak_guard(leaks, store, None)
+    refusal = leak_guard(leaks, store, None).refusal
+    assert "(causality-forward: outputs at positions <= 0" in refusal
 
 
 def test_a_leaky_training_ends_its_sweep_without_a_result():
@@ -551,10 +553,14 @@ def test_a_leaky_training_ends_its_sweep_without_a_result():
 
 
 def leaderboard_rank(reports: Path, mechanism: str) -> str:
-    """The rank cell of ``mechanism``'s row in the Markdown leaderboard."""
+    """The rank cell of ``mechanism``'s row in the Markdown leaderboard (its columns found
+    by the header's names)."""
+    column = None
     for line in (reports / "leaderboard.md").read_text().splitlines():
         cells = [c.strip() for c in line.split("|")]
-        if len(cells) > 2 and cells[2] == mechanism:
+        if "mechanism" in cells:
+            column = cells.index("mechanism")
+        elif column is not None and len(cells) > column and cells[column] == mechanism:
             return cells[1]
     raise AssertionError(f"{mechanism} is not listed")
 

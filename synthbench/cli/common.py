@@ -289,6 +289,17 @@ def split(value: str) -> list[str]:
     return [part.strip() for part in value.split(",") if part.strip()]
 
 
+def names_in(value: str, option: str, what: str, known: tuple[str, ...] = ()) -> list[str]:
+    """The comma-separated names an option was given; one that names nothing (``''``,
+    ``,,``) is a one-line error, never read as "no filter" nor as nothing to do (naming the
+    ``known`` names, where the option has a fixed few)."""
+    names = split(value)
+    if not names:
+        choices = f"; choose from {', '.join(known)}" if known else ""
+        raise UsageError(f"{option} names no {what} (got {value!r}){choices}")
+    return names
+
+
 def _task_name(name: str) -> str:
     """A task's canonical name; an unknown one is refused with the close matches among the
     tasks and the named sets (``--task extnded``: did you mean extended?)."""
@@ -308,7 +319,7 @@ def select_tasks(task: str, category: str | None) -> list[str]:
     if task in TASK_SETS:
         names = task_set("extended" if category is not None else task)
     else:
-        names = [_task_name(n) for n in split(task)]
+        names = [_task_name(n) for n in names_in(task, "--task", "task")]
     if category is not None:
         wanted = {c.lower(): c for c in CATEGORIES}
         if category.lower() not in wanted:
@@ -326,11 +337,21 @@ def select_tasks(task: str, category: str | None) -> list[str]:
 
 def select_mechanisms(value: str, option: str = "--mech") -> list[str]:
     """'all' or comma-separated names -> canonical names, each once."""
-    names = MECHANISMS.names() if value == "all" else split(value)
-    mechs = list(dict.fromkeys(MECHANISMS.canonical(m) for m in names))
-    if not mechs:
-        raise UsageError(f"{option} names no mechanism")
-    return mechs
+    names = MECHANISMS.names() if value == "all" else names_in(value, option, "mechanism")
+    return list(dict.fromkeys(MECHANISMS.canonical(m) for m in names))
+
+
+def say_slow_check(limit: float, option: str = ""):
+    """What a command says of a check still running in its child process
+    (integrity/isolation.py, ``on_slow``): which, for how long, where it is now, and when it
+    is stopped (``option`` sets that limit)."""
+
+    def say(label: str, seconds: float, where: str | None) -> None:
+        at = f", now at {where}" if where else ""
+        how = f" ({option})" if option else ""
+        warn(f"{label} has run for {seconds:.0f} s{at}; it is stopped after {limit:g} s{how}")
+
+    return say
 
 
 def load_results(results: Path, columns: list[str] | None = None) -> LoadReport:
@@ -357,13 +378,21 @@ def check_run_paths(store: ResultStore, specs) -> None:
     but a folder where its protocol=, task= or mechanism= folder belongs, a folder (or
     anything but a file) at the file's own path, or a folder of the tree this user may not
     write."""
-    folders = set()
+    runs: dict[tuple[str, str, str], list[str]] = {}  # a mechanism= folder's, its run ids
     for spec in specs:
-        path = store.path_for(spec.protocol.name, spec.task, spec.mechanism, spec.run_id)
-        if os.path.lexists(path) and not path.is_file():
-            what = "a folder" if path.is_dir() else "not a file"
-            raise UsageError(f"{path} is {what}, where a run's results file goes: move it away")
+        runs.setdefault((spec.protocol.name, spec.task, spec.mechanism), []).append(spec.run_id)
+    folders = set()
+    for key, run_ids in runs.items():
+        path = store.path_for(*key, run_ids[0])
         folders |= set(path.parents[:3])  # its mechanism=, task= and protocol= folders
+        # each folder listed once, not each run's path asked for (a grid may be 500,000 runs)
+        found = _entries(path.parent)
+        for run_id in run_ids:
+            entry = found.get(f"{run_id}.parquet")
+            if entry is not None and not entry.is_file():
+                path = store.path_for(*key, run_id)
+                what = "a folder" if entry.is_dir() else "not a file"
+                raise UsageError(f"{path} is {what}, where a run's results file goes: move it away")
     for folder in sorted(folders):
         if os.path.lexists(folder) and not folder.is_dir():
             raise UsageError(f"{folder} is a file, where a folder of the results tree goes")
@@ -371,14 +400,24 @@ def check_run_paths(store: ResultStore, specs) -> None:
             raise UsageError(f"{folder} is not writable by this user")
 
 
-def filter_names(value: str, stored, registry=None, kind: str = "name") -> list[str]:
+def _entries(folder: Path) -> dict[str, os.DirEntry]:
+    """What ``folder`` holds by name; nothing where it is not a folder that can be listed."""
+    try:
+        with os.scandir(folder) as entries:
+            return {entry.name: entry for entry in entries}
+    except OSError:  # absent, a file, or not readable: the folder checks say which
+        return {}
+
+
+def filter_names(value: str, option: str, stored, registry=None, kind: str = "name") -> list[str]:
     """The comma-separated names of a filter option over stored rows: a name found in
     ``stored`` as it is, else the ``registry``'s canonical name (an alias resolved; an
     unknown name is its one-line error with the close matches); without a registry, an
-    unknown name is such an error of our own, over ``stored``."""
+    unknown name is such an error of our own, over ``stored``. A value naming nothing is
+    an error (``names_in``), never "no filter"."""
     stored = sorted({str(s) for s in stored})
     names = []
-    for name in split(value):
+    for name in names_in(value, option, kind):
         if name in stored:
             names.append(name)
         elif registry is not None:

@@ -67,10 +67,14 @@ FirstSeedOption = Annotated[
 
 
 def _select(names: str) -> list[str]:
-    chosen = FACTS.names() if names == "all" else [FACTS.canonical(n) for n in split(names)]
-    if not chosen:
-        raise UsageError("no fact named")
-    return list(dict.fromkeys(chosen))
+    """'all' or comma-separated fact names -> canonical names, each once; a value naming
+    none ('', ',,') is a one-line error with the way to list them."""
+    if names == "all":
+        return FACTS.names()
+    if not split(names):
+        hint = "give 'all' or fact names (synthbench facts list)"
+        raise UsageError(f"NAMES names no fact (got {names!r}): {hint}")
+    return list(dict.fromkeys(FACTS.canonical(n) for n in split(names)))
 
 
 def _check_first_seed(first_seed: int) -> None:
@@ -92,8 +96,8 @@ def list_command(
     for entry in FACTS.entries():
         fact = entry.obj
         runs = len({s.run_id for specs in fact_specs(fact).values() for s in specs})  # shared
-        rows.append([entry.name, fact.track, str(runs), fact.source, fact.claim])
-    headers = ["fact", "track", "runs", "source", "claim"]
+        rows.append([entry.name, fact.kind, fact.track, str(runs), fact.source, fact.claim])
+    headers = ["fact", "kind", "track", "runs", "source", "claim"]
     if markdown:
         out.print(markdown_table(rows, headers), highlight=False, markup=False)
         return
@@ -154,7 +158,9 @@ def run_command(
         else:
             out.print("done: nothing new to train", highlight=False)
     finally:  # what the stored runs say, even when some failed (those facts: inconclusive)
-        _print_verdicts(chosen, _rows(results, shipped_rows), first_seed)
+        rows = _rows(results, shipped_rows)
+        _warn_unshipped(chosen, shipped_rows, rows, first_seed)
+        _print_verdicts(chosen, rows, first_seed)
 
 
 def _shipped_rows(shipped: bool) -> pd.DataFrame:
@@ -173,6 +179,25 @@ def _rows(results: Path, shipped_rows: pd.DataFrame) -> pd.DataFrame:
     if not results.exists() and not shipped_rows.empty:
         return shipped_rows
     return facts_shipped.with_shipped(load_results(results).rows, shipped_rows)
+
+
+def _warn_unshipped(
+    chosen: list[str], shipped_rows: pd.DataFrame, rows: pd.DataFrame, first_seed: int
+) -> None:
+    """One line where the shipped facts runs predate arms of the chosen facts (an arm
+    declared or changed since they were measured): those facts are judged without them."""
+    missing = {
+        name: arms
+        for name in chosen
+        if (arms := facts_shipped.arms_not_shipped(FACTS.get(name), shipped_rows, rows, first_seed))
+    }
+    if missing:
+        arms = "; ".join(f"{name}: {', '.join(labels)}" for name, labels in missing.items())
+        count = plural(sum(map(len, missing.values())), "arm")
+        warn(
+            f"the shipped facts runs predate {count} of {plural(len(missing), 'fact')} "
+            f"({arms}): `synthbench facts run {','.join(missing)}` trains them"
+        )
 
 
 def _print_verdicts(chosen: list[str], rows: pd.DataFrame, first_seed: int) -> None:
@@ -214,6 +239,7 @@ def report_command(
     source = f"the rows under {results}/"
     if not shipped_rows.empty:
         source += " and the facts runs shipped with synthbench (yours take precedence)"
+    _warn_unshipped(chosen, shipped_rows, rows, first_seed)
     outcomes = [decide(name, FACTS.get(name), rows, first_seed) for name in chosen]
     for path in report.write(outcomes, out_dir, source):
         out.print(f"wrote {path}", highlight=False)

@@ -152,7 +152,8 @@ class RunView(runner.Events):
         self.estimate = estimate  # the lines saying what the trainings will cost
         self.dry_run = dry_run  # the plan and its estimate only: no bar
         self.more_seeds = more_seeds  # cells whose seeds disagree get more (run/seeds.py)
-        self.varying = grid.varying_keys(specs)  # what tells the points of a grid apart
+        self.points = _one_per_point(specs)
+        self.varying = grid.varying_keys(self.points)  # what tells the points of a grid apart
         self.progress: Progress | None = None
         self.eta: Eta | None = None
         self.bar = None
@@ -171,7 +172,8 @@ class RunView(runner.Events):
             params = ", ".join(f"{k}={v}" for k, v in first.pos_params.items())
             pos_note = f", pos {first.protocol.pos}" + (f" ({params})" if params else "")
         workers = f", {capacity} at once" if capacity > 1 else ""
-        n_points = len({(s.task, s.mechanism, grid.point_label(s, self.varying)) for s in specs})
+        labels = {(s.task, s.mechanism, grid.point_label(s, self.varying)) for s in self.points}
+        n_points = len(labels)
         per_cell = n_points // (tasks * mechs)
         parts = [plural(tasks, "task"), plural(mechs, "mechanism")]
         parts += [plural(per_cell, "grid point")] if self.varying else []
@@ -269,6 +271,17 @@ class RunView(runner.Events):
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+
+
+def _one_per_point(specs: list[RunSpec]) -> list[RunSpec]:
+    """The specs less the other seeds of a grid point, where they share its parameter
+    objects (``RunSpec.with_seeds``): what tells the points apart is worked out per point,
+    not per run (a grid may hold 500,000 runs)."""
+    found: dict[tuple, RunSpec] = {}
+    for spec in specs:
+        shared = (id(spec.task_params), id(spec.mechanism_params), id(spec.protocol))
+        found.setdefault((spec.task, spec.mechanism, *shared), spec)
+    return list(found.values())
 
 
 def run_line(spec: RunSpec, rows: list[dict[str, Any]], varying: tuple[str, ...] = ()) -> str:

@@ -22,6 +22,7 @@ from synthbench.cli.common import (
     fail,
     filter_names,
     load_plugins,
+    names_in,
     out,
     path_parser,
 )
@@ -104,6 +105,10 @@ def reproduce_command(
     reference's. One line per run; exit status 0 when every run reproduces, 1 otherwise."""
     if runs < 1:
         raise UsageError(f"--runs must be >= 1, got {runs}")
+    filters = {"--task": task, "--mech": mech, "--protocol": protocol}
+    for option, value in filters.items():  # one naming nothing is an error, never "no filter"
+        if value is not None:
+            names_in(value, option, option.removeprefix("--").replace("mech", "mechanism"))
     if max_seconds is not None and not 0 < max_seconds < math.inf:
         raise UsageError(f"--max-seconds must be > 0 and finite, got {max_seconds:g}")
     if jobs is not None and jobs < 1:
@@ -121,12 +126,14 @@ def reproduce_command(
     # a task or mechanism this install does not know cannot be trained: left out, cleanly
     rows = ref.rows[ref.rows["task"].isin(TASKS.names())]
     rows = rows[rows["mechanism"].isin(MECHANISMS.names())]
-    if task:
-        rows = rows[rows["task"].isin(filter_names(task, ref.rows["task"], TASKS))]
-    if mech:
-        rows = rows[rows["mechanism"].isin(filter_names(mech, ref.rows["mechanism"], MECHANISMS))]
-    if protocol:
-        names = filter_names(protocol, ref.rows["protocol"], PROTOCOLS)
+    if task is not None:
+        names = filter_names(task, "--task", ref.rows["task"], TASKS, "task")
+        rows = rows[rows["task"].isin(names)]
+    if mech is not None:
+        names = filter_names(mech, "--mech", ref.rows["mechanism"], MECHANISMS, "mechanism")
+        rows = rows[rows["mechanism"].isin(names)]
+    if protocol is not None:
+        names = filter_names(protocol, "--protocol", ref.rows["protocol"], PROTOCOLS, "protocol")
         rows = rows[rows["protocol"].isin(names)]
     candidates = _runs(rows)
     if candidates.empty:

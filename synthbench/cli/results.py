@@ -20,6 +20,7 @@ from synthbench.cli.common import (
     filter_names,
     load_plugins,
     load_results,
+    names_in,
     os_error,
     out,
     path_parser,
@@ -82,15 +83,18 @@ def results_command(
         check_writable_file(csv, "--csv")
     rows = stored = load_results(results).rows
     # a filter value is a name stored here or a registered one, as `run` takes it
-    if task:
-        rows = rows[rows["task"].isin(filter_names(task, stored["task"], TASKS))]
-    if mech:
-        rows = rows[rows["mechanism"].isin(filter_names(mech, stored["mechanism"], MECHANISMS))]
-    if protocol:
-        rows = rows[rows["protocol"].isin(filter_names(protocol, stored["protocol"], PROTOCOLS))]
-    if status:
+    # (an empty value is an error, never "no filter": ``filter_names``)
+    if task is not None:
+        rows = rows[rows["task"].isin(filter_names(task, "--task", stored["task"], TASKS, "task"))]
+    if mech is not None:
+        names = filter_names(mech, "--mech", stored["mechanism"], MECHANISMS, "mechanism")
+        rows = rows[rows["mechanism"].isin(names)]
+    if protocol is not None:
+        names = filter_names(protocol, "--protocol", stored["protocol"], PROTOCOLS, "protocol")
+        rows = rows[rows["protocol"].isin(names)]
+    if status is not None:
         known = {*STATUSES, *stored["status"]}
-        rows = rows[rows["status"].isin(filter_names(status, known, kind="status"))]
+        rows = rows[rows["status"].isin(filter_names(status, "--status", known, kind="status"))]
     if not all_lrs:  # failed runs have no selected row: keep them so they stay visible
         rows = rows[rows["selected"].astype(bool) | (rows["status"] != "ok")]
     if as_json:
@@ -172,6 +176,11 @@ def report_command(
     ] = True,
 ) -> None:
     """Tables (Markdown, LaTeX), figures and the leaderboard page, one set per protocol."""
+    # every list is checked before a row is read: one naming nothing is an error, not "all"
+    chosen_formats = tuple(names_in(formats, "--format", "format", FORMATS))
+    for option, value in (("--protocol", protocol), ("--task", task), ("--mech", mech)):
+        if value is not None:
+            names_in(value, option, option.removeprefix("--").replace("mech", "mechanism"))
     if metric not in METRICS:
         raise UsageError(
             f"unknown metric '{metric}'{did_you_mean(metric, METRICS)} ({', '.join(METRICS)})"
@@ -190,11 +199,13 @@ def report_command(
             raise UsageError(f"{exc}{hint}") from None
         raise
     hint = hint if rows.empty or alone else ""
-    tasks = select_tasks(task or "all", category) if task or category else None
-    mechs = [MECHANISMS.canonical(m) for m in split(mech)] if mech else None
+    both = task is not None or category is not None
+    tasks = select_tasks("all" if task is None else task, category) if both else None
+    mechs = None if mech is None else [MECHANISMS.canonical(m) for m in split(mech)]
     keep = pd.Series(True, index=rows.index)
-    if protocol:
-        keep &= rows["protocol"].isin(filter_names(protocol, rows["protocol"], PROTOCOLS))
+    if protocol is not None:
+        names = filter_names(protocol, "--protocol", rows["protocol"], PROTOCOLS, "protocol")
+        keep &= rows["protocol"].isin(names)
     if tasks is not None:
         keep &= rows["task"].isin(tasks)
     if mechs is not None:
@@ -206,6 +217,7 @@ def report_command(
     for name, versions in left_out.items():
         old = ", ".join(f"v{v}" for v in versions)
         warn(f"protocol {name}: rows of older versions ({old}) left out; reporting the newest")
+    replaced = None
     if alone:
         rows = shipped.mark(rows)
         out.print(
@@ -215,13 +227,14 @@ def report_command(
             markup=False,
         )
     elif reference:  # synthbench/report/reference.py: marked, so never taken for the user's own
-        rows, added, problem = shipped.for_report(rows, tasks, mechs)
+        rows, added, problem, replaced = shipped.for_report(rows, tasks, mechs)
         if problem is not None:
             warn(problem)
         if added is not None:
             out.print(added, highlight=False, markup=False)
     try:
-        written = write_reports(rows, out_dir, metric, tuple(split(formats)), compare)
+        # the reference runs yours replaced: the leaderboard names them
+        written = write_reports(rows, out_dir, metric, chosen_formats, compare, replaced=replaced)
     except BrokenPipeError:
         raise
     except OSError as exc:  # a full disk, say: each report file is replaced whole or not at all
@@ -278,10 +291,14 @@ def migrate_command(results: ResultsOption = Path("results")) -> None:
     done = ResultStore(results).migrate()
     for path, why in done.left:
         warn(f"left {path} where it is: {why}")
-    protocols = sorted({new.parts[-4] for _, new in done.moved})
-    where = f" ({', '.join(protocols)})" if protocols else ""
-    left = f"; {len(done.left)} left where they are" if done.left else ""
-    out.print(f"moved {plural(len(done.moved), 'file')}{where}{left}", highlight=False)
+    where = f" ({', '.join(sorted(done.protocols))})" if done.protocols else ""
+    out.print(f"moved {plural(len(done.moved), 'file')}{where}", highlight=False, markup=False)
+    if done.left:  # each named above; nothing of theirs was moved or changed
+        raise fail(
+            f"{plural(len(done.left), 'file')} of the older layout left where "
+            f"{'it is' if len(done.left) == 1 else 'they are'} (see the warnings above)",
+            1,
+        )
 
 
 def _to_json(rows: pd.DataFrame) -> str:

@@ -12,6 +12,7 @@ import typer
 
 from synthbench.bench.common import DEFAULT_BENCH_RESULTS
 from synthbench.cli.common import (
+    INTERRUPTED,
     STDOUT,
     DeviceOption,
     PluginOption,
@@ -21,16 +22,19 @@ from synthbench.cli.common import (
     check_writable_folder,
     fail,
     load_plugins,
+    names_in,
     os_error,
     out,
+    say_slow_check,
     select_mechanisms,
     select_tasks,
-    split,
+    warn,
 )
 from synthbench.cli.progress import RunView
 from synthbench.core.params import parse_assignments
 from synthbench.core.text import did_you_mean, plural
-from synthbench.integrity.guard import leak_guard
+from synthbench.integrity.guard import Guarded, leak_guard
+from synthbench.integrity.isolation import CHECK_SECONDS, CheckProcess, Interrupted
 from synthbench.run import cost, runner
 from synthbench.run.devices import default_jobs, resolve_device, worker_devices
 from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
@@ -86,6 +90,15 @@ ForceOption = Annotated[bool, typer.Option("--force", help="Run again even if al
 YesOption = Annotated[
     bool,
     typer.Option("--yes", help=f"Plan a grid of more than {MAX_RUNS:,} runs (refused without)."),
+]
+MaxSecondsOption = Annotated[
+    float | None,
+    typer.Option(
+        help="Stop a training still running after this many seconds and store it as an "
+        "error naming where it was (it reruns next time); trains in a worker process even "
+        "with --jobs 1. Default: no limit.",
+        show_default=False,
+    ),
 ]
 DryRunOption = Annotated[
     bool,
@@ -162,6 +175,7 @@ def run_command(
     force: ForceOption = False,
     yes: YesOption = False,
     dry_run: DryRunOption = False,
+    max_seconds: MaxSecondsOption = None,
     eval_length_mult: Annotated[
         float | None,
         typer.Option(
@@ -206,6 +220,7 @@ def run_command(
         force=force,
         yes=yes,
         dry_run=dry_run,
+        max_seconds=max_seconds,
         eval_length_mult=eval_length_mult,
         pos=pos,
         pos_params=parse_assignments(pos_param),
@@ -234,6 +249,7 @@ def sweep_command(
     force: ForceOption = False,
     yes: YesOption = False,
     dry_run: DryRunOption = False,
+    max_seconds: MaxSecondsOption = None,
 ) -> None:
     """Run the grid a sweep file describes (what `run` would with the same lists)."""
     grid_options = load_sweep_file(file)
@@ -260,6 +276,7 @@ def sweep_command(
         force=force,
         yes=yes,
         dry_run=dry_run,
+        max_seconds=max_seconds,
         eval_length_mult=grid_options.get("eval_length_mult"),
         pos=grid_options.get("pos"),
         pos_params=grid_options.get("pos_params", {}),
@@ -291,6 +308,7 @@ def run_grid(
     force: bool,
     yes: bool,
     dry_run: bool = False,
+    max_seconds: float | None = None,
     eval_length_mult: float | None,
     pos: str | None,
     pos_params: dict[str, Any],
@@ -302,13 +320,13 @@ def run_grid(
         proto = protocol_of_track(protocol, track)
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
-    check_execution(threads, jobs, pack, executor, device, cpus_per_run, gpus_per_run)
+    check_execution(threads, jobs, pack, executor, device, cpus_per_run, gpus_per_run, max_seconds)
     n_seeds = proto.seeds if seeds is None else seeds
     if not 1 <= n_seeds <= MAX_SEEDS:
         raise UsageError(f"--seeds must be in [1, {MAX_SEEDS}], got {n_seeds}")
     check_writable_folder(results, "--results")
     tasks, mechs = select_tasks(task, category), select_mechanisms(mech)
-    difficulties = split(difficulty) if difficulty is not None else None
+    difficulties = None if difficulty is None else names_in(difficulty, "--difficulty", "preset")
     size = runner.plan_size(
         tasks, mechs, proto, n_seeds, task_params=task_params, mechanism_params=mech_params,
         difficulties=difficulties, protocol_params=protocol_params,
@@ -354,6 +372,7 @@ def run_grid(
         positions=bool(pos is not None or pos_params),
         dry_run=dry_run,
         more_seeds=True,  # the plan holds whole cells: seeds 0..N-1 of each
+        max_seconds=max_seconds,
     )
 
 
@@ -377,9 +396,15 @@ def check_execution(
     device: str,
     cpus_per_run: float | None,
     gpus_per_run: float,
+    max_seconds: float | None = None,
 ) -> None:
     """The options of how runs execute (shared by run, sweep and ``facts run``), checked
     before anything is planned."""
+    if max_seconds is not None:
+        if not 0 < max_seconds < math.inf:
+            raise UsageError(f"--max-seconds must be > 0 and finite, got {max_seconds:g}")
+        if executor != "local":  # Ray's tasks are stopped by Ray: not by this command
+            raise UsageError("--max-seconds needs the local executor (--executor local)")
     if executor not in EXECUTORS:
         hint = did_you_mean(executor, EXECUTORS)
         raise UsageError(f"unknown executor '{executor}'{hint} ({', '.join(EXECUTORS)})")
@@ -415,27 +440,52 @@ def train_specs(
     positions: bool = False,
     dry_run: bool = False,
     more_seeds: bool = False,
+    max_seconds: float | None = None,
 ) -> None:
     """Train the planned runs that are not stored (all with ``force``), render the progress,
     and exit non-zero if any raised, diverged everywhere or leaked. ``resized``: the plan
     changes default sizes (the cost estimate says so); ``positions``: it sets positions;
     ``dry_run``: check the plan, say what it would train and cost, and stop there;
     ``more_seeds``: a cell whose seeds disagree gets more (``runner.execute``): for a plan
-    of whole cells, not of chosen seeds (``facts run``)."""
+    of whole cells, not of chosen seeds (``facts run``); ``max_seconds``: a training still
+    running after that long is stopped and stored as an error."""
     dev = resolve_device(device) if executor == "local" else None
     if pack is None:  # where it is measured to help (synthbench/run/packed.py)
         pack = default_pack(dev or torch.device("cuda" if gpus_per_run else "cpu"))
-    with out.status("checking the plan"), phase("planning"):
-        check_run_paths(ResultStore(results), specs)  # before any training: where files go
-        check_runs(specs, dev)  # sequence lengths, the memory a run needs
-    if not dry_run:  # the guard stores a leaky mechanism's runs: left to the real run
-        names = list(dict.fromkeys(s.mechanism for s in specs))
-        names = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        checking = f"checking {names} for causality (no position may see a later one)"
-        with out.status(checking), phase("leak guard"):
-            refusal = leak_guard(specs, ResultStore(results), dev)  # integrity/guard.py
-        if refusal:  # a mechanism that sees later positions never trains; its runs say leaky
-            raise fail(refusal, 1)
+    guarded = Guarded()
+    # a plugin's leak checks run in a child process (its code may end or hang it:
+    # integrity/isolation.py), started now so that it loads while the plan is checked
+    checks = None if dry_run else CheckProcess(plugin, on_slow=say_slow_check(CHECK_SECONDS))
+    try:
+        if checks is not None:
+            checks.start(list(dict.fromkeys(spec.mechanism for spec in specs)))
+        with out.status("checking the plan"), phase("planning"):
+            check_run_paths(ResultStore(results), specs)  # before any training: where files go
+            check_runs(specs, dev)  # sequence lengths, the memory a run needs
+        if checks is not None:  # the guard stores a leaky mechanism's runs: the real run's
+            names = list(dict.fromkeys(s.mechanism for s in specs))
+            more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+            checking = f"checking {', '.join(names[:3])}{more} for causality"
+            with out.status(f"{checking} (no position may see a later one)"), phase("leak guard"):
+                guarded = leak_guard(specs, ResultStore(results), dev, checks)  # guard.py
+    except Interrupted as exc:  # Ctrl-C during a check: which one, and where it was
+        raise fail(f"{exc}; nothing trained", INTERRUPTED) from None
+    finally:
+        if checks is not None:
+            checks.close()
+    if guarded.refusal:  # a mechanism that sees later positions never trains; its runs say leaky
+        raise fail(guarded.refusal, 1)
+    for line in guarded.ended:  # the other mechanisms' runs train
+        warn(line)
+    stopped = ""
+    if guarded.stopped:
+        specs = [spec for spec in specs if spec.run_id not in guarded.stopped]
+        stopped = (
+            f"{plural(len(guarded.stopped), 'run')} not trained: the leak check of their "
+            "mechanism ended the process it ran in or never returned (see the warnings above)"
+        )
+        if not specs:
+            raise fail(stopped, 1)
 
     def local_workers(n_units: int) -> int:
         """How many of ``n_units`` trainings the local executor runs at once."""
@@ -446,9 +496,9 @@ def train_specs(
         if executor == "ray":
             return RayPool(ray_address, plugin or [], cpus_per_run or threads, gpus_per_run, jobs)
         n = local_workers(n_units)
-        if n <= 1:
+        if n <= 1 and max_seconds is None:  # a time limit needs a process it can stop
             return InProcess(dev, own_process=True)
-        return LocalPool(worker_devices(dev, n), plugin or [], threads)
+        return LocalPool(worker_devices(dev, n), plugin or [], threads, max_seconds)
 
     where = f"device {dev}" if dev is not None else f"Ray at {ray_address or 'a local instance'}"
     # the device a stored row names (a GPU's model); under Ray, --gpus-per-run's
@@ -502,18 +552,21 @@ def train_specs(
     if outcome.claimed:  # another command computes them; the same command later does the rest
         summary += f"; {outcome.claimed} skipped: claimed by another command"
     out.print(f"done: {summary}", highlight=False)
+    also = f"; {stopped}" if stopped else ""  # one error line says both
     if outcome.failure() and not outcome.statuses.get("error"):
-        raise fail(outcome.failure(), 1)
+        raise fail(outcome.failure() + also, 1)
     if outcome.statuses.get("error"):
         raise fail(
             f"{plural(outcome.statuses['error'], 'run')} raised; their errors are stored "
-            "(synthbench results --status error) and they rerun next time",
+            f"(synthbench results --status error) and they rerun next time{also}",
             1,
         )
     leaky = outcome.statuses.get(LEAKY, 0) + outcome.stored_leaky
     if leaky:  # a learned parameter switched a leak on in training, now or before
         raise fail(
             f"{plural(leaky, 'run')} not causal after training: stored with status leaky, never "
-            "ranked (synthbench results --status leaky; changed plugin code is a new run)",
+            f"ranked (synthbench results --status leaky; changed plugin code is a new run){also}",
             1,
         )
+    if stopped:
+        raise fail(stopped, 1)

@@ -35,7 +35,9 @@ from synthbench.integrity.causality import (
     CheckResult,
     Subject,
     call,
-    check_leaks,
+    check_causality,
+    check_forward_causality,
+    check_layout,
     dtype_name,
     failure,
     first_failure,
@@ -176,20 +178,35 @@ def check_state_size(subject: Subject, lengths: Sequence[int]) -> CheckResult:
                                    f"complexity {complexity})")  # fmt: skip
 
 
+# every check of ``check_mechanism``, in its order: one at a time (``run_check``), a command
+# that runs them in a child process can say which one ended it (integrity/isolation.py)
+CHECKS = ("layout", "causality", "causality-forward", "dtypes", "large-inputs", "determinism",
+          "state-size", "recurrent")  # fmt: skip
+
+
 def check_mechanism(subject: Subject, lengths: Sequence[int]) -> list[CheckResult]:
     """Every check (``synthbench check``); the single-length ones at the longest length."""
+    return [result for name in CHECKS for result in run_check(name, subject, lengths)]
+
+
+def run_check(name: str, subject: Subject, lengths: Sequence[int]) -> list[CheckResult]:
+    """The check ``name`` of ``CHECKS`` (none for ``recurrent`` where the mechanism has no
+    recurrent form), leaving torch's random state as it found it; single-length checks at the
+    longest of ``lengths``."""
     lengths = sorted(set(lengths))
     longest = lengths[-1]
-    results = check_leaks(subject, lengths)
+    checks = {
+        "layout": lambda: [check_layout(subject, lengths)],
+        "causality": lambda: [check_causality(subject, lengths)],
+        "causality-forward": lambda: [check_forward_causality(subject, lengths)],
+        "dtypes": lambda: [check_dtypes(subject, longest)],
+        "large-inputs": lambda: [check_large_inputs(subject, longest)],
+        "determinism": lambda: [check_determinism(subject, longest)],
+        "state-size": lambda: [check_state_size(subject, lengths)],
+        "recurrent": lambda: _recurrent_if_any(subject, lengths),
+    }
     with own_random_state(subject.device):
-        return [
-            *results,
-            check_dtypes(subject, longest),
-            check_large_inputs(subject, longest),
-            check_determinism(subject, longest),
-            check_state_size(subject, lengths),
-            *_recurrent_if_any(subject, lengths),
-        ]
+        return checks[name]()
 
 
 def _recurrent_if_any(subject: Subject, lengths: Sequence[int]) -> list[CheckResult]:

@@ -20,6 +20,7 @@ every metric equal, as one that never stopped.
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,12 @@ FOLDER = ".checkpoints"  # under the results root
 
 def path_for(root: Path, run_id: str, lr: float) -> Path:
     """Where the training of ``run_id`` at ``lr`` keeps its checkpoint under ``root``."""
-    return Path(root) / FOLDER / f"{run_id}-lr{lr_key(lr)!r}.pt"
+    return Path(file_for(root, run_id, lr))
+
+
+def file_for(root: Path | str, run_id: str, lr: float) -> str:
+    """``path_for`` as text, without pathlib's parsing: planned once per training."""
+    return os.path.join(root, FOLDER, f"{run_id}-lr{lr_key(lr)!r}.pt")
 
 
 def identity(run_id: str, lr: float, budget: Any, device: torch.device) -> dict[str, str]:

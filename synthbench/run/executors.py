@@ -8,7 +8,9 @@ training's at a time from ``wait``; only the driver process writes them to the s
 - ``LocalPool``: worker processes on this machine (``--jobs N``), each with its own device
   (round-robin over the GPUs: ``devices.worker_devices``). A worker loads the same plugin
   files as the driver, ignores Ctrl-C (the driver stops it), and exits by itself when the
-  driver dies. A worker that dies mid-training is replaced and its training retried.
+  driver dies. A worker that dies mid-training is replaced and its training retried; one
+  still training after ``max_seconds`` (``run --max-seconds``) is stopped, and its training
+  stored as an error naming where it was (core/children.py), not retried.
 - ``RayPool``: tasks on a Ray cluster (``--executor ray``): a local instance, or an existing
   cluster through ``--ray-address``. Rows travel back to the driver, so the workers need no
   shared filesystem; plugin files travel as their source. Its workers ignore Ctrl-C too. Ray
@@ -25,9 +27,7 @@ import hashlib
 import logging
 import multiprocessing
 import os
-import signal
 import tempfile
-import threading
 import time
 import warnings
 from collections import deque
@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from synthbench.core import children
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.registry import PluginWarning, load_plugin_file
 from synthbench.core.task import TASKS
@@ -103,45 +104,20 @@ class InProcess(_Results):
 # -- local worker processes -------------------------------------------------------------------
 
 
-def _exit_with_parent(parent: int) -> None:
-    """Exit this worker as soon as its driver is gone (killed, even with SIGKILL)."""
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(1)
-            time.sleep(0.5)
-
-    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
-
-
-def _leave_ctrl_c_to_the_driver() -> None:
-    """In a worker: Ctrl-C is the driver's to handle (it stops the workers), so SIGINT is
-    ignored here, and a KeyboardInterrupt is always plugin code's, stored as the training's
-    failure (synthbench/core/interrupts.py). Only the main thread may set a handler."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def load_plugins(files: list[str]) -> None:
-    """Entry-point plugins and the given plugin files, as the driver loaded them."""
-    registries = [TASKS, MECHANISMS]
-    for registry in registries:
-        registry.load_plugins()
-    for path in files:
-        load_plugin_file(path, registries)
-
-
-def _worker_main(conn: Connection, device: str, plugin_files: list[str], parent: int) -> None:
+def _worker_main(
+    conn: Connection, device: str, plugin_files: list[str], parent: int, stacks: str | None
+) -> None:
     """A local worker: train each piece of work it receives, send back its rows; None ends
-    it."""
-    _leave_ctrl_c_to_the_driver()
-    _exit_with_parent(parent)
+    it. Its stack goes to ``stacks`` when asked (core/children.py: a time limit says where
+    it stopped a training)."""
+    children.leave_ctrl_c_to_the_parent()
+    children.exit_with_parent(parent)
+    children.dump_stack_on_request(stacks)
     warnings.simplefilter("ignore", PluginWarning)  # the driver reported them already
     notes_on_one_line()
     reuse_freed_memory()
     try:
-        load_plugins(plugin_files)
+        children.load_plugins(plugin_files)
     except Exception as exc:
         conn.send(("fatal", f"a worker could not load the plugins: {exc}"))
         return
@@ -153,39 +129,64 @@ def _worker_main(conn: Connection, device: str, plugin_files: list[str], parent:
                 return
             if unit is None:
                 return
+            conn.send(("started", None))  # a time limit counts from here, not from its start
             conn.send(("rows", train_work(unit, torch.device(device))))
     finally:
         phases.write()  # a worker's exit skips atexit
 
 
 class _Worker:
-    def __init__(self, context, device: torch.device, plugin_files: list[str]) -> None:
+    """A worker process; ``watched``: it can say where it stands (a time limit needs it)."""
+
+    def __init__(
+        self, context, device: torch.device, plugin_files: list[str], watched: bool = False
+    ) -> None:
         self.device = device
         self.conn, child = context.Pipe()
+        self.stacks = children.StackFile() if watched else None
         self.process = context.Process(
             target=_worker_main,
-            args=(child, str(device), plugin_files, os.getpid()),
+            args=(child, str(device), plugin_files, os.getpid(), self.stacks and self.stacks.path),
             daemon=True,
             name=f"synthbench-worker-{device}",
         )
         self.process.start()
         child.close()  # the child's end lives in the child: EOF here when it dies
         self.unit = None
+        self.since: float | None = None  # when it began its unit (time.monotonic)
+
+    def where(self) -> str | None:
+        """Where its training stands (file:line in function), if it can tell."""
+        if self.stacks is None or not self.process.is_alive():
+            return None
+        return self.stacks.where(self.process.pid, _worker_main.__name__)
 
     def stop(self) -> None:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=10)
         self.conn.close()
+        if self.stacks is not None:
+            self.stacks.close()
 
 
 class LocalPool(_Results):
-    """``jobs`` worker processes on this machine; ``devices`` gives each one's device."""
+    """``jobs`` worker processes on this machine; ``devices`` gives each one's device.
+    ``max_seconds``: a piece of work (a training, or a pack of them trained together) still
+    running after that long is stopped, its worker replaced, and its trainings given error
+    rows naming where it was (not retried: it would hang again)."""
 
-    def __init__(self, devices: list[torch.device], plugin_files: list[Path], threads: int = 1):
+    def __init__(
+        self,
+        devices: list[torch.device],
+        plugin_files: list[Path],
+        threads: int = 1,
+        max_seconds: float | None = None,
+    ):
         if not devices:
             raise ValueError("a local pool needs at least one worker")
         self.capacity = len(devices)
+        self.max_seconds = max_seconds
         self._files = [str(Path(p).resolve()) for p in plugin_files]
         self._context = multiprocessing.get_context("spawn")  # fork would copy torch's threads
         self._threads = threads
@@ -199,7 +200,7 @@ class LocalPool(_Results):
         previous = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = str(self._threads)
         try:
-            return _Worker(self._context, device, self._files)
+            return _Worker(self._context, device, self._files, self.max_seconds is not None)
         finally:
             if previous is None:
                 del os.environ["OMP_NUM_THREADS"]
@@ -223,6 +224,7 @@ class LocalPool(_Results):
                 worker = self._workers[i] = self._spawn(worker.device)
                 worker.conn.send(self._waiting[0])
             worker.unit = self._waiting.popleft()
+            worker.since = None  # until it says it began (a new worker loads torch first)
 
     def wait(self) -> tuple[Any, dict[str, Any]]:
         if self._ready:
@@ -231,24 +233,60 @@ class LocalPool(_Results):
             busy = [w for w in self._workers if w.unit is not None]
             if not busy:
                 raise ExecutorError("wait() with nothing submitted")
-            ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy])
+            timeout = None
+            begun = [w.since for w in busy if w.since is not None]
+            if self.max_seconds is not None and begun:  # until the first one is overdue
+                timeout = max(0.0, min(begun) + self.max_seconds - time.monotonic())
+            ready = wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout)
             for worker in busy:
                 if worker.conn in ready or worker.process.sentinel in ready:
                     result = self._collect(worker)
                     if result is not None:
                         self._dispatch()
                         return self._hand_out(*result)
+            for worker in busy:
+                if self._overdue(worker):
+                    result = self._stop_overdue(worker)
+                    self._dispatch()
+                    return self._hand_out(*result)
             self._dispatch()
 
+    def _overdue(self, worker: _Worker) -> bool:
+        return (
+            self.max_seconds is not None
+            and worker.unit is not None
+            and worker.since is not None
+            and time.monotonic() - worker.since >= self.max_seconds
+        )
+
+    def _stop_overdue(self, worker: _Worker):
+        """(work, error rows) of a worker past ``max_seconds``: it is stopped and replaced."""
+        where = worker.where()
+        seconds = time.monotonic() - worker.since
+        unit, worker.unit = worker.unit, None
+        index = self._workers.index(worker)
+        worker.stop()
+        self._workers[index] = self._spawn(worker.device)
+        at = f", at {where}" if where else ""
+        message = f"TimeLimit: stopped after {self.max_seconds:g} s (--max-seconds){at}"
+        rows = lost_rows(unit, worker.device, message)
+        return unit, [{**row, "wall_seconds": seconds} for row in rows]
+
     def _collect(self, worker: _Worker):
-        """(work, rows) if ``worker`` sent its rows; None if it died (then it is replaced)."""
+        """(work, rows) if ``worker`` sent its rows; None if it only said it began its work,
+        or if it died (then it is replaced)."""
         try:
-            if worker.conn.poll():
+            while worker.conn.poll():
                 kind, payload = worker.conn.recv()
+                if kind == "started":
+                    worker.since = time.monotonic()
+                    continue
                 if kind == "fatal":
                     raise ExecutorError(payload)
                 unit, worker.unit = worker.unit, None
                 return unit, payload
+            if worker.process.is_alive():
+                return None
         except (EOFError, OSError):
             pass
         worker.process.join(timeout=10)
@@ -288,7 +326,7 @@ _loaded_sources: set[str] = set()  # in a Ray worker: the plugin sources already
 def _load_plugin_sources(sources: list[tuple[str, str]]) -> None:
     """Load plugin files shipped as (file name, source): written once to a folder named
     by their hash, then loaded like the driver's files."""
-    load_plugins([])
+    children.load_plugins([])
     for name, source in sources:
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         if digest in _loaded_sources:
@@ -303,7 +341,7 @@ def _load_plugin_sources(sources: list[tuple[str, str]]) -> None:
 
 
 def _ray_train(work, device: str, sources: list[tuple[str, str]]) -> list[dict[str, Any]]:
-    _leave_ctrl_c_to_the_driver()  # RayPool.close cancels a task by killing its worker
+    children.leave_ctrl_c_to_the_parent()  # RayPool.close cancels a task by killing its worker
     notes_on_one_line()
     reuse_freed_memory()
     _load_plugin_sources(sources)

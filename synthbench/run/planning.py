@@ -61,8 +61,8 @@ def plan(
                     task, mechanism, proto, 0, task_point, mech_point,
                     eval_length_mult, pos, pos_params, threads,
                 )  # fmt: skip
-                for seed in range(seeds):
-                    spec = first.with_seed(seed) if seed else first
+                specs.setdefault(first.run_id, first)
+                for spec in first.with_seeds(range(1, seeds)):
                     specs.setdefault(spec.run_id, spec)
     return list(specs.values())
 

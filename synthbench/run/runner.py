@@ -21,8 +21,9 @@ claims the run (synthbench/run/claims.py): a run claimed by another live command
 from __future__ import annotations
 
 import itertools
+import json
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -450,6 +451,9 @@ def _pending(
         loaded = store.load(columns=columns, warn=False)
         for line in loaded.warnings():
             events.skipped(line)
+    # the runs with a file in the tree (under any name of theirs): only such a file can
+    # refuse a run (``_admit``), and asking the store of each planned run costs syscalls
+    on_disk = {p.stem for p in (store.files() if loaded is None else loaded.files)}
     cells = Cells(more_seeds)
     cells.plan(specs)
     planned: list[RunSpec] = []
@@ -461,7 +465,7 @@ def _pending(
         todo: list[Unit] = []
         for spec in batch:
             kept = _finished(stored.get(spec.run_id, []))
-            run, more = _admit(spec, kept, store, force, events, outcome, cells, write)
+            run, more = _admit(spec, kept, store, force, events, outcome, cells, write, on_disk)
             if run is not None:
                 active[spec.run_id] = run
                 todo += more
@@ -495,12 +499,15 @@ def _admit(
     outcome: Outcome,
     cells: Cells,
     write: bool = True,
+    on_disk: Container[str] | None = None,
 ) -> tuple[_Run | None, list[Unit]]:
     """A run joining the plan, given the stored rows it keeps (``_finished``): its ``_Run``
     and trainings to do; (None, []) when it is stored complete (counted, and told to
-    ``cells``) or refused (counted and said)."""
+    ``cells``) or refused (counted and said). ``on_disk``: the run ids with a file in the
+    tree, where known (a run without one is refused by none)."""
     state = sweep_state(spec.protocol, kept)
-    refusal = None if state.complete else store.refusal(*_place(spec))
+    may_be_refused = not state.complete and (on_disk is None or spec.run_id in on_disk)
+    refusal = store.refusal(*_place(spec)) if may_be_refused else None
     if refusal is not None:  # before anything trains: its file would never be written
         outcome.refused += 1
         events.notice(spec, f"refused: {refusal}")
@@ -534,7 +541,7 @@ def _units(spec: RunSpec, state: SweepState, root: Path | None = None) -> list[U
             spec,
             lr,
             state.budgets.get(lr, Budget()),
-            None if root is None else str(checkpoint.path_for(root, spec.run_id, lr)),
+            None if root is None else checkpoint.file_for(root, spec.run_id, lr),
         )
         for lr in state.pending
     ]
@@ -544,9 +551,14 @@ def longest_first(units: list[Unit]) -> list[Unit]:
     """Longest trainings first (steps x batch x sequence length, a proxy for cost), so
     that no worker is left with a long one at the end while the others wait."""
 
+    lengths: dict[tuple[str, str], int] = {}  # a task's length, once per parameter set
+
     def cost(unit: Unit) -> int:
-        p = unit.spec.protocol
-        return p.steps * p.batch_size * unit.spec.make_task().seq_len
+        spec = unit.spec
+        key = (spec.task, json.dumps(spec.task_params, sort_keys=True, default=str))
+        if key not in lengths:
+            lengths[key] = spec.make_task().seq_len
+        return spec.protocol.steps * spec.protocol.batch_size * lengths[key]
 
     costs = {u.key: cost(u) for u in units}
     return sorted(units, key=lambda u: -costs[u.key])

@@ -14,6 +14,7 @@ import functools
 import hashlib
 import json
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ SUITE_VERSION = 4
 MAX_SEED = 1_000_000_000
 VAL_SEED, TEST_SEED = MAX_SEED + 1, MAX_SEED + 2
 MAX_THREADS = 1024
+# the mixers (class, sizes, parameters) built once in this process by ``resolve``: checked
+_BUILT: set[tuple[type, tuple[int, int], str]] = set()
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,10 @@ class RunSpec:
         # the core, or in the block track the published layer: its options are the params
         built = mixer(mech_entry.name, protocol.d_model, protocol.n_heads, protocol.arch)
         mech_params = built.params(mechanism_overrides)
-        build_mixer_once(built, mech_params)
+        built_before = (built.cls, built.sizes, _canonical(mech_params))
+        if built_before not in _BUILT:  # the same class, sizes and parameters build the same
+            build_mixer_once(built, mech_params)  # (a grid's tasks share its mechanisms)
+            _BUILT.add(built_before)
         return cls(
             task=task_entry.name,
             mechanism=mech_entry.name,
@@ -135,6 +141,25 @@ class RunSpec:
         check_seed(seed)
         return dataclasses.replace(self, seed=seed)
 
+    def with_seeds(self, seeds: Iterable[int]) -> list[RunSpec]:
+        """The same run at each of ``seeds``, as ``with_seed`` gives them, but their run ids
+        hashed from one serialisation of the config they share: planning 1,000 seeds of a
+        cell serialises it once, not 1,000 times (``run_id`` is unchanged)."""
+        config = self.config()
+        # json.dumps(sort_keys=True) writes the keys in order: what sorts before "seed", the
+        # seed, what sorts after; the two parts are the same text for every seed
+        before = _canonical({k: v for k, v in config.items() if k < "seed"})
+        after = _canonical({k: v for k, v in config.items() if k > "seed"})
+        shared = {k: v for k, v in self.__dict__.items() if k not in ("seed", "run_id")}
+        specs = []
+        for seed in seeds:
+            check_seed(seed)
+            canonical = f'{before[:-1]}, "seed": {int(seed)}, {after[1:]}'
+            spec = object.__new__(RunSpec)  # dataclasses.replace, without its per-call cost
+            spec.__dict__.update(shared, seed=seed, run_id=_hash(canonical))
+            specs.append(spec)
+        return specs
+
     def config(self) -> dict[str, Any]:
         config = {
             "suite_version": SUITE_VERSION,
@@ -156,8 +181,7 @@ class RunSpec:
 
     @functools.cached_property
     def run_id(self) -> str:
-        canonical = json.dumps(self.config(), sort_keys=True, default=str)
-        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+        return _hash(_canonical(self.config()))
 
     def make_task(self) -> Task:
         return TASKS.get(self.task)(**self.task_params)
@@ -199,6 +223,15 @@ class RunSpec:
 
     def label(self) -> str:
         return f"{self.task} / {self.mechanism} / seed {self.seed}"
+
+
+def _canonical(config: dict[str, Any]) -> str:
+    """The text a run id hashes: the config as sorted JSON."""
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def _hash(canonical: str) -> str:
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def check_seed(seed: int) -> None:

@@ -38,6 +38,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from synthbench.core.atomic import TMP_PREFIX, atomic_output, process_alive
+from synthbench.core.paths import OutsideRoot, path_under
+from synthbench.core.registry import NAME
+from synthbench.core.text import short_repr
 from synthbench.run.row_checks import row_problems
 from synthbench.run.schema import (
     ADDED_IN,
@@ -94,15 +97,17 @@ class Saved:
     rows: list[dict[str, Any]]  # the run's rows as stored now, in lr order
     # (stored result, failed row not stored) at the same lr
     kept: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
-    moved: tuple[Path, str] | None = None  # (where, why): what stood at path, unreadable
+    # (where it stood, where it went, why): an unreadable file at the run's path, or at
+    # its place in an older tree's layout, moved aside
+    moved: tuple[Path, Path, str] | None = None
     written: bool = True  # False: settle held the write back
 
     def notices(self) -> list[str]:
         """One line for each thing the writer should be told."""
         lines = []
         if self.moved is not None:
-            aside, reason = self.moved
-            lines.append(f"{self.path} could not be read ({reason}); moved it to {aside}")
+            where, aside, reason = self.moved
+            lines.append(f"{where} could not be read ({reason}); moved it to {aside}")
         for stored, failed in self.kept:
             error = f": {failed['error']}" if failed.get("error") else ""
             lines.append(
@@ -120,6 +125,7 @@ class LoadReport:
     # (path, rows left out, rows in the file, the first one's problem): rows that fail
     # synthbench/run/row_checks.py, never used
     rows_left_out: list[tuple[Path, int, int, str]] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)  # every file looked at, read or not
 
     def warnings(self) -> list[str]:
         """One line per file skipped or holding rows left out, naming it and why."""
@@ -137,15 +143,15 @@ class ResultStore:
         self.root = Path(root)
 
     def path_for(self, protocol: str, task: str, mechanism: str, run_id: str) -> Path:
-        """Where the run's file goes."""
-        return (
-            self.root / f"protocol={protocol}" / f"task={task}" / f"mechanism={mechanism}"
-            / f"{run_id}.parquet"
-        )  # fmt: skip
+        """Where the run's file goes; OutsideRoot (a ValueError) for a value that is not a
+        name (synthbench/core/paths.py: a stored value never builds a path out of the tree)."""
+        names = _names(self.root, protocol=protocol, task=task, mechanism=mechanism)
+        return path_under(self.root, *names, f"{_name(self.root, 'run_id', run_id)}.parquet")
 
     def legacy_path_for(self, task: str, mechanism: str, run_id: str) -> Path:
-        """Where a tree of schema < 6 kept the run's file (no protocol level)."""
-        return self.root / f"task={task}" / f"mechanism={mechanism}" / f"{run_id}.parquet"
+        """Where a tree of schema < 6 kept the run's file (no protocol level); as ``path_for``."""
+        names = _names(self.root, task=task, mechanism=mechanism)
+        return path_under(self.root, *names, f"{_name(self.root, 'run_id', run_id)}.parquet")
 
     def file_of(self, protocol: str, task: str, mechanism: str, run_id: str) -> Path:
         """The run's file: at its path, or where an older tree left it, or (neither there)
@@ -198,22 +204,25 @@ class ResultStore:
         path = self.path_for(*key)
         path.parent.mkdir(parents=True, exist_ok=True)
         found = self.file_of(*key)
+        moved = None
         if found != path:  # an older tree's file: this run's rows live at its path from now
-            self._stored(found)  # a newer schema's file raises, and stays where it is
-            os.rename(found, path)
+            _, unreadable = self._stored(found)  # a newer schema's file raises, left as it is
+            if unreadable is None:
+                os.rename(found, path)
+            else:  # moved aside where it is, and named there (it never stood at path)
+                moved = (found, self._move_aside(found), unreadable)
         stored, unreadable = self._stored(path)
         before = sorted((dict(r) for r in stored), key=lambda r: r["lr"])
         merged, kept = _merge(stored, rows, replace)
         if settle is not None and settle(merged) is False:
-            return Saved(path, merged, kept, written=False)
+            return Saved(path, merged, kept, moved, written=False)
         if unreadable is None and merged == before:
-            return Saved(path, merged, kept)  # nothing new to store: the file stays as it is
+            return Saved(path, merged, kept, moved)  # nothing new to store: the file stays as it is
         table = pa.Table.from_pylist(
             [{**r, "schema_version": SCHEMA_VERSION} for r in merged], schema=SCHEMA
         )
-        moved = None
         if unreadable is not None:
-            moved = (self._move_aside(path), unreadable)
+            moved = (path, self._move_aside(path), unreadable)
         write_table(table, path)
         return Saved(path, merged, kept, moved)
 
@@ -340,7 +349,8 @@ class ResultStore:
         tables, skipped = [], []
         kept: dict[str, int] = {}  # run_id -> its file's index: a run copied by hand loads once
         paths = []
-        for path in self.files():
+        every = self.files()
+        for path in every:
             try:
                 table = self._read(path, wanted)
                 if path.stem in kept:  # keep the copy in its own run's folders
@@ -359,7 +369,6 @@ class ResultStore:
         import pandas as pd
 
         rows = pa.concat_tables(tables).to_pandas() if tables else pd.DataFrame(columns=read)
-        legacy = [p for p in paths if _is_legacy(p.relative_to(self.root))]
         problems = row_problems(rows)
         bad = problems.notna()
         left_out = []
@@ -373,7 +382,10 @@ class ResultStore:
                     line = _left_out_line(*left_out[-1])
                     warnings.warn(line, CorruptResultWarning, stacklevel=2)
             rows = rows[~bad].reset_index(drop=True)
-        return LoadReport(rows[names], skipped, legacy, left_out)
+        # what `migrate` would move: not a file whose rows fail the checks (it leaves them)
+        failing = {path for path, *_ in left_out}
+        legacy = [p for p in paths if _is_legacy(p.relative_to(self.root)) and p not in failing]
+        return LoadReport(rows[names], skipped, legacy, left_out, every)
 
     def remove_stale_temporaries(self) -> int:
         """Delete temporary files left behind by processes that no longer exist."""
@@ -411,25 +423,38 @@ class ResultStore:
         """Move every file of an older tree's layout to its run's path, under the protocol
         its rows name: a rename, the file unchanged. A file that cannot be read, or whose
         place is taken, stays where it is (``Migration.left``, with the reason)."""
+        import pandas as pd  # only where rows are read
+
         done = Migration()
         for path in self.legacy_files():
             try:
-                table = self._read(path, schema_of(["protocol", "task", "mechanism"]))
+                table = self._read(path, schema_of(COLUMNS))
             except ValueError as exc:
                 done.left.append((path, str(exc)))
+                continue
+            # the checks every reader applies (row_checks.py): a row no training could have
+            # written names no folder
+            problems = [p for p in row_problems(pd.DataFrame(table.to_pylist())) if p]
+            if problems:
+                done.left.append((path, problems[0]))
                 continue
             protocols = set(table["protocol"].to_pylist())
             if len(protocols) != 1:
                 done.left.append((path, f"its rows name {len(protocols)} protocols"))
                 continue
             task, mechanism = (table[name][0].as_py() for name in ("task", "mechanism"))
-            target = self.path_for(protocols.pop(), task, mechanism, path.stem)
+            try:
+                target = self.path_for(protocols.pop(), task, mechanism, path.stem)
+            except OutsideRoot as exc:  # the checks above let no such name through
+                done.left.append((path, str(exc)))
+                continue
             if os.path.lexists(target):
                 done.left.append((path, f"{target} exists (the run is stored twice)"))
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             os.rename(path, target)
             done.moved.append((path, target))
+            done.protocols.add(target.relative_to(self.root).parts[0])
         for folder in sorted({p.parent for p, _ in done.moved}, reverse=True):
             for empty in (folder, folder.parent):  # mechanism=, then task=, once emptied
                 if empty != self.root and not any(empty.iterdir()):
@@ -444,6 +469,23 @@ class Migration:
 
     moved: list[tuple[Path, Path]] = field(default_factory=list)
     left: list[tuple[Path, str]] = field(default_factory=list)
+    protocols: set[str] = field(default_factory=set)  # the protocol= folders moved into
+
+
+def _name(root: Path, column: str, value: object) -> str:
+    """``value`` if it follows the registry's name rule (row_checks.py applies it to every
+    stored row), else OutsideRoot: no folder or file of the tree is named by it."""
+    if not (isinstance(value, str) and NAME.fullmatch(value)):
+        raise OutsideRoot(
+            f"{column} {short_repr(value, 40)} is not a name (letters, digits and _ . + -): "
+            f"no path under {root} is built from it"
+        )
+    return value
+
+
+def _names(root: Path, **values: object) -> list[str]:
+    """The partition folders ``column=value`` of a run's path, each value checked."""
+    return [f"{column}={_name(root, column, value)}" for column, value in values.items()]
 
 
 def _partitions(relative: Path) -> dict[str, str] | None:
