@@ -28,7 +28,15 @@ CPU = torch.device("cpu")
 SMOKE = PROTOCOLS.get("smoke")
 # a cell of 2 seeds grows to 4 where its scores lie more than 0.5 apart
 GROWING = dataclasses.replace(SMOKE, name="smoke-seeds-test", max_seeds=4, seed_spread=0.5)
-PROTOCOLS.add(GROWING.name, GROWING)  # for the command line's --protocol
+
+
+@pytest.fixture(scope="module", autouse=True)
+def growing_protocol():
+    """GROWING registered for this module's tests only (the command line's --protocol): a
+    registration at import would show in every test of the worker that collects this file."""
+    PROTOCOLS.add(GROWING.name, GROWING)
+    yield
+    PROTOCOLS._remove(GROWING.name)
 
 
 def row(score: float, metric: str | None = "token_acc", **values) -> dict:
