@@ -34,10 +34,16 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 def pytest_collection_modifyitems(items):
     """What runs together on one xdist worker (``--dist loadgroup``): each file's tests, as
     they were written to run, one after another in one process; and every test that starts
-    Ray, whatever its file, so that two local Ray instances never share the machine."""
+    Ray, whatever its file, so that two local Ray instances never share the machine.
+
+    The slow tier (``pytest -m slow``) holds, beside what is marked so by hand, every test
+    that starts Ray or clicks through the page in a browser: they test wiring that the fast
+    tier's tests of the same modules cover, at seconds each."""
     for item in items:
         ray = "ray" in re.split(r"[^a-z0-9]+", item.nodeid.lower())
         item.add_marker(pytest.mark.xdist_group("ray" if ray else item.nodeid.split("::")[0]))
+        if ray or "browser" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="module")

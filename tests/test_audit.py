@@ -289,6 +289,7 @@ def test_a_family_a_task_computes_is_shown_but_is_no_shortcut():
 LEAKY_FIXTURES = Path(__file__).parent / "fixtures" / "leaky_tasks.py"
 
 
+@pytest.mark.slow
 def test_suite_v2s_leaky_layouts_are_flagged_by_the_generic_families():
     """Each fixture is flagged by the generic family that finds its rule, not only by the
     task's own rules (a plugin has none), with a line naming family, score and chance."""
@@ -318,8 +319,12 @@ def test_suite_v2s_leaky_layouts_are_flagged_by_the_generic_families():
 
 # -- every built-in task ---------------------------------------------------------------------
 
+# every preset of every built-in task; the fast tier audits the defaults, the slow tier also
+# the easy and hard presets (the same generic families on other sizes)
 BUILTIN_CASES = [
-    pytest.param(name, preset, id=f"{name}-{preset}")
+    pytest.param(
+        name, preset, id=f"{name}-{preset}", marks=() if preset == "default" else pytest.mark.slow
+    )
     for name in TASKS.names()
     if TASKS.entry(name).source == "builtin" and not TASKS.entry(name).metadata.get("control")
     for preset in TASKS.get(name).presets()
@@ -343,6 +348,7 @@ def test_a_control_task_passes_with_its_shortcut():
     assert result.control and result.shortcuts and result.passed
 
 
+@pytest.mark.slow
 def test_the_docs_show_the_audit_of_every_builtin_task():
     audits = [
         builtin_audit(e.name, preset)

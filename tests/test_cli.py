@@ -107,6 +107,7 @@ def test_run_again_stores_nothing_new(results):
     assert snapshot(results) == before
 
 
+@pytest.mark.slow
 def test_force_reruns_everything(results):
     before = snapshot(results)
     result = invoke(*RUN, "--seeds", 2, "--results", results, "--force")
@@ -501,6 +502,7 @@ def test_report_without_results(tmp_path):
 # -- SIGKILL in the middle of a suite -----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume(tmp_path):
     root = tmp_path / "results"
     command = [sys.executable, "-m", "synthbench.cli", *RUN, "--seeds", "3", "--results", root]

@@ -31,6 +31,7 @@ def test_a_phase_costs_nothing_unless_asked(monkeypatch, tmp_path):
     assert record["timed_from_import"] > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_the_breakdown_of_a_real_run(tmp_path, jobs):
     out = tmp_path / "out"

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from synthbench.run.lr_selection import sweep_state
 from synthbench.run.protocols import PROTOCOLS
@@ -19,6 +20,7 @@ from synthbench.run.store import ResultStore
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_a_slice_brings_back_only_complete_runs(tmp_path):
     env = {**os.environ, "DEV": "cpu", "PROTO": "smoke", "MECHS": "none", "TRACKS": "core",
            "TASKS": "copy,parity,sort", "CAP": "120", "JOBS": "1", "PY": sys.executable,

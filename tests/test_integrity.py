@@ -426,6 +426,7 @@ def wait_until(condition, procs, timeout=120.0) -> None:
         time.sleep(0.02)
 
 
+@pytest.mark.slow
 def test_two_commands_on_one_tree_compute_each_run_once(tmp_path):
     """Both plan all four runs (nothing is stored until the gate opens, which waits until
     each is training one); each run is then trained by exactly one of them."""
@@ -463,6 +464,7 @@ def test_two_commands_on_one_tree_compute_each_run_once(tmp_path):
     assert not (root / CLAIMS_DIR).exists()
 
 
+@pytest.mark.slow
 def test_the_claim_of_a_killed_command_is_taken_over(tmp_path):
     command, root, gate = gated_command(tmp_path, seeds=2)
     killed = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -21,6 +21,7 @@ def reference():
     return rows, check.stored_protocol(rows), check.separated(rows)
 
 
+@pytest.mark.slow
 def test_replaying_the_shipped_selection_gives_the_stored_rows_back(reference):
     rows, protocol, before = reference
     result = check.check(rows, protocol, "reference", before)
@@ -28,6 +29,7 @@ def test_replaying_the_shipped_selection_gives_the_stored_rows_back(reference):
     assert result["cost_all"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_reusing_seed_zeros_lr_trains_one_lr_per_other_seed(reference):
     rows, protocol, _ = reference
     replayed = check.replay(protocol, rows, "seed0")

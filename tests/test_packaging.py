@@ -8,11 +8,14 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from synthbench.report import reference
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_wheel_installs_and_imports_the_registries(tmp_path):
     # build from a copy: setuptools keeps a build/ folder beside the sources, and a stale one
     # (files since removed or renamed) would leak into the wheel

@@ -154,6 +154,7 @@ def test_the_leak_guard_stores_a_hung_check_as_errors_and_passes_the_rest(plugin
     assert rows["mechanism"].tolist() == ["hangs"] and rows["status"].tolist() == ["error"]
 
 
+@pytest.mark.slow
 def test_a_slow_check_is_said_once_with_where_it_stands(plugin):
     said = []
     checks = CheckProcess([str(plugin)], limit=4, notice=1, on_slow=lambda *a: said.append(a))
@@ -191,6 +192,7 @@ def test_ctrl_c_during_a_plugins_check_names_it(plugin):
     )
 
 
+@pytest.mark.slow
 def test_run_max_seconds_stores_a_hung_training_as_an_error(plugin, tmp_path):
     results = tmp_path / "results"
     args = ["run", "--task", "copy", "--mech", "hangs-in-training,softmax", *SMOKE]

@@ -130,6 +130,7 @@ def stored_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # -- the local-file route ----------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_local_file_plugin_runs_end_to_end_and_again_once_edited(tmp_path: Path) -> None:
     plugin = tmp_path / "local_plugin.py"  # a copy, to edit
     shutil.copy(LOCAL_PLUGIN, plugin)
@@ -213,6 +214,7 @@ def pip_install(package: Path, tmp_path: Path) -> Path:
     return site
 
 
+@pytest.mark.slow
 @needs_pip
 def test_entry_point_plugin_installed_as_a_package(tmp_path: Path) -> None:
     # whether this environment has the plugin installed already (the test must pass either way)
@@ -536,6 +538,7 @@ def test_documented_plugin_runs_try_one_task_with_the_smoke_protocol(doc) -> Non
         assert "--task" in options and "," not in options["--task"], line
 
 
+@pytest.mark.slow
 def test_readme_plugin_walkthrough_works_in_order(tmp_path: Path) -> None:
     """The README's plugin file, its check and its run beside softmax, top to bottom."""
     code, commands = walkthrough("README.md", "Adding a mechanism")
@@ -545,6 +548,7 @@ def test_readme_plugin_walkthrough_works_in_order(tmp_path: Path) -> None:
     assert set(stored["protocol"]) == {"smoke"} and set(stored["task"]) == {"copy"}
 
 
+@pytest.mark.slow
 @needs_pip
 def test_plugins_doc_walkthrough_works_in_order(tmp_path: Path) -> None:
     """docs/PLUGINS.md's local file and its installed package, run top to bottom as a

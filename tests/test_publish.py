@@ -137,6 +137,7 @@ def test_two_protocols_are_reported_apart(rows, tmp_path):
     assert board.index("## quick") < board.index("## smoke")
 
 
+@pytest.mark.slow
 def test_latex_compiles(rows, tmp_path):
     """Every table, an awkward mechanism name and the comparison included, through
     pdflatex (Debian's texlive-latex-base and texlive-latex-recommended, for booktabs)."""

@@ -570,6 +570,7 @@ SIGNALS = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signo, code, stderr", SIGNALS)
 def test_a_signal_during_a_write_leaves_complete_files_and_the_command_resumes(
     signo, code, stderr, results, tmp_path

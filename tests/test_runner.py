@@ -285,6 +285,7 @@ def sequential_rows(plugin, tmp_path_factory):
     return rows
 
 
+@pytest.mark.slow
 def test_local_workers_store_the_same_rows_as_one_process(plugin, sequential_rows, tmp_path):
     result = invoke("run", *MID, "--plugin", plugin, "--results", tmp_path, "--jobs", 2)
     assert result.exit_code == 0, result.output
@@ -337,6 +338,7 @@ class AlwaysDies(Features):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_a_lost_worker_is_replaced_and_its_training_retried(tmp_path, executor):
     """A worker killed (SIGKILL) in the middle of a training: the training runs again, and
@@ -367,6 +369,7 @@ def test_a_lost_worker_is_replaced_and_its_training_retried(tmp_path, executor):
     assert outcome.statuses == {"ok": 1, "error": 1}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_a_lost_worker_retries_its_whole_pack(tmp_path, executor):
     """Packed trainings (two seeds of one run) whose worker is killed: the pack trains again
@@ -592,6 +595,7 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
 @pytest.mark.parametrize("executor", ["local", "ray"])
 def test_sigkill_of_the_driver_then_the_same_command_resumes(tmp_path, executor):
@@ -614,6 +618,7 @@ def test_sigkill_of_the_driver_then_the_same_command_resumes(tmp_path, executor)
     resume_completes(command, root, n_before)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
 def test_ctrl_c_stops_the_workers_keeps_finished_runs_and_resumes(tmp_path):
     command, root = slow_suite(tmp_path)

@@ -52,6 +52,7 @@ def cache_of(path: Path, mechanism: str, ratios: dict[str, float]) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_scaled_block_rows_join_the_kept_table(tmp_path):
     shipped = cost.read_table()
     out = tmp_path / "step_costs.csv"
@@ -95,6 +96,7 @@ def test_unknown_protocol_and_missing_table_are_one_line_errors(tmp_path):
         assert done.returncode == 2 and said in done.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_pairs_the_reference_holds_in_the_block_track_take_its_rows(tmp_path):
     """Once the rebuilt reference holds quick-block rows, those pairs' figures are the rows'
     own (as quick's), with their trainings per run; the other pairs are still scaled."""
@@ -137,6 +139,7 @@ def test_pairs_the_reference_holds_in_the_block_track_take_its_rows(tmp_path):
     assert scaled["scale"].tolist() == pytest.approx([1.5] * 20)
 
 
+@pytest.mark.slow
 def test_a_mechanism_without_a_measured_ratio_takes_its_whole_runs(tmp_path):
     """No measurement (no cache): the block track's pairs the reference lacks on the CPU are
     scaled by the median ratio of its CPU figures over quick's on the tasks it holds."""
@@ -168,6 +171,7 @@ def test_a_mechanism_without_a_measured_ratio_takes_its_whole_runs(tmp_path):
     assert scaled["scale"].tolist() == pytest.approx([3.0] * len(scaled), rel=1e-4)  # median
 
 
+@pytest.mark.slow
 def test_a_scaled_protocol_keeps_its_ratios_and_takes_the_new_quick_figures(tmp_path):
     """Nothing measured this time (no cache): standard keeps each mechanism's ratio from the
     table and multiplies today's quick figures by it (what the reference rebuild needs)."""
@@ -207,6 +211,7 @@ def test_the_docs_table_is_written_between_its_markers_and_the_rest_kept(tmp_pat
     assert "| an old table |" not in text and "smoke: 1 lr x 20 steps" in text
 
 
+@pytest.mark.slow
 def test_mechs_writes_only_those_mechanisms_and_keeps_the_others(tmp_path):
     """--mechs: a mechanism the table lacks is added (here standard, scaled by its measured
     ratio) while every other mechanism's rows of that protocol stay as they were."""

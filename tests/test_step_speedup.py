@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_speedup.py"
 
 
@@ -21,6 +23,7 @@ def run(*args):
     )
 
 
+@pytest.mark.slow
 def test_prints_the_suite_ratios_against_a_revision():
     done = run()
     assert done.returncode == 0, done.stderr
@@ -30,6 +33,7 @@ def test_prints_the_suite_ratios_against_a_revision():
     assert "base / slay at softmax's steps" in done.stdout
 
 
+@pytest.mark.slow
 def test_a_published_layer_against_its_revision_in_the_block_track():
     done = run("--mech", "based", "--track", "block")
     assert done.returncode == 0, done.stderr

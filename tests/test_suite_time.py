@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "suite_time.py"
 
 
@@ -73,6 +75,7 @@ def test_a_side_runs_in_its_track_with_the_seeds_asked(tmp_path):
     assert "--track core --seeds 1" in base and "--track block --seeds 1" in new
 
 
+@pytest.mark.slow
 def test_the_paired_step_cost_of_the_two_tracks_runs(tmp_path):
     script = SCRIPT.parent / "track_step_cost.py"
     done = subprocess.run(

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "taylor_forms.py"
 
 
@@ -19,6 +21,7 @@ def run(*args):
     )
 
 
+@pytest.mark.slow
 def test_prints_the_ratio_of_the_two_forms():
     done = run("--lengths", "20", "--rounds", "1")
     assert done.returncode == 0, done.stderr
