@@ -26,7 +26,7 @@ import torch
 import synthbench.mechanisms  # noqa: F401  (the built-ins registered)
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.registry import _loaded_files, load_plugin_file
-from synthbench.run import packed, train
+from synthbench.run import packed, stacked_models, train
 from synthbench.run.lr_selection import Budget
 from synthbench.run.packed import NotPacked, train_packed
 from synthbench.run.protocols import PROTOCOLS, curve_points
@@ -219,14 +219,14 @@ def test_passes_split_by_the_activation_budget(monkeypatch):
     """Members whose activations together pass the budget train a few per pass (here one):
     the same rows, parameters without gradient ('none' ignores q and k) included."""
     per_pass = []
-    plan = packed._Pack.plan_passes
+    plan = stacked_models.StackedModels.plan_passes
 
     def recorded(self, *args):
         plan(self, *args)
         per_pass.append(self.per_pass)
 
-    monkeypatch.setattr(packed, "ACTIVATION_BYTES", 1)
-    monkeypatch.setattr(packed._Pack, "plan_passes", recorded)
+    monkeypatch.setattr(stacked_models, "ACTIVATION_BYTES", 1)
+    monkeypatch.setattr(stacked_models.StackedModels, "plan_passes", recorded)
     for mechanism in ("none", "mamba2"):
         members, budgets = three_members(mechanism)
         separate, packed_rows, notes = packed_and_separate(members, budgets)
@@ -243,7 +243,7 @@ def test_the_budget_is_planned_on_the_path_vmap_takes(monkeypatch):
     spec = RunSpec.resolve("copy", "slay", SMOKE, 0)
     task = spec.make_task()
     models = [packed.seeded_model(spec.with_seed(s), task, None, CPU) for s in (0, 1)]
-    pack = packed._Pack(models, [1e-3, 1e-3], SMOKE)
+    pack = stacked_models.StackedModels(models, [1e-3, 1e-3], SMOKE)
     batch = task.generate(SMOKE.batch_size, torch.Generator().manual_seed(0), CPU)
     pack.plan_passes(batch.inputs, batch.training_targets)
 
@@ -442,10 +442,10 @@ def test_the_throughput_benchmark_runs(tmp_path):
 
 def test_packs_off_the_cpu_take_the_math_attention_kernel():
     # CUDA's fused attention kernels fail under vmap in the backward; the CPU keeps its own
-    with packed._quiet_vmap(torch.device("cuda")):
+    with stacked_models._quiet_vmap(torch.device("cuda")):
         assert torch.backends.cuda.math_sdp_enabled()
         assert not torch.backends.cuda.flash_sdp_enabled()
         assert not torch.backends.cuda.mem_efficient_sdp_enabled()
     assert torch.backends.cuda.flash_sdp_enabled()
-    with packed._quiet_vmap(torch.device("cpu")):
+    with stacked_models._quiet_vmap(torch.device("cpu")):
         assert torch.backends.cuda.flash_sdp_enabled()

@@ -15,10 +15,10 @@ from test_tasks import check_batch, generator
 from synthbench.cli.common import UsageError, select_tasks
 from synthbench.core.task import TASKS, Batch, in_default_suite, task_set
 from synthbench.integrity import audit
+from synthbench.run.evaluation import held_out_metrics
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.runner import run_sweep
 from synthbench.run.spec import RunSpec
-from synthbench.run.train import held_out_metrics
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -13,18 +13,12 @@ from synthbench.core.mechanism import MECHANISMS, Mechanism
 from synthbench.core.task import IGNORE, TASKS, Batch
 from synthbench.integrity import audit
 from synthbench.run import train
+from synthbench.run.evaluation import answer_metrics, evaluate, held_out_metrics
 from synthbench.run.lr_selection import Budget
 from synthbench.run.protocols import PROTOCOLS, curve_points
 from synthbench.run.runner import run_sweep as run
 from synthbench.run.spec import MAX_SEED, TEST_SEED, VAL_SEED, RunSpec
-from synthbench.run.train import (
-    answer_metrics,
-    build_model,
-    evaluate,
-    held_out_metrics,
-    lr_schedule,
-    train_eval,
-)
+from synthbench.run.train import build_model, lr_schedule, train_eval
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
