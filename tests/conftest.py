@@ -31,6 +31,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it names each item by one)
 def pytest_collection_modifyitems(items):
     """What runs together on one xdist worker (``--dist loadgroup``): each file's tests, as
     they were written to run, one after another in one process; and every test that starts

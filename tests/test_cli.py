@@ -281,12 +281,9 @@ def test_erroring_run_exits_1_and_is_stored(tmp_path):
     root = tmp_path / "results"
     args = ["run", "--task", "kv_recall", "--mech", "kaboom", "--seeds", "1"]
     args += ["--protocol", "smoke", "--results", str(root), "--plugin", str(plugin)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "synthbench.cli", *args],
-        capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=120,
-    )  # fmt: skip
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "raised" in proc.stderr
+    first = invoke(*args)
+    assert first.exit_code == 1, first.output
+    assert "raised" in first.stderr
     rows = ResultStore(root).load(warn=False).rows
     assert rows["status"].tolist() == ["error"]
     assert "RuntimeError: kaboom" in rows["error"].iloc[0]

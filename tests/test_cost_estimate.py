@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 from clitools import SMOKE, invoke
 
-from synthbench.run import cost, cost_table
+from synthbench.core.text import duration
+from synthbench.run import cost, cost_lines, cost_table
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.runner import Unit
 from synthbench.run.spec import RunSpec
@@ -40,7 +41,8 @@ def quick(task: str, mech: str, lrs: int = 2) -> cost.Training:
 
 def test_the_arithmetic_of_a_hand_computed_plan():
     """copy: 0.01 s a step, runs trained 3 trainings each, half their steps; sort: 0.02 s,
-    no runs of its own (the protocol's average factors); smoke's copy: 0.005 s, exact."""
+    no runs of its own (the protocol's average factors); smoke's copy: 0.005 s, exact. On
+    top of the warm per-step figures: a process's first training, its first of each task."""
     shipped = table(
         ("quick", "copy", "softmax", 0.01, 3.0, 0.5),
         ("quick", "sort", "softmax", 0.02),
@@ -49,26 +51,118 @@ def test_the_arithmetic_of_a_hand_computed_plan():
     )
     plan = [quick("copy", "softmax")] * 4 + [quick("sort", "softmax")] * 2
     est = cost.estimate(plan, cost.table_costs(shipped), cost.protocol_factors(shipped))
+    # one process: its first training, and its first of copy and of sort
+    startup = cost.FIRST_TRAINING_S + 2 * cost.FIRST_OF_TASK_S
+    assert est.startup == pytest.approx(startup)
     # 4 x 1000 x 0.01 + 2 x 1000 x 0.02: every planned training at its whole schedule
-    assert est.seconds == pytest.approx(80.0) and est.longest == pytest.approx(20.0)
+    assert est.seconds == pytest.approx(80.0 + startup)
+    assert est.longest == pytest.approx(20.0 + cost.FIRST_TRAINING_S + cost.FIRST_OF_TASK_S)
     assert (est.trainings, est.covered, est.steps, est.exact) == (6, 6, (1000,), False)
     # copy: 10 s x 0.5 x 3 / 2 lrs = 7.5 s a training; sort: the mean factors of quick's
     # figures that have them, (3 + 2) / 2 = 2.5 runs and (0.5 + 1) / 2 = 0.75: 20 x 0.75 x 1.25
-    assert est.expected == pytest.approx(4 * 7.5 + 2 * 18.75)
+    assert est.expected == pytest.approx(4 * 7.5 + 2 * 18.75 + startup)
     assert est.trainings_per_run == pytest.approx((4 * 3 + 2 * 2.5) / 6)
     assert est.sources == {"table": 6} and est.unknown == {}
-    first, expected = cost.lines(est, capacity=2)
-    assert first.startswith("estimated CPU time: 80 s at most for the first lr round (6 trainings")
+    # two at once, in worker processes: two first trainings, each task's first on both
+    two = cost.estimate(
+        plan, cost.table_costs(shipped), cost.protocol_factors(shipped), capacity=2, workers=True
+    )
+    startup2 = 2 * cost.FIRST_TRAINING_S + 4 * cost.FIRST_OF_TASK_S
+    expected = 4 * 7.5 + 2 * 18.75 + startup2
+    assert two.expected == pytest.approx(expected)
+    command = cost.COMMAND_START_S + cost.LEAK_CHECK_S + cost.WORKER_START_S  # one mechanism
+    assert two.command == pytest.approx(command)
+    assert two.wall(expected) == pytest.approx(command + expected / 2)
+    # what the progress bar's ETA starts from: a training's expected time and its share of
+    # the start-up
+    each = [two.training_seconds(t) for t in plan]
+    assert each[0] == pytest.approx(10 * 0.5 + startup2 / 6)  # copy: stopped at half its steps
+    # sort: no measured share of its own, its whole schedule
+    assert each[-1] == pytest.approx(20 + startup2 / 6)
+    assert two.training_seconds(quick("copy", "unpriced")) is None
+    first, second = cost_lines.lines(two)
+    assert first.startswith(
+        f"estimated training time: {duration(80 + startup2)} at most for the first lr "
+        "round (the trainings' wall seconds summed, as `results` lists them; 6 trainings"
+    )
     assert "x 1000 steps; grown lrs add trainings, early stopping removes steps" in first
-    assert "per-step costs measured on a 2-core CPU, 1 thread" in first
-    # two at once: half the expected CPU time (never below the longest training)
-    assert expected.startswith(f"expected: ~{4 * 7.5 + 2 * 18.75:.0f} s CPU, ~34 s wall with 2")
+    assert "per-step costs measured on a 2-core CPU, 1 thread; 4 s of it fresh processes'" in first
+    assert second.startswith(f"expected: ~{duration(expected)} training time (as quick's")
+    assert second.endswith(
+        f"; the command: ~{duration(command + expected / 2)} wall with 2 at once, its "
+        "start and leak checks included"
+    )
     # a protocol that neither grows its grid nor stops early: what it trains, exactly
     smoke = [cost.Training("smoke", "copy", "softmax", 20, 1, adaptive=False)] * 3
     est = cost.estimate(smoke, cost.table_costs(shipped))
-    assert est.exact and est.seconds == pytest.approx(0.3) == est.expected
-    (line,) = cost.lines(est)
-    assert line.startswith("estimated CPU time: <1 s (3 trainings x 20 steps: smoke neither")
+    startup = cost.FIRST_TRAINING_S + cost.FIRST_OF_TASK_S
+    assert est.exact and est.seconds == pytest.approx(0.3 + startup) == est.expected
+    (line,) = cost_lines.lines(est)
+    assert line.startswith(
+        f"estimated training time: {duration(0.3 + startup)} (the trainings' wall "
+        "seconds summed, as `results` lists them; 3 trainings x 20 steps: smoke neither"
+    )
+    wall = cost.COMMAND_START_S + cost.LEAK_CHECK_S + 0.3 + startup  # one at a time
+    assert line.endswith(f"; the command: ~{duration(wall)} wall, its start and leak "
+                         "checks included")  # fmt: skip
+
+
+def test_a_smoke_training_is_priced_with_what_a_fresh_process_pays():
+    """The issue: one smoke training was estimated at "<1 s" (its warm steps alone) and
+    took seconds (a fresh process's first training; the command's start). The training
+    time now holds the first training's cost, the command's wall its start and checks."""
+    shipped = cost.read_table()
+    one = [cost.Training("smoke", "addition", "softmax", 20, 1, adaptive=False)]
+    est = cost.estimate(one, cost.table_costs(shipped))
+    warm = float(
+        shipped.query("protocol == 'smoke' and task == 'addition' and mechanism == 'softmax'")[
+            "step_seconds"
+        ].iloc[0]
+    ) * 20  # fmt: skip
+    assert warm < 0.5  # what the estimate said before: "<1 s"
+    assert est.seconds == pytest.approx(warm + cost.FIRST_TRAINING_S + cost.FIRST_OF_TASK_S)
+    assert duration(est.seconds) == "2 s"
+    assert est.wall(est.seconds) == pytest.approx(
+        cost.COMMAND_START_S + cost.LEAK_CHECK_S + est.seconds
+    )
+    # in two worker processes: each pays its start, and its first training
+    pool = cost.estimate(one * 4, cost.table_costs(shipped), capacity=2, workers=True)
+    assert pool.startup == pytest.approx(2 * (cost.FIRST_TRAINING_S + cost.FIRST_OF_TASK_S))
+    assert pool.command == pytest.approx(
+        cost.COMMAND_START_S + cost.LEAK_CHECK_S + cost.WORKER_START_S
+    )
+
+
+def test_the_command_never_takes_longer_than_its_trainings_one_after_another():
+    """The dry run that said "~27 s CPU, ~2 min wall with 2 at once": the wall time was the
+    longest training at its cap, longer than every training's expected time together."""
+    shipped = table(("quick", "copy", "softmax", 0.04, 1.0, 0.05))  # stopped at 5% of steps
+    plan = [cost.Training("quick", "copy", "softmax", 1000, 1, True, max_steps=3000)] * 2
+    est = cost.estimate(plan, cost.table_costs(shipped), capacity=2, workers=True)
+    assert est.longest > est.expected  # the cap's bound, above what the runs are expected at
+    # both trainings one after another at most: not the cap's longest training
+    assert est.wall(est.expected) == pytest.approx(est.command + est.expected)
+    _, expected = cost_lines.lines(est)
+    said = duration(est.wall(est.expected))
+    assert f"the command: ~{said} wall with 2 at once" in expected
+
+
+def test_the_estimate_the_run_line_and_results_measure_one_thing(tmp_path, monkeypatch):
+    """The estimate names what it sums (the trainings' wall seconds, as `results` lists
+    them), the run's line says its training's wall seconds, and `results` lists that row's
+    wall_seconds as wall_s: the same figure, named the same."""
+    monkeypatch.chdir(tmp_path)
+    results = tmp_path / "results"
+    run = invoke("run", "--task", "copy", "--mech", "softmax", *SMOKE, "--results", results)
+    assert run.exit_code == 0, run.output
+    lines = run.stdout.splitlines()
+    assert "(the trainings' wall seconds summed, as `results` lists them;" in lines[1]
+    (row,) = pq.read_table(next(results.rglob("*.parquet"))).to_pylist()
+    said = f"({row['wall_seconds']:.1f} s wall); 1/1 trainings"
+    assert lines[2].startswith("ok copy") and said in lines[2], lines[2]
+    listing = invoke("results", "--results", results).stdout.splitlines()
+    header, line = listing[0].split(), listing[1].split()
+    assert line[header.index("wall_s")] == f"{row['wall_seconds']:.1f}"
 
 
 @pytest.mark.parametrize(
@@ -83,16 +177,17 @@ def test_the_arithmetic_of_a_hand_computed_plan():
     ],  # fmt: skip
 )
 def test_durations_as_people_say_them(seconds, said):
-    assert cost.duration(seconds) == said
+    assert duration(seconds) == said
 
 
 def test_an_adaptive_protocol_without_measured_runs_gives_the_bound_alone():
     shipped = table(("standard", "copy", "softmax", 0.2))
     plan = [cost.Training("standard", "copy", "softmax", 4000, 3, adaptive=True)] * 3
-    est = cost.estimate(plan, cost.table_costs(shipped), cost.protocol_factors(shipped))
-    assert est.seconds == pytest.approx(2400) and est.expected is None
-    first, second = cost.lines(est, capacity=2)
-    assert first.endswith("~20 min wall with 2 at once")
+    est = cost.estimate(plan, cost.table_costs(shipped), cost.protocol_factors(shipped), 2)
+    assert est.seconds == pytest.approx(2400 + est.startup) and est.expected is None
+    first, second = cost_lines.lines(est)
+    assert first.endswith("; the command: at most ~20 min wall with 2 at once, its start and "
+                          "leak checks included")  # fmt: skip
     assert second.startswith("expected: not known (no measured runs of standard v")
 
 
@@ -103,15 +198,15 @@ def test_unknown_pairs_are_named_with_how_to_measure_them():
     est = cost.estimate(plan, cost.table_costs(shipped))
     assert (est.covered, est.trainings) == (2, 8)
     assert est.unknown == {"mymech": ("copy",), "other": ("copy", "parity", "sort", "stack")}
-    assert est.seconds == pytest.approx(20)
-    line = cost.lines(est)[-1]
+    assert est.seconds == pytest.approx(20 + cost.FIRST_TRAINING_S + cost.FIRST_OF_TASK_S)
+    line = cost_lines.lines(est)[-1]
     assert line == (
         "estimate covers 2 of 8 trainings; unknown: mymech on copy; other (no measured cost: "
         "run `synthbench bench train --protocol quick --mech mymech,other`)"
     )
     nothing = cost.estimate([quick("copy", "mymech")], {})
-    assert cost.lines(nothing) == [
-        "estimated CPU time: not known; unknown: mymech on copy (no measured cost: run "
+    assert cost_lines.lines(nothing) == [
+        "estimated training time: not known; unknown: mymech on copy (no measured cost: run "
         "`synthbench bench train --protocol quick --mech mymech`)"
     ]
 
@@ -152,14 +247,14 @@ def test_stored_rows_beat_bench_rows_which_beat_the_table(tmp_path):
     plan = [quick("copy", "softmax"), quick("sort", "softmax"), quick("stack", "softmax")]
     est = cost.plan_estimate(plan, results, bench, 1, "cpu", shipped)
     # copy 0.03 x 1000 (stored), sort 50 / 1000 x 1000 (bench), stack 0.07 x 1000 (table)
-    assert est.seconds == pytest.approx(30 + 50 + 70)
+    assert est.seconds - est.startup == pytest.approx(30 + 50 + 70)
     assert est.sources == {"stored": 1, "bench": 1, "table": 1}
     costs = cost.choose(
         [copy], cost.stored_costs(results, [copy], 1, "cpu"), cost.table_costs(shipped)
     )
     # a stored figure keeps the table's measured factors for the expected figure
     assert costs[copy] == cost.Cost(0.03, "stored", 3.0, 0.5)
-    first = cost.lines(est)[0]
+    first = cost_lines.lines(est)[0]
     assert (
         "per-step costs from stored rows (1), `bench train` rows (1), the shipped table " in first
     )
@@ -185,8 +280,8 @@ def test_runs_stored_here_say_what_to_expect_where_the_table_cannot(tmp_path):
     est = cost.plan_estimate(plan, results, tmp_path / "bench", 1, "cpu", shipped)
     # kv_recall: 0.04 x 1000 x 0.5 x 4 / 2; sort: 0.04 x 1000 x 1 x 2 / 2;
     # stack: 0.01 x 1000 x (mean of 0.5 and 1) x (mean of 4 and 2) / 2
-    assert est.expected == pytest.approx(40 + 40 + 10 * 0.75 * 3 / 2)
-    assert "expected: ~" in cost.lines(est)[1]
+    assert est.expected - est.startup == pytest.approx(40 + 40 + 10 * 0.75 * 3 / 2)
+    assert "expected: ~" in cost_lines.lines(est)[1]
     # what is left once those runs are done: stack alone, as every pair stored here went
     # (runs of another protocol, of another device or thread count tell nothing)
     row = {"wall_seconds": 9.0, "steps_done": 10}
@@ -194,11 +289,11 @@ def test_runs_stored_here_say_what_to_expect_where_the_table_cannot(tmp_path):
     store_rows(results, "quick", "copy", "linear", "e", [row | {"threads": 2}] * 9)
     store_rows(results, "quick", "parity", "linear", "f", [row | {"device": "gpu"}])
     est = cost.plan_estimate(plan[2:], results, tmp_path / "bench", 1, "cpu", shipped)
-    assert est.expected == pytest.approx(10 * 0.75 * 3 / 2)
+    assert est.expected - est.startup == pytest.approx(10 * 0.75 * 3 / 2)
     with_factors = table((*kv, 0.5, 3.0, 1.0), (*sort, 0.5), (*stack, 0.01))
     est = cost.plan_estimate(plan, results, tmp_path / "bench", 1, "cpu", with_factors)
     # kv_recall at the table's factors; stack at the table's protocol average (its only pair)
-    assert est.expected == pytest.approx(40 * 1.0 * 3 / 2 + 40 + 10 * 1.0 * 3 / 2)
+    assert est.expected - est.startup == pytest.approx(40 * 1.0 * 3 / 2 + 40 + 10 * 1.0 * 3 / 2)
 
 
 def test_the_shipped_table_prices_every_builtin_task_under_every_protocol():
@@ -270,17 +365,18 @@ def test_run_prints_the_estimate_before_it_trains(tmp_path, monkeypatch):
     assert first.exit_code == 0, first.output
     lines = first.stdout.splitlines()
     assert lines[0].startswith("1 run (1 task x 1 mechanism x 1 seed, protocol smoke")
-    assert lines[1].startswith("estimated CPU time: ")
-    assert "(1 training x 20 steps: smoke neither grows its lr grid nor stops early; " in lines[1]
-    assert lines[1].endswith("per-step costs measured on a 2-core CPU, 1 thread)")
+    assert lines[1].startswith("estimated training time: ")
+    assert "; 1 training x 20 steps: smoke neither grows its lr grid nor stops early; " in lines[1]
+    assert "per-step costs measured on a 2-core CPU, 1 thread; 2 s of it fresh" in lines[1]
+    assert lines[1].endswith("wall, its start and leak checks included")
     assert lines[2].startswith("ok copy")
     # run again: nothing to train, nothing to estimate; forced: the stored row's own cost
     assert "estimated" not in invoke(*args).stdout
     again = invoke(*args, "--force")
-    assert "per-step costs from stored rows)" in again.stdout.splitlines()[1], again.stdout
+    assert "per-step costs from stored rows; " in again.stdout.splitlines()[1], again.stdout
     # another size: the figures are the default size's, and the line says so
     resized = invoke(*args, "--task-param", "n=8").stdout.splitlines()[1]
-    assert resized.endswith("stored rows; at the default sizes, which this grid changes)"), resized
+    assert "stored rows; at the default sizes, which this grid changes; " in resized, resized
 
 
 def test_the_estimate_counts_what_the_runner_plans(tmp_path):
@@ -326,7 +422,8 @@ def test_run_names_a_plugin_mechanism_it_cannot_price(tmp_path, monkeypatch, for
     result = invoke(*args, "--results", tmp_path / "results", "--plugin", plugin)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[1].startswith("estimated CPU time: <1 s (1 training x 20 steps")
+    assert lines[1].startswith("estimated training time: 2 s (the trainings' wall seconds")
+    assert "; 1 training x 20 steps" in lines[1]
     assert lines[2] == (
         "estimate covers 1 of 2 trainings; unknown: cost-test-relu on copy (no measured cost: "
         f"run `synthbench bench train --protocol smoke --mech cost-test-relu --plugin {plugin}`)"
@@ -342,7 +439,7 @@ def test_a_dry_run_says_the_plan_and_its_cost_and_writes_nothing(tmp_path, monke
     lines = dry.stdout.splitlines()
     assert lines[0].startswith("1 run (1 task x 1 mechanism x 1 seed, protocol smoke")
     assert "0 already stored, 1 to run (1 training)" in lines[0]
-    assert lines[1].startswith("estimated CPU time: ")
+    assert lines[1].startswith("estimated training time: ")
     assert lines[-1] == "dry run: nothing trained or written"
     assert not [p for p in results.rglob("*") if p.is_file()]
     assert invoke(*args, "--task", "copy").exit_code == 0

@@ -58,9 +58,10 @@ def ctrl_c():
     # the user's Ctrl-C, as a terminal sends it: to the command, and to the child process a
     # plugin's checks run in (whose parent the command is), once
     os.kill(os.getpid(), signal.SIGINT)
-    if multiprocessing.parent_process() is not None and not SENT:
-        SENT.append(os.getppid())
-        os.kill(os.getppid(), signal.SIGINT)
+    parent = multiprocessing.parent_process()  # the command (a fork server forked this child)
+    if parent is not None and not SENT:
+        SENT.append(parent.pid)
+        os.kill(parent.pid, signal.SIGINT)
 
 
 def exiting(name, raised):
@@ -202,7 +203,13 @@ EXECUTORS = {
 }
 
 
-@pytest.mark.parametrize("executor", sorted(EXECUTORS))
+@pytest.mark.parametrize(
+    "executor",
+    [
+        name if name == "in-process" else pytest.param(name, marks=pytest.mark.slow)
+        for name in sorted(EXECUTORS)
+    ],  # fmt: skip
+)
 def test_run_stores_the_run_as_failed_naming_the_plugin(plugin, tmp_path, executor):
     if executor == "ray":
         pytest.importorskip("ray", reason='the Ray extra: pip install "synthbench[ray]"')

@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
+from pathlib import Path
 
 import pytest
 from clitools import SMOKE, SUBPROCESS_ENV, assert_error, command_line, invoke
@@ -18,6 +19,7 @@ from test_plugin_exits import line, load, unload
 
 from synthbench.core import children
 from synthbench.core.mechanism import MECHANISMS
+from synthbench.integrity import isolation
 from synthbench.integrity.causality import Subject
 from synthbench.integrity.contract import run_check
 from synthbench.integrity.guard import leak_guard
@@ -38,7 +40,8 @@ from torch import nn
 
 from synthbench import MECHANISMS
 
-# touched when a hang begins: a test may press Ctrl-C then
+# written when a hang begins, with the pid of the process that hangs: a test may press
+# Ctrl-C then, or kill the command
 ENTERED = pathlib.Path(__file__).with_suffix(".entered")
 
 
@@ -64,7 +67,7 @@ class Ends(Attention):
 @register("hangs")
 class Hangs(Attention):
     def forward(self, q, k, v, causal=True):
-        ENTERED.touch()
+        ENTERED.write_text(str(os.getpid()))
         time.sleep(3600)  # hangs
 
 
@@ -104,7 +107,7 @@ def test_check_names_the_check_that_ended_its_process_and_checks_the_rest(plugin
     assert "Traceback" not in done.stderr and "error:" not in done.stderr
 
 
-@pytest.mark.parametrize("jobs", [1, 2])
+@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_run_trains_the_others_when_a_leak_check_ends_its_process(plugin, tmp_path, jobs):
     results = tmp_path / "results"
     args = ["run", "--task", "copy", "--mech", "ends,softmax", "--protocol", "smoke"]
@@ -126,7 +129,10 @@ def test_run_trains_the_others_when_a_leak_check_ends_its_process(plugin, tmp_pa
     )
 
 
-def test_check_stops_a_check_that_never_returns_naming_where(plugin):
+@pytest.mark.parametrize("start", ["forkserver", pytest.param("spawn", marks=pytest.mark.slow)])
+def test_check_stops_a_check_that_never_returns_naming_where(plugin, monkeypatch, start):
+    """Its child forked by a fork server (where there is one) or spawned (elsewhere)."""
+    monkeypatch.setattr(isolation, "_START_METHOD", start)
     result = invoke("check", "hangs", "--plugin", plugin, "--length", 8, "--max-seconds", 3)
     assert result.exit_code == 1, result.output
     assert (
@@ -190,6 +196,42 @@ def test_ctrl_c_during_a_plugins_check_names_it(plugin):
         "error: interrupted during the layout check of mechanism hangs, at "
         f"{plugin}:{line('hangs', PLUGIN)} in forward"
     )
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_the_checks_child_ends_when_its_command_is_killed(plugin):
+    """SIGKILL of the command, its plugin's check hanging in the child: the child does not
+    outlive it (a fork server's child watches the server, which ends with the command)."""
+    entered = plugin.with_suffix(".entered")
+    entered.unlink(missing_ok=True)
+    args = command_line("check", "hangs", "--plugin", plugin, "--length", 8)
+    process = subprocess.Popen(
+        args, env=SUBPROCESS_ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not entered.exists() and time.monotonic() < deadline and process.poll() is None:
+            time.sleep(0.1)
+        assert entered.exists(), "the check never started"
+        time.sleep(0.2)
+        child = int(entered.read_text())
+        assert child != process.pid and running(child)
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=60)
+        deadline = time.monotonic() + 10
+        while running(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not running(child), "the check's child outlived its command"
+    finally:
+        process.kill()
 
 
 @pytest.mark.slow

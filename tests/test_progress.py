@@ -1,11 +1,24 @@
-"""The run's progress: an ETA that works with several workers and trainings of minutes."""
+"""The run's progress: an ETA that works with several workers and trainings of minutes,
+from the first second (the plan's estimate seeds it); what trains now, fitted to an
+80-column terminal; plain flushed lines without a terminal."""
 
 from __future__ import annotations
 
+import dataclasses
+import io
+
 import pytest
+from rich.console import Console
 
 from synthbench.cli.common import out
-from synthbench.cli.progress import Eta, RunningColumn, RunView, clock_text
+from synthbench.cli.progress import (
+    Eta,
+    RunningLine,
+    RunView,
+    clock_text,
+    run_line,
+    running_text,
+)
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.runner import Unit
 from synthbench.run.spec import RunSpec
@@ -26,10 +39,52 @@ def units(mech: str, n: int, task_params=None) -> list[Unit]:
     return [Unit(spec.with_seed(seed), 1e-3) for seed in range(n)]
 
 
-def test_no_estimate_before_the_first_training_finishes():
+def test_no_estimate_before_the_first_training_finishes_without_a_prior():
     eta = Eta(2)
     eta.add(units("linear", 3))
     assert eta.remaining() is None and clock_text(None) == "-:--:--"
+
+
+def test_the_plans_estimate_gives_an_eta_from_the_first_second():
+    """3 trainings the estimate puts at 20 s each, 2 at once: 30 s before any finishes; once
+    one took twice what it said, the others are expected to as well."""
+    clock = Clock()
+    said = {}
+    eta = Eta(2, clock, prior=lambda unit: said.setdefault(unit.key, 20.0))
+    todo = units("linear", 3)
+    eta.add(todo)
+    assert eta.remaining() == pytest.approx(30)
+    eta.started(todo[0])
+    eta.started(todo[1])
+    clock.now = 10
+    assert eta.remaining() == pytest.approx((10 + 10 + 20) / 2)
+    clock.now = 40
+    eta.finished(todo[0], 40)  # twice the estimate; the mechanism's own rate from now on
+    # the waiting one 40 s, the running one (started at 0) due now: over the 2 workers
+    assert eta.remaining() == pytest.approx(40 / 2)
+
+
+def test_the_prior_is_scaled_by_how_far_off_it_was():
+    """A mechanism without a finished training of its own takes the estimate's figure,
+    times the finished trainings' measured / estimated."""
+    clock = Clock()
+    eta = Eta(1, clock, prior=lambda unit: 10.0)
+    done, other = units("linear", 1), units("softmax", 1)
+    eta.add(done + other)
+    eta.started(done[0])
+    eta.finished(done[0], 30)  # three times what the estimate said
+    assert eta.remaining() == pytest.approx(30)
+
+
+def test_a_training_nothing_prices_leaves_the_eta_unknown_until_one_finishes():
+    clock = Clock()
+    eta = Eta(1, clock, prior=lambda unit: 10.0 if unit.spec.mechanism == "linear" else None)
+    priced, unpriced = units("linear", 1), units("softmax", 1)
+    eta.add(priced + unpriced)
+    assert eta.remaining() is None
+    eta.started(priced[0])
+    eta.finished(priced[0], 10)
+    assert eta.remaining() is not None
 
 
 def test_two_workers_on_equal_trainings_of_minutes():
@@ -92,20 +147,140 @@ def test_clock_text(seconds, text):
 
 
 def test_the_bar_names_what_trains_from_the_first_second():
-    """Before any training finishes (no ETA yet) the bar says what is running."""
+    """Before any training finishes (no ETA yet) the line under the bar says what runs."""
     clock = Clock()
     eta = Eta(2, clock)
     todo = units("linear", 3)
     eta.add(todo)
-    column = RunningColumn(eta)
-    assert column.render(None).plain == ""
+    line = RunningLine(eta)
+    assert line.text().plain == ""
     eta.started(todo[0])
-    assert column.render(None).plain == "now copy linear seed 0 lr 0.001"
+    assert line.text().plain == "now copy linear seed 0 lr 0.001"
     clock.now = 1
     eta.started(todo[1])
-    assert column.render(None).plain == "now copy linear seed 0 lr 0.001 (+1 more)"
+    assert line.text().plain == "now copy linear seed 0 lr 0.001 (+1 more)"
     eta.finished(todo[0], 5)
-    assert column.render(None).plain == "now copy linear seed 1 lr 0.001"
+    assert line.text().plain == "now copy linear seed 1 lr 0.001"
+
+
+@pytest.mark.parametrize("width", [45, 60, 80])
+def test_long_names_are_shortened_never_the_seed(width):
+    text = running_text("selective_copy", "gated-deltanet-plugin", 123456, 3.3e-3, 3, width)
+    assert len(text) <= width, text
+    assert text.endswith(" seed 123456 lr 0.0033 (+3 more)"), text
+    assert text.startswith("now sel")
+    assert ("…" in text) == (width < 72), text  # whole names where they fit
+    assert running_text("copy", "linear", 0, 1e-3, 0, 80) == "now copy linear seed 0 lr 0.001"
+
+
+def test_the_bar_fits_80_columns_with_the_seed_whole(tmp_path, monkeypatch):
+    """At COLUMNS=80 in a terminal, the bar's line and the line of what trains fit, and the
+    seed is whole (it was cut off the end of a single line before)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    terminal = Console(file=io.StringIO(), force_terminal=True, color_system=None)
+    assert terminal.width == 80
+    monkeypatch.setattr("synthbench.cli.progress.out", terminal)
+    spec = RunSpec.resolve("selective_copy", "gated-deltanet", SMOKE, 987654)
+    todo = [Unit(spec, 3.3e-3), Unit(spec.with_seed(7), 1e-3)]
+    view = RunView(
+        [spec],
+        tmp_path,
+        "device cpu",
+        False,
+        estimate=lambda units, capacity: (["estimated ..."], lambda u: 600.0),
+    )
+    view.planned(1, 0, todo, 2)
+    assert view.progress is not None  # a terminal: the bar
+    view.progress.stop()  # drawn once, below, without the live display's cursor moves
+    view.started(todo[0])
+    view.started(todo[1])
+    screen = Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None)
+    screen.print(*view.progress.get_renderables())
+    lines = [line.rstrip() for line in screen.file.getvalue().splitlines()]
+    assert all(len(line) <= 80 for line in lines), lines
+    assert lines[0].startswith("trainings") and "0/2" in lines[0]
+    assert lines[0].endswith("eta 0:10:00")  # from the estimate: 600 s each, 2 at once
+    assert lines[1] == "now selective_copy gated-deltanet seed 987654 lr 0.0033 (+1 more)"
+
+
+def plain_view(monkeypatch, tmp_path, specs, prior):
+    """A RunView printing to a console that is not a terminal; the texts out at each flush."""
+    console = Console(file=io.StringIO(), width=1000)
+    assert not console.is_terminal
+    monkeypatch.setattr("synthbench.cli.progress.out", console)
+    flushed = []
+    monkeypatch.setattr(
+        "synthbench.cli.progress._flush", lambda: flushed.append(console.file.getvalue())
+    )
+    view = RunView(specs, tmp_path, "device cpu", False,
+                   estimate=lambda units, capacity: (["estimated ..."], prior))  # fmt: skip
+    return view, console, flushed
+
+
+def ok_row(unit: Unit, seconds: float, selected: bool) -> dict:
+    return {
+        "status": "ok", "wall_seconds": seconds, "lr": unit.lr, "token_acc": 0.5,
+        "exact_match": 0.25, "steps_done": unit.spec.protocol.steps, "selected": selected,
+    }  # fmt: skip
+
+
+def test_without_a_terminal_each_finished_training_is_a_plain_line(tmp_path, monkeypatch):
+    """Piped or in CI: no bar, but a line per finished training as it finishes, flushed,
+    with the count, the wall time and the ETA; then the run's line."""
+    two_lrs = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3))
+    spec = RunSpec.resolve("copy", "linear", two_lrs, 0, {"n": 8})
+    todo = [Unit(spec, 1e-3), Unit(spec, 3e-3)]
+    view, console, flushed = plain_view(monkeypatch, tmp_path, [spec], lambda u: 30.0)
+    view.planned(1, 0, todo, 1)
+    assert view.progress is None
+    rows = []
+    for unit in todo:
+        view.started(unit)
+        rows.append(ok_row(unit, 12.5, unit.lr == 1e-3))
+        view.finished(unit, rows[-1])
+        if unit is todo[0]:  # out before the next training ends
+            assert flushed[-1].splitlines()[-1].startswith("   trained copy linear seed 0 lr 0.001")
+    view.run_done(spec, rows)
+    view.close()
+    lines = console.file.getvalue().splitlines()
+    assert lines[1] == "estimated ..."
+    assert lines[2].startswith("   trained copy linear seed 0 lr 0.001: ok (12.5 s wall); "
+                               "1/2 trainings, ")  # fmt: skip
+    # the other training, at the finished one's rate (the same mechanism), not the 30 s said
+    assert lines[2].endswith("eta 0:00:12")
+    assert lines[3].startswith("   trained copy linear seed 0 lr 0.003: ok (12.5 s wall); 2/2")
+    assert lines[4].startswith("ok copy")
+    assert lines[4].endswith("(2 trainings: 25.0 s wall summed); 2/2 trainings, 0:00:00 wall, "
+                             "eta 0:00:00")  # fmt: skip
+    assert len(lines) == 5
+
+
+def test_a_run_of_one_training_is_one_plain_line(tmp_path, monkeypatch):
+    """smoke's runs train once: the run's line carries the count (no line twice)."""
+    specs = [RunSpec.resolve(task, "linear", SMOKE, 0) for task in ("copy", "sort")]
+    todo = [Unit(spec, 1e-3) for spec in specs]
+    view, console, flushed = plain_view(monkeypatch, tmp_path, specs, lambda u: 5.0)
+    view.planned(2, 0, todo, 1)
+    assert flushed  # the header and the estimate, before the first training
+    for unit in todo:
+        view.started(unit)
+        row = ok_row(unit, 2.0, True)
+        view.finished(unit, row)
+        view.run_done(unit.spec, [row])
+    view.close()
+    lines = console.file.getvalue().splitlines()
+    assert len(lines) == 4, lines
+    assert lines[2].startswith("ok copy") and "(2.0 s wall); 1/2 trainings" in lines[2]
+    assert lines[3].startswith("ok sort") and "(2.0 s wall); 2/2 trainings" in lines[3]
+
+
+def test_a_runs_time_is_its_trainings_wall_seconds():
+    spec = RunSpec.resolve("copy", "linear", SMOKE, 0)
+    row = {"status": "ok", "wall_seconds": 2.0, "lr": 1e-3, "token_acc": 0.5,
+           "exact_match": 0.25, "steps_done": SMOKE.steps, "selected": True}  # fmt: skip
+    assert run_line(spec, [row]).endswith("(2.0 s wall)")
+    second = {**row, "lr": 3e-3, "wall_seconds": 3.5, "selected": False}
+    assert run_line(spec, [row, second]).endswith("(2 trainings: 5.5 s wall summed)")
 
 
 @pytest.mark.parametrize(

@@ -464,7 +464,9 @@ def unpacked_rows(plugin, tmp_path_factory):
     return stored_rows(root).set_index("run_id").sort_index()
 
 
-@pytest.mark.parametrize("executor", ["in-process", "local", "ray"])
+@pytest.mark.parametrize(
+    "executor", ["in-process", pytest.param("local", marks=pytest.mark.slow), "ray"]
+)
 def test_packed_runs_store_the_rows_of_separate_trainings(
     plugin, unpacked_rows, tmp_path, executor
 ):
@@ -486,7 +488,7 @@ def test_packed_runs_store_the_rows_of_separate_trainings(
     pd.testing.assert_frame_equal(rows[close], unpacked_rows[close], rtol=1e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.parametrize("jobs", ["1", pytest.param("2", marks=pytest.mark.slow)])
 def test_a_mechanism_that_cannot_pack_is_said_in_one_line(tmp_path, jobs):
     """linear's CPU scan has no vmap rule: its trainings run one at a time, and the command
     (or its worker) says so in one line, not Python's file, line and source line."""

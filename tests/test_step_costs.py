@@ -1,11 +1,12 @@
 """benchmarks/step_costs.py: the block track's scaled figures written beside the kept rows,
 from cached measurements (--no-measure: nothing trains here)."""
 
+import contextlib
 import importlib.util
+import io
 import json
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -26,7 +27,15 @@ def script_constant(name: str):
 
 
 def run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True)
+    """The script's main() in this process (a child would spend two seconds importing torch),
+    with its exit status and its streams as a child's would be."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = script_constant("main")(list(args))
+        except SystemExit as exit_:  # argparse's errors
+            status = exit_.code
+    return subprocess.CompletedProcess([str(SCRIPT), *args], status, out.getvalue(), err.getvalue())
 
 
 def quick_only_reference(tmp_path: Path) -> Path:

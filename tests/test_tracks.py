@@ -1,5 +1,6 @@
 """The two tracks: ``core`` (each mechanism's rule alone) and ``block`` (its published layer,
-synthbench/core/layer.py, in one standard pre-norm block): protocols, model, the run's
+synthbench/core/layer.py, in fla's block: RMSNorm before the mixer and the MLP, a final
+RMSNorm, the gated SwiGLU MLP, N(0, 0.02) init): protocols, model, the run's
 parameters and leak guard, ``synthbench check --track``."""
 
 from __future__ import annotations

@@ -52,8 +52,9 @@ def check_command(
     track: Annotated[
         str | None,
         typer.Option(
-            help="block: check each mechanism's published layer (one without a layer: its "
-            "core, as in the core track); core (default): the core."
+            help="block: check each mechanism's published layer, as the block track puts it "
+            "in fla's block (one without a layer: its core, as in the core track); core "
+            "(default): the core."
         ),
     ] = None,
     max_seconds: Annotated[

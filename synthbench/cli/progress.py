@@ -4,9 +4,17 @@ over the trainings with an ETA that works when several run at once and each take
 finished in that window).
 
 The estimate: each mechanism's cost per trained token (steps x batch x sequence length),
-learnt from its finished trainings (any mechanism's, until one of its own finishes); the
-work left is the estimated cost of the waiting trainings plus what remains of the running
-ones, shared by the workers, and never less than what remains of the longest running one.
+learnt from its finished trainings; until one of its own finishes, what the plan's estimate
+said a training of it takes (synthbench/run/cost.py: ``prior``), scaled by how the
+finished trainings compared with what it said of them (else any mechanism's cost per
+token). The work left is the estimated cost of the waiting trainings plus what remains of
+the running ones, shared by the workers, and never less than what remains of the longest
+running one.
+
+Without a terminal (stdout piped, or CI's log) there is no bar: each finished training is
+one plain line, flushed, with the count, the wall time and the ETA, so that a log shows
+progress as it comes. Every time shown is wall seconds: a training's is its row's
+``wall_seconds`` (``synthbench results``: wall_s), a run's the sum of its trainings'.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
 from rich.markup import escape
 from rich.progress import (
     BarColumn,
@@ -35,18 +44,30 @@ from synthbench.run.lr_selection import run_status
 from synthbench.run.runner import Unit
 from synthbench.run.spec import RunSpec
 
+Prior = Callable[[Unit], "float | None"]  # what the plan's estimate says a training takes
+
 
 class Eta:
-    """Seconds left, estimated from the trainings finished so far."""
+    """Seconds left, estimated from the trainings finished so far and, before those say
+    anything of a mechanism, from the plan's estimate (``prior``)."""
 
-    def __init__(self, capacity: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        clock: Callable[[], float] = time.monotonic,
+        prior: Prior | None = None,
+    ) -> None:
         self.capacity = max(1, capacity)
         self.clock = clock
+        self.prior = prior
         self.waiting: dict[Any, Unit] = {}
         self.running: dict[Any, tuple[Unit, float]] = {}
         self.seconds: dict[str, float] = {}  # per mechanism: trained seconds, tokens
         self.tokens: dict[str, float] = {}
         self._lengths: dict[str, int] = {}
+        self._priors: dict[Any, float | None] = {}
+        # the finished trainings the prior priced: their seconds, and what it said of them
+        self._measured = self._said = 0.0
 
     def add(self, units: list[Unit]) -> None:
         for unit in units:
@@ -67,6 +88,17 @@ class Eta:
         mech = unit.spec.mechanism
         self.seconds[mech] = self.seconds.get(mech, 0.0) + seconds
         self.tokens[mech] = self.tokens.get(mech, 0.0) + self._tokens(unit)
+        said = self._prior(unit)
+        if said:
+            self._measured += seconds
+            self._said += said
+
+    def _prior(self, unit: Unit) -> float | None:
+        if self.prior is None:
+            return None
+        if unit.key not in self._priors:
+            self._priors[unit.key] = self.prior(unit)
+        return self._priors[unit.key]
 
     def _tokens(self, unit: Unit) -> float:
         spec = unit.spec
@@ -77,22 +109,25 @@ class Eta:
     def _cost(self, unit: Unit) -> float | None:
         mech = unit.spec.mechanism
         if mech in self.tokens:
-            rate = self.seconds[mech] / self.tokens[mech]
-        elif self.tokens:
+            return self.seconds[mech] / self.tokens[mech] * self._tokens(unit)
+        said = self._prior(unit)
+        if said is not None:  # as far off as it was on the trainings finished so far
+            return said * (self._measured / self._said if self._said else 1.0)
+        if self.tokens:
             rate = sum(self.seconds.values()) / sum(self.tokens.values())
-        else:
-            return None
-        return rate * self._tokens(unit)
+            return rate * self._tokens(unit)
+        return None
 
     def remaining(self) -> float | None:
-        """Estimated seconds until every known training is done; None before the first
-        training finishes (nothing to estimate from)."""
-        if not self.tokens:
-            return None
+        """Estimated seconds until every known training is done; None while a training's
+        cost is not known (no estimate of it, and none finished to learn from)."""
         now = self.clock()
-        waiting = sum(self._cost(u) for u in self.waiting.values())
-        running = [max(0.0, self._cost(u) - (now - start)) for u, start in self.running.values()]
-        return max((waiting + sum(running)) / self.capacity, max(running, default=0.0))
+        waiting = [self._cost(u) for u in self.waiting.values()]
+        costs = [(self._cost(u), start) for u, start in self.running.values()]
+        if None in waiting or any(c is None for c, _ in costs):
+            return None
+        running = [max(0.0, cost - (now - start)) for cost, start in costs]
+        return max((sum(waiting) + sum(running)) / self.capacity, max(running, default=0.0))
 
 
 def clock_text(seconds: float | None) -> str:
@@ -102,23 +137,71 @@ def clock_text(seconds: float | None) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
-class RunningColumn(ProgressColumn):
-    """What is training now, from the first second: ``now copy softmax seed 0 lr 0.001``,
-    the earliest started first, and how many more run beside it."""
+def shorten(name: str, width: int) -> str:
+    """``name`` in at most ``width`` characters (at least 2): cut with an ellipsis."""
+    width = max(2, width)
+    return name if len(name) <= width else name[: width - 1] + "…"
 
-    def __init__(self, eta: Eta) -> None:
-        super().__init__()
+
+def running_text(task: str, mechanism: str, seed: int, lr: float, more: int, width: int) -> str:
+    """``now copy softmax seed 0 lr 0.001 (+1 more)``, in ``width`` characters where the
+    names can be shortened enough: the task's and the mechanism's (the longer one first),
+    never the seed, the lr or the count."""
+    tail = f" seed {seed} lr {lr:g}" + (f" (+{more} more)" if more else "")
+    room = width - len("now ") - len(tail) - 1  # the space between the two names
+    if len(task) + len(mechanism) > room:
+        half = room // 2
+        if len(task) <= half:
+            mechanism = shorten(mechanism, room - len(task))
+        elif len(mechanism) <= half:
+            task = shorten(task, room - len(mechanism))
+        else:
+            task, mechanism = shorten(task, room - half), shorten(mechanism, half)
+    return f"now {task} {mechanism}{tail}"
+
+
+class RunningLine:
+    """What is training now, from the first second, on its own line under the bar: ``now
+    copy softmax seed 0 lr 0.001``, the earliest started first, and how many more run
+    beside it; fitted to the console's width (``running_text``)."""
+
+    def __init__(self, eta: Eta, console: Console | None = None) -> None:
         self.eta = eta
+        self.console = console
 
-    def render(self, task: Task) -> Text:
+    def text(self, width: int | None = None) -> Text:
         running = [unit for unit, _ in sorted(self.eta.running.values(), key=lambda r: r[1])]
         if not running:
             return Text("")
+        if width is None:
+            width = self.console.width if self.console is not None else 10**6
         first = running[0]
         spec = first.spec
-        more = f" (+{len(running) - 1} more)" if len(running) > 1 else ""
-        text = f"now {spec.task} {spec.mechanism} seed {spec.seed} lr {first.lr:g}{more}"
-        return Text(text, style="progress.description", no_wrap=True, overflow="ellipsis")
+        line = running_text(spec.task, spec.mechanism, spec.seed, first.lr, len(running) - 1,
+                            width)  # fmt: skip
+        return Text(line, style="progress.description", no_wrap=True, overflow="ellipsis")
+
+    def __rich__(self) -> Text:
+        return self.text()
+
+
+class RunProgress(Progress):
+    """rich's Progress with what trains on a line of its own below the bar (``RunningLine``),
+    where the whole width names it."""
+
+    def __init__(self, *columns, running: RunningLine, **kwargs) -> None:
+        self.running = running  # rich's __init__ renders once already
+        super().__init__(*columns, **kwargs)
+
+    def get_renderables(self):
+        yield self.make_tasks_table(self.tasks)
+        yield self.running.text()
+
+
+def bar_width(console_width: int) -> int:
+    """The bar's width: 40 cells where the terminal is wide, less where it is not, so that
+    the bar's line fits (its other columns take up to 42 cells)."""
+    return max(10, min(40, console_width - 42))
 
 
 class EtaColumn(ProgressColumn):
@@ -135,8 +218,9 @@ class EtaColumn(ProgressColumn):
 
 
 class RunView(runner.Events):
-    """The header line, the progress bar (only when there is something to train) and one
-    line per finished run."""
+    """The header line, the progress (only when there is something to train) and one line
+    per finished run. In a terminal the progress is a bar with its ETA and what trains now;
+    without one (piped, CI), a plain line per finished training, flushed (``plain``)."""
 
     def __init__(
         self,
@@ -144,19 +228,27 @@ class RunView(runner.Events):
         results: Path,
         where: str,
         show_pos: bool,
-        estimate: Callable[[list[Unit], int], list[str]] | None = None,
+        estimate: Callable[[list[Unit], int], tuple[list[str], Prior | None]] | None = None,
         dry_run: bool = False,
         more_seeds: bool = False,
+        plain: bool | None = None,
     ):
         self.specs, self.results, self.where, self.show_pos = specs, results, where, show_pos
-        self.estimate = estimate  # the lines saying what the trainings will cost
+        # the lines saying what the trainings will cost, and what one is expected to take
+        self.estimate = estimate
         self.dry_run = dry_run  # the plan and its estimate only: no bar
         self.more_seeds = more_seeds  # cells whose seeds disagree get more (run/seeds.py)
+        self.plain = not out.is_terminal if plain is None else plain
         self.points = _one_per_point(specs)
         self.varying = grid.varying_keys(self.points)  # what tells the points of a grid apart
         self.progress: Progress | None = None
         self.eta: Eta | None = None
         self.bar = None
+        self.started_at = 0.0
+        self.total = self.done = 0  # trainings, for the plain lines
+        # plain: a run's only training's line, held for the run's line that follows at once
+        # and says it all (said after all if another line comes first)
+        self._pending: tuple[Unit, str] | None = None
 
     def skipped(self, line: str) -> None:
         warn(line)
@@ -194,38 +286,86 @@ class RunView(runner.Events):
         )
         if not units:
             return
-        for line in self.estimate(units, capacity) if self.estimate else []:
+        lines, prior = self.estimate(units, capacity) if self.estimate else ([], None)
+        for line in lines:
             out.print(line, highlight=False, markup=False)
         if self.dry_run:
             return
-        self.eta = Eta(capacity)
+        self.eta = Eta(capacity, prior=prior)  # an ETA from the first second
         self.eta.add(units)
-        self.progress = Progress(
+        self.total, self.started_at = len(units), time.monotonic()
+        if self.plain:
+            _flush()
+            return
+        self.progress = RunProgress(
             TextColumn("trainings"),
-            BarColumn(),
+            BarColumn(bar_width=bar_width(out.width)),
             MofNCompleteColumn(),
             TimeElapsedColumn(),
             EtaColumn(self.eta),
-            RunningColumn(self.eta),
+            running=RunningLine(self.eta, out),
             console=out,
         )
         self.progress.start()
         self.bar = self.progress.add_task("trainings", total=len(units))
+
+    def _say(self, line: str, markup: bool = True) -> None:
+        """A line above the bar, or in the plain log (flushed, after any pending line)."""
+        if self.progress is not None:
+            self.progress.console.print(line, highlight=False, markup=markup)
+            return
+        self._said_pending()
+        out.print(line, highlight=False, markup=markup)
+        _flush()
+
+    def _said_pending(self) -> None:
+        if self._pending is not None:
+            _, line = self._pending
+            self._pending = None
+            out.print(line, highlight=False, markup=False)
+
+    def _count(self) -> str:
+        """``3/8 trainings, 0:00:14 wall, eta 0:00:12``: the plain lines' progress."""
+        elapsed = clock_text(time.monotonic() - self.started_at)
+        return (
+            f"{self.done}/{self.total} trainings, {elapsed} wall, "
+            f"eta {clock_text(self.eta.remaining())}"
+        )
+
+    def _grow(self, n: int) -> None:
+        self.total += n
+        if self.progress is not None:
+            self.progress.update(self.bar, total=self.total)
 
     def started(self, unit: Unit) -> None:
         self.eta.started(unit)
 
     def finished(self, unit: Unit, row: dict[str, Any]) -> None:
         self.eta.finished(unit, row["wall_seconds"])
-        self.progress.advance(self.bar)
+        self.done += 1
+        if self.progress is not None:
+            self.progress.advance(self.bar)
+            return
+        self._said_pending()
+        spec = unit.spec
+        line = (
+            f"   trained {spec.task} {spec.mechanism} seed {spec.seed} lr {unit.lr:g}: "
+            f"{row['status']} ({row['wall_seconds']:.1f} s wall); {self._count()}"
+        )
+        p = spec.protocol
+        if len(p.lrs) == 1 and not p.lr_extend:  # the run's only training: its line follows
+            self._pending = (unit, line)
+            return
+        out.print(line, highlight=False, markup=False)
+        _flush()
 
     def grew(self, units: list[Unit]) -> None:
         self.eta.add(units)
-        self.progress.update(self.bar, total=self.progress.tasks[0].total + len(units))
+        self._grow(len(units))
         for unit in units:
-            self.progress.console.print(
+            self._say(
                 f"   {unit.spec.label()}: best lr at the grid's edge, adding lr {unit.lr:g}",
-                highlight=False,
+                markup=True,
             )
 
     def _growth_note(self) -> str:
@@ -249,28 +389,45 @@ class RunView(runner.Events):
             f"{plural(len(added), 'more seed')}, up to {first.protocol.max_seeds}"
         )
         self.specs = [*self.specs, *added]  # the header, when said after this, counts them
-        if self.progress is None:  # before the plan's line: the store held the cell complete
+        if self.eta is None:  # before the plan's line: the store held the cell complete
             if units:  # else grown by an earlier command, its seeds stored: nothing new
                 out.print(line, highlight=False)
             return
         self.eta.add(units)
-        self.progress.update(self.bar, total=self.progress.tasks[0].total + len(units))
-        self.progress.console.print(line, highlight=False)
+        self._grow(len(units))
+        self._say(line)
 
     def run_done(self, spec: RunSpec, rows: list[dict[str, Any]]) -> None:
-        self.progress.console.print(run_line(spec, rows, self.varying), highlight=False)
+        line = run_line(spec, rows, self.varying)
+        if self.progress is None and self.eta is not None:
+            # the run's line says what its last training's would, with the progress
+            if self._pending is not None and self._pending[0].spec.run_id == spec.run_id:
+                self._pending = None
+            line += escape(f"; {self._count()}")
+        self._say(line)
 
     def notice(self, spec: RunSpec, message: str) -> None:
+        self._said_pending()
         warn(f"{spec.label()}: {message}")
 
     def unplanned(self, units: list[Unit]) -> None:
-        if units and self.progress is not None:
+        if units and self.eta is not None:
             self.eta.drop(units)
-            self.progress.update(self.bar, total=self.progress.tasks[0].total - len(units))
+            self._grow(-len(units))
 
     def close(self) -> None:
         if self.progress is not None:
             self.progress.stop()
+        self._said_pending()
+        _flush()
+
+
+def _flush() -> None:
+    """What was printed, out now: a log piped to a file or CI shows it as it comes."""
+    try:
+        out.file.flush()
+    except (OSError, ValueError):  # closed, or a pipe gone: the next print says so
+        pass
 
 
 def _one_per_point(specs: list[RunSpec]) -> list[RunSpec]:
@@ -284,15 +441,24 @@ def _one_per_point(specs: list[RunSpec]) -> list[RunSpec]:
     return list(found.values())
 
 
+def wall_text(rows: list[dict[str, Any]]) -> str:
+    """A run's time as its rows store it: its trainings' wall seconds, summed where it has
+    several (``4.1 s wall``, ``3 trainings: 12.3 s wall summed``)."""
+    seconds = sum(r["wall_seconds"] for r in rows)
+    if len(rows) == 1:
+        return f"{seconds:.1f} s wall"
+    return f"{len(rows)} trainings: {seconds:.1f} s wall summed"
+
+
 def run_line(spec: RunSpec, rows: list[dict[str, Any]], varying: tuple[str, ...] = ()) -> str:
     best = run_status(rows)
-    seconds = sum(r["wall_seconds"] for r in rows)
+    seconds = wall_text(rows)
     head = f"{spec.task:<16} {spec.mechanism:<12} seed {spec.seed}"
     if varying:  # a grid: which point
         head += f"  {grid.point_label(spec, varying)}"
     if best["status"] != "ok":
         reason = escape(str(best.get("error")))
-        return f"[red]x[/] {head}  {best['status']}: {reason}  ({seconds:.1f}s)"
+        return f"[red]x[/] {head}  {best['status']}: {reason}  ({seconds})"
     long = ""
     if best.get("long_token_acc") is not None:
         long = f"  at {spec.eval_length_mult:g}x length {best['long_token_acc']:.3f}"
@@ -303,5 +469,5 @@ def run_line(spec: RunSpec, rows: list[dict[str, Any]], varying: tuple[str, ...]
     stopped = f" at step {best['steps_done']}" if best["steps_done"] < spec.protocol.steps else ""
     return (
         f"[green]ok[/] {head}  lr {best['lr']:g}{edge}{stopped}  token_acc "
-        f"{best['token_acc']:.3f}{free}  exact {best['exact_match']:.3f}{long}  ({seconds:.1f}s)"
+        f"{best['token_acc']:.3f}{free}  exact {best['exact_match']:.3f}{long}  ({seconds})"
     )

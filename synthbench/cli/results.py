@@ -31,7 +31,7 @@ from synthbench.cli.common import (
     write_stdout,
 )
 from synthbench.core.atomic import write_atomically
-from synthbench.core.mechanism import MECHANISMS
+from synthbench.core.mechanism import MECHANISMS, mixer
 from synthbench.core.task import TASKS
 from synthbench.core.text import did_you_mean, plural
 from synthbench.report import published_lm
@@ -75,12 +75,16 @@ def results_command(
         ),
     ] = False,
     results: ResultsOption = Path("results"),
+    plugin: PluginOption = None,
 ) -> None:
-    """Filter the stored rows; print a summary or export them as CSV or JSON."""
+    """Filter the stored rows; print a summary or export them as CSV or JSON. The summary's
+    params column names each run's task and mechanism parameters that differ from the
+    registered defaults (a plugin's: with --plugin, else all of them)."""
     if csv is not None and as_json:
         raise UsageError("--csv and --json both say where the rows go: give one")
     if csv is not None and str(csv) != "-":
         check_writable_file(csv, "--csv")
+    load_plugins(plugin)  # a plugin's defaults, for the params column
     rows = stored = load_results(results).rows
     # a filter value is a name stored here or a registered one, as `run` takes it
     # (an empty value is an error, never "no filter": ``filter_names``)
@@ -113,9 +117,12 @@ def results_command(
             out.print(f"{plural(len(rows), 'row')} -> {csv}", highlight=False)
         return
     headers = ["task", "mechanism", "protocol", "seed", "lr", "status", "target", "token_acc"]
-    headers += ["exact_match", "seconds", "run_id"]
+    # wall_s: the training's wall seconds (its row's wall_seconds), what `run` adds up per
+    # run and estimates; params last, so that the columns before it keep their places
+    headers += ["exact_match", "wall_s", "run_id", "params"]
     rows = rows.sort_values(["protocol", "task", "mechanism", "seed", "lr"])
     targets = metric_values(rows, "target")  # each task's own metric: token_acc or free_token_acc
+    changed = ChangedParams()
     cells = [
         [
             r.task,
@@ -129,11 +136,113 @@ def results_command(
             _metric(r.exact_match),
             f"{r.wall_seconds:.1f}",
             r.run_id,
+            changed.text(r.task, r.task_params, r.mechanism, r.mechanism_params, r.config),
         ]
         for r, target in zip(rows.itertuples(), targets, strict=True)
     ]
     print_rows(out, headers, cells)  # names whole, in a terminal or piped
     out.print(plural(len(rows), "row"), highlight=False)
+
+
+class ChangedParams:
+    """The ``params`` cell of ``synthbench results``: a run's task and mechanism parameters
+    that differ from the registered defaults, ``task: pairs=8; mech: temperature=0.5``, ""
+    for a run at the defaults. The defaults are those a run gets without ``--task-param`` or
+    ``--mech-param``: the task's with its protocol's pinned values, the mechanism's in the
+    run's track (its published layer's in the block track) at the run's sizes. A task or
+    mechanism not registered here (a plugin not loaded), or whose defaults cannot be built,
+    shows every parameter it stored. Each distinct combination is worked out once."""
+
+    def __init__(self) -> None:
+        self._task: dict[tuple, str] = {}
+        self._mechanism: dict[tuple, str] = {}
+        self._sizes: dict[str, tuple] = {}
+
+    def text(self, task: str, task_params, mechanism: str, mechanism_params, config) -> str:
+        config = config if isinstance(config, str) else "{}"
+        if config not in self._sizes:
+            try:
+                proto = json.loads(config).get("protocol", {})
+                sizes = (proto.get("name"), proto.get("d_model"), proto.get("n_heads"),
+                         proto.get("arch"))  # fmt: skip
+            except (ValueError, AttributeError):
+                sizes = (None, None, None, None)
+            self._sizes[config] = sizes
+        protocol, d_model, n_heads, arch = self._sizes[config]
+        key = (task, task_params, protocol)
+        if key not in self._task:
+            self._task[key] = _task_changes(task, task_params, protocol)
+        key = (mechanism, mechanism_params, d_model, n_heads, arch)
+        if key not in self._mechanism:
+            defaults = _mechanism_defaults(mechanism, d_model, n_heads, arch)
+            self._mechanism[key] = _changes(mechanism_params, defaults)
+        parts = [
+            f"{kind}: {said}"
+            for kind, said in (("task", self._task[(task, task_params, protocol)]),
+                               ("mech", self._mechanism[key]))
+            if said
+        ]  # fmt: skip
+        return "; ".join(parts)
+
+
+def _task_changes(name: str, stored, protocol: str | None) -> str:
+    """``_changes`` of a task's stored parameters from those a run gets by default under
+    ``protocol`` (its pinned values on the task's defaults), less those the task derives
+    from the others (kv_recall's queries, half its pairs unless given): the fewest that
+    give the stored set."""
+    try:
+        params = json.loads(stored) if isinstance(stored, str) else None
+        cls = TASKS.get(name) if name in TASKS else None
+        pinned = PROTOCOLS.get(protocol).pinned_task_params(name) if protocol in PROTOCOLS else {}
+        defaults = None if cls is None else cls(**pinned).param_dict()
+    except Exception:  # a plugin task whose defaults do not build
+        params, defaults = None, None
+    if not isinstance(params, dict) or defaults is None:
+        return _changes(stored, None)
+    given = {k: v for k, v in params.items() if k not in defaults or not _same(v, defaults[k])}
+    for key in list(given):  # the task itself gives it from the others
+        rest = {k: v for k, v in given.items() if k != key}
+        try:
+            derived = cls(**{**pinned, **rest}).param_dict()
+        except Exception:
+            continue
+        if all(_same(v, derived.get(k)) for k, v in params.items()):
+            given = rest
+    return ", ".join(f"{k}={v}" for k, v in given.items())
+
+
+def _mechanism_defaults(name: str, d_model, n_heads, arch) -> dict | None:
+    """The parameters a run of mechanism ``name`` gets by default in a model of these sizes
+    and arch (its core's, or its published layer's: ``mixer``); None where not known."""
+    if name not in MECHANISMS or None in (d_model, n_heads, arch):
+        return None
+    try:
+        return mixer(name, int(d_model), int(n_heads), str(arch)).params(None)
+    except Exception:  # a parameter without a default, or an arch this release lacks
+        return None
+
+
+def _changes(stored, defaults: dict | None) -> str:
+    """``k=v, ...`` of the stored parameters (JSON) that differ from ``defaults`` (all of
+    them where the defaults are not known)."""
+    try:
+        params = json.loads(stored) if isinstance(stored, str) else {}
+    except ValueError:
+        params = {}
+    if not isinstance(params, dict):
+        return ""
+    return ", ".join(
+        f"{k}={v}"
+        for k, v in params.items()
+        if defaults is None or k not in defaults or not _same(v, defaults[k])
+    )
+
+
+def _same(stored, value) -> bool:
+    """Whether a stored parameter (read back from JSON) is ``value`` as a row stores it
+    (JSON; str for what JSON cannot hold)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return json.dumps(stored, sort_keys=True) == json.dumps(json.loads(text), sort_keys=True)
 
 
 def _metric(value: float | None) -> str:

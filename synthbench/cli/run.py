@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -35,7 +35,7 @@ from synthbench.core.params import parse_assignments
 from synthbench.core.text import did_you_mean, plural
 from synthbench.integrity.guard import Guarded, leak_guard
 from synthbench.integrity.isolation import CHECK_SECONDS, CheckProcess, Interrupted
-from synthbench.run import cost, runner
+from synthbench.run import cost, cost_lines, runner
 from synthbench.run.devices import default_jobs, resolve_device, worker_devices
 from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
 from synthbench.run.grid import load_sweep_file
@@ -131,7 +131,9 @@ def run_command(
         str | None,
         typer.Option(
             help="core (each mechanism's rule alone, the default) or block (its published "
-            "layer in a standard block): the protocol's twin in that track, e.g. quick-block."
+            "layer in fla's block: an RMSNorm before the mixer and before the MLP, a final "
+            "RMSNorm, fla's gated SwiGLU MLP and N(0, 0.02) init): the protocol's twin in "
+            "that track, e.g. quick-block."
         ),
     ] = None,
     device: DeviceOption = "auto",
@@ -504,15 +506,25 @@ def train_specs(
     # the device a stored row names (a GPU's model); under Ray, --gpus-per-run's
     row_device = device_name(dev) if dev is not None else None if gpus_per_run else "cpu"
 
-    def estimate(units: list[Unit], capacity: int) -> list[str]:
-        """What the trainings will cost (synthbench/run/cost.py), said before they start."""
+    def estimate(units: list[Unit], capacity: int) -> tuple[list[str], Callable]:
+        """What the trainings will cost (synthbench/run/cost.py), said before they start, and
+        what one training is expected to take (the progress bar's first ETA)."""
         trainings = cost.trainings_of(units)
-        found = cost.plan_estimate(trainings, results, DEFAULT_BENCH_RESULTS, threads, row_device)
+        # in worker processes where make_executor starts them (Ray's: always elsewhere)
+        workers = executor != "local" or capacity > 1 or max_seconds is not None
+        found = cost.plan_estimate(
+            trainings, results, DEFAULT_BENCH_RESULTS, threads, row_device,
+            capacity=capacity, workers=workers,
+        )  # fmt: skip
         notes = ["; at the default sizes, which this grid changes"] if resized else []
         if found.sources.get("table") and row_device != "cpu":
             notes.append(f"; the table's are a CPU's, this command trains on {dev or 'Ray'}")
         plugins = "".join(f" --plugin {p}" for p in plugin or [])
-        return cost.lines(found, capacity, "".join(notes), plugins)
+
+        def prior(unit: Unit) -> float | None:
+            return found.training_seconds(cost.trainings_of([unit])[0])
+
+        return cost_lines.lines(found, "".join(notes), plugins), prior
 
     view = RunView(
         specs, results, where, positions, estimate=estimate, dry_run=dry_run,

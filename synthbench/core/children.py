@@ -20,6 +20,7 @@ import sysconfig
 import tempfile
 import threading
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 from synthbench.core.mechanism import MECHANISMS
@@ -61,6 +62,21 @@ def exit_with_parent(parent: int) -> None:
             if os.getppid() != parent:
                 os._exit(1)
             time.sleep(0.5)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def exit_when_closed(alive: Connection) -> None:
+    """Exit this child as soon as the other end of ``alive``, which only its parent holds,
+    closes: the parent is gone (killed, even with SIGKILL). Unlike the parent's pid, this
+    holds for a child that a fork server forked (its parent process is the server)."""
+
+    def watch() -> None:
+        try:
+            alive.poll(None)  # returns at end-of-file: nothing is ever sent
+        except OSError:
+            pass
+        os._exit(1)
 
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 

@@ -5,8 +5,10 @@ head_dim) q, k and v that the model projects (synthbench/core/mechanism.py). A p
 layer is the whole mixer its paper and reference code define around that rule: its own
 projections, short convolution, feature maps, gates, per-head norm and output projection,
 from (batch, length, d_model) to the same shape. The ``block`` track (``arch=block``,
-synthbench/core/model.py) puts it in one standard pre-norm residual block with an MLP, the
-same for every mechanism.
+synthbench/core/model.py) puts it in flash-linear-attention's block, the same for every
+mechanism: an RMSNorm before the mixer and before the MLP, a final RMSNorm before the head,
+fla's gated SwiGLU MLP and fla's N(0, 0.02) initialisation (``arch=block-plain`` keeps the
+older plain block: no norm before the mixer, a LayerNorm-GELU MLP, PyTorch's init).
 
 A mechanism class names its layer in ``layer`` (a class attribute, set in the mechanism's own
 module). A mechanism without one, the attention family and most plugins, enters the block

@@ -33,3 +33,16 @@ def did_you_mean(name, known: Iterable, n: int = 3) -> str:
     ``n``), or ``""`` where none is: the hint every "unknown ..." message carries."""
     close = difflib.get_close_matches(str(name), [str(k) for k in known], n=n, cutoff=0.5)
     return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def duration(seconds: float) -> str:
+    """A span as people say it: 40 s, 12 min, 1.3 h, 4.2 days."""
+    if seconds < 0.5:
+        return "<1 s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"

@@ -3,8 +3,9 @@
 A mechanism's ``forward`` may call ``os._exit``, crash the interpreter or never return. Run
 in the command's own process, the command would end without a word, or wait forever. So
 ``synthbench check`` and run's leak guard (integrity/guard.py) hand each check to one child
-process (spawned, as the local workers are: synthbench/run/executors.py; one for all the
-checks of a command, replaced only when a check ends it), and wait on it:
+process (forked by a fork server that has torch loaded, or spawned where the platform has
+no fork server; one for all the checks of a command, replaced only when a check ends it),
+and wait on it:
 
 - a check that ends the process is said as such (``Ended``: its exit status or signal), and
   the next check starts a new child;
@@ -15,7 +16,7 @@ checks of a command, replaced only when a check ends it), and wait on it:
 
 Only plugin code goes there: a mechanism of a ``--plugin`` file or an installed plugin.
 Built-in mechanisms, synthbench's own tested code, are checked in the command's process, and
-a command that checks no plugin's starts no child (a child costs about 2 s: it loads torch).
+a command that checks no plugin's starts no child (the first costs about 2 s: it loads torch).
 So does a mechanism the child does not know as this process does (registered by code of this
 process alone: a notebook, a test).
 """
@@ -84,11 +85,21 @@ def _here(function: Callable, args: tuple) -> Any:
         return function(*args)
 
 
-def _serve(conn: Connection, plugin_files: list[str], stacks: str, parent: int) -> None:
+def _serve(
+    conn: Connection,
+    plugin_files: list[str],
+    stacks: str,
+    parent_alive: Connection,
+    environ: dict[str, str],
+) -> None:
     """The child: load the plugins, then run each job it receives and send back its
-    result; None (or its parent gone) ends it."""
+    result; None (or its parent gone) ends it. ``parent_alive``: a pipe whose other end only
+    the parent holds (its end-of-file says the parent is gone); ``environ``: the parent's
+    environment when it started this child (a fork server's children inherit the server's)."""
+    os.environ.clear()
+    os.environ.update(environ)
     children.leave_ctrl_c_to_the_parent()
-    children.exit_with_parent(parent)
+    children.exit_when_closed(parent_alive)
     children.dump_stack_on_request(stacks)
     warnings.simplefilter("ignore", PluginWarning)  # the parent reported them already
     try:
@@ -122,6 +133,16 @@ def _serve(conn: Connection, plugin_files: list[str], stacks: str, parent: int) 
         conn.send(("done", result))
 
 
+# How the child starts. A fork server, where the platform has one: a process started once
+# per command with torch and this module loaded, that forks each child (about 0.05 s where a
+# fresh interpreter takes about 2 s to load torch; a check that ends its child is followed by
+# a new one, and a long-lived process, such as a notebook, starts many). Never a plain fork of
+# this process: it would copy torch's threads. Elsewhere, spawn, as the local workers do.
+_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+if _START_METHOD == "forkserver":
+    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
+
+
 class CheckProcess:
     """One child process for the checks of a command (``run(label, names, f, *args)``
     returns ``f(*args)`` computed there). ``limit``: seconds a check may run; ``notice``:
@@ -136,9 +157,10 @@ class CheckProcess:
     ) -> None:
         self.files = [os.path.abspath(p) for p in plugin_files or []]
         self.limit, self.notice, self.on_slow = limit, notice, on_slow
-        self._context = multiprocessing.get_context("spawn")  # fork would copy torch's threads
+        self._context = multiprocessing.get_context(_START_METHOD)
         self._process = None
         self._conn: Connection | None = None
+        self._alive: Connection | None = None  # its end-of-file in the child: this one is gone
         self._stacks: children.StackFile | None = None
         self._ready = False
         self._isolated = True  # False once the child cannot load the plugins: checks run here
@@ -149,13 +171,14 @@ class CheckProcess:
         if self._process is not None or not self._isolated or not any(map(from_plugin, names)):
             return
         self._conn, child = self._context.Pipe()
+        alive, self._alive = self._context.Pipe(duplex=False)  # never written: closed at exit
         self._stacks = children.StackFile()
         previous = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = "1"  # checks run on one thread: no larger pool
         try:
             self._process = self._context.Process(
                 target=_serve,
-                args=(child, self.files, self._stacks.path, os.getpid()),
+                args=(child, self.files, self._stacks.path, alive, dict(os.environ)),
                 daemon=True,
                 name="synthbench-checks",
             )
@@ -166,6 +189,7 @@ class CheckProcess:
             else:
                 os.environ["OMP_NUM_THREADS"] = previous
         child.close()  # the child's end lives in the child: EOF here when it dies
+        alive.close()
         self._ready = False
 
     def run(self, label: str, names: list[str], function: Callable, *args: Any) -> Any:
@@ -250,8 +274,9 @@ class CheckProcess:
                 self._process.kill()
             self._process.join(timeout=10)
             self._conn.close()
+            self._alive.close()
             self._stacks.close()
-        self._process, self._conn, self._ready = None, None, False
+        self._process, self._conn, self._alive, self._ready = None, None, None, False
 
     def close(self) -> None:
         """End the child (done with it)."""

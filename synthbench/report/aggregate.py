@@ -366,6 +366,28 @@ def protocol_track(rows: pd.DataFrame) -> str:
     return PROTOCOLS.get(name).track if name in PROTOCOLS else "core"
 
 
+def stored_states(rows: pd.DataFrame, track: str) -> dict[str, int]:
+    """Per mechanism (its label: ``label_variants``) of one protocol's rows, the state its
+    runs stored (``state_size``, schema 9: what one layer carries at length 1024 with the
+    run's parameters, measured as the run trained), as a board of ``track`` quotes it: per
+    layer in the block track, per head in the core track (over the heads its config names).
+    A mechanism none of whose rows stores one (rows before schema 9) is left out."""
+    if "state_size" not in rows or rows.empty:
+        return {}
+    found = {}
+    known = rows.dropna(subset=["state_size"])
+    for mechanism, part in known.groupby("mechanism", sort=True):
+        size = int(part["state_size"].max())  # the same for every row of a label
+        if track != "block":
+            try:
+                heads = json.loads(part["config"].iloc[0])["protocol"]["n_heads"]
+            except (KeyError, TypeError, ValueError):  # no config to say: no figure
+                continue
+            size //= int(heads)
+        found[str(mechanism)] = size
+    return found
+
+
 def aggregate_runs(rows: pd.DataFrame, runs: pd.DataFrame) -> pd.DataFrame:
     """``aggregate`` of rows already labelled and checked, given their ``selected_runs``."""
     stats = runs.groupby(KEYS)["value"].agg(["mean", "std", "count"])

@@ -96,6 +96,9 @@ class Leaderboard:
     # the reference runs the user's runs replaced (the same run id): task, mechanism, seed
     # (synthbench/report/reference.py ``replaced_runs``), named in the notes
     replaced: pd.DataFrame | None = None
+    # per mechanism, the state its runs stored (``aggregate.stored_states``), which the state
+    # column shows; a mechanism without: its registered declaration (``declared_state``)
+    states: dict[str, int] = field(default_factory=dict)
 
 
 def _category_scores(task_means: np.ndarray, task_categories: list[str], categories: list[str]):
@@ -143,6 +146,7 @@ def build(
     track: str = "core",
     replaced: pd.DataFrame | None = None,
     intervals: bool = True,
+    states: dict[str, int] | None = None,
 ) -> Leaderboard:
     """``runs``: one row per successful run of one protocol version, with columns category,
     task, mechanism, seed and score (``report.selected_runs``). A run whose score is NaN (no
@@ -157,7 +161,8 @@ def build(
     ``track``: the track the board shows, said in its notes. ``replaced``: the reference
     runs the user's runs of the same run id replaced (task, mechanism, seed), said in its
     notes. With ``intervals`` and 2 seeds or more, the ranked mechanisms get a rank interval
-    and a tier (synthbench/report/rank_intervals.py)."""
+    and a tier (synthbench/report/rank_intervals.py). ``states``: per mechanism, the state
+    its runs stored (``ReportTables.states``), shown in the state column."""
     order = {c: i for i, c in enumerate(CATEGORIES)}
     diverged = _no_diverged() if diverged is None else diverged[_DIVERGED_KEYS]
     tasks = sorted(
@@ -263,6 +268,7 @@ def build(
         track=track,
         draws=draws,
         replaced=replaced,
+        states=dict(states or {}),
     )
 
 
@@ -417,10 +423,13 @@ DIVERGED_NOTE = (
 # what a board's track means, in its notes (synthbench/run/protocols.py)
 TRACK_TEXT = {
     "core": "core track (each mechanism's rule alone in the attention-only model)",
-    "block": "block track (each mechanism as its published layer in a pre-norm residual "
-    "block with an MLP; the attention family as its core there)",
+    "block": "block track (each mechanism as its published layer in fla's block: an RMSNorm "
+    "before the mixer and before the MLP, a final RMSNorm, fla's gated SwiGLU MLP and "
+    "N(0, 0.02) init; the attention family as its core there)",
 }
-STATE_LENGTH = 1024  # where the leaderboard quotes each mechanism's declared state
+# where the leaderboard quotes each mechanism's state: the length the rows' state_size is
+# measured at (synthbench/core/mechanism.py STATE_LENGTH; a test checks they agree)
+STATE_LENGTH = 1024
 
 
 def declared_state(label: str, protocol: str) -> int | None:
@@ -445,6 +454,14 @@ def declared_state(label: str, protocol: str) -> int | None:
     return size if preset.track == "block" else size // preset.n_heads
 
 
+# where the state column's figure comes from (``_state_text``), said in its note
+STATE_SOURCE = (
+    "as its runs measured and stored it when they trained, with their parameters (rows "
+    "written before schema 9 store none: there, the registered mechanism's declaration at its "
+    "default parameters; -- where neither is known)"
+)
+
+
 def state_column(track: str) -> tuple[str, str]:
     """The header of the board's state column and the note that explains it."""
     if track == "block":
@@ -452,13 +469,13 @@ def state_column(track: str) -> tuple[str, str]:
             "state/layer: the numbers one layer carries from one token to the next when "
             "generating (its declared state_size: the published layer's whole state, "
             "convolution windows included, or its core's over every head) at length "
-            f"{STATE_LENGTH} and this protocol's sizes, default parameters; a KV cache "
+            f"{STATE_LENGTH} and this protocol's sizes, {STATE_SOURCE}; a KV cache "
             "(softmax) grows with the length, a recurrent state does not."
         )
     return "state/head", (
         f"state/head: the numbers a head carries from one token to the next when generating "
         f"(its declared state_size) at length {STATE_LENGTH} and this protocol's head size, "
-        "default parameters; a KV cache (softmax) grows with the length, a recurrent state "
+        f"{STATE_SOURCE}; a KV cache (softmax) grows with the length, a recurrent state "
         "does not."
     )
 
@@ -472,7 +489,10 @@ def tasks_leaky(n: int, diverged: int = 0) -> str:
 
 
 def _state_text(board: Leaderboard, mechanism: str) -> str:
-    state = declared_state(mechanism, board.protocol)
+    """The stored state of the mechanism's runs, else its registered declaration."""
+    state = board.states.get(mechanism)
+    if state is None:
+        state = declared_state(mechanism, board.protocol)
     return "--" if state is None else f"{state:,}"
 
 

@@ -312,6 +312,7 @@ def write_reports(
             tables.diverged,
             tables.track,
             _of_protocol(replaced, tables),
+            states=tables.states,
         )
         boards.append(board)
         folder = _under(out, tables.protocol, metric)

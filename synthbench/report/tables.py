@@ -30,6 +30,7 @@ from synthbench.report.aggregate import (
     protocol_track,
     run_outcomes,
     selected_runs,
+    stored_states,
 )
 from synthbench.report.reference import SUFFIX as REFERENCE_SUFFIX
 from synthbench.run.lr_selection import KNIFE_EDGE
@@ -121,6 +122,9 @@ class ReportTables:
     # the runs that diverged at every lr (category, task, mechanism, seed): the leaderboard
     # scores them as no right answer and ranks their mechanism last
     diverged: pd.DataFrame | None = None
+    # per mechanism, the state its runs stored (``aggregate.stored_states``): the board's
+    # state column, where rows before schema 9 leave it to the registry's declared state
+    states: dict[str, int] = field(default_factory=dict)
 
 
 def _cell(r) -> Stat | None:
@@ -422,6 +426,7 @@ def build_tables(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> list[Repor
                 },
                 track,
                 outcomes[(outcomes["protocol"] == protocol) & (outcomes["status"] == "diverged")],
+                stored_states(labelled[labelled["protocol"] == protocol], track),
             )
         )
     return result

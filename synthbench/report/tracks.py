@@ -1,5 +1,6 @@
 """The two tracks side by side: where a mechanism's rank moves between the core track (its
-rule alone) and the block track (its published layer in a standard block).
+rule alone) and the block track (its published layer in fla's block: an RMSNorm before the
+mixer and before the MLP, a final RMSNorm, fla's gated SwiGLU MLP and N(0, 0.02) init).
 
 A protocol's twin in the other track is named by synthbench/run/protocols.py
 (``protocol_of_track``): ``quick`` and ``quick-block``. Scores are compared within a track

@@ -1,5 +1,6 @@
-"""What a plan costs: its CPU time, from measured per-step costs (docs/PROTOCOLS.md, "Cost per
-mechanism"; ``synthbench run`` prints it before it trains).
+"""What a plan costs: its training time (its trainings' wall seconds summed) and the command's
+wall time, from measured per-step costs (docs/PROTOCOLS.md, "Cost per mechanism";
+``synthbench run`` prints it before it trains).
 
 The seconds of one optimizer step of a (protocol, task, mechanism), a training's fixed costs
 (model, data sets, curve points, test evaluation, checks) spread over its steps, come from
@@ -16,6 +17,14 @@ the first of:
 
 and none of those leaves the pair unknown: the estimate says which.
 
+What the estimate measures is what a results row stores as ``wall_seconds`` (``synthbench
+results``: wall_s) and the line of a finished run adds up: a training's wall seconds in its
+worker, from building the model to its test metrics. Its sum over the plan's trainings is
+the training time. A per-step figure is a warm training's (its process has trained
+before), so the sum adds what a fresh process pays on top (``FIRST_TRAINING_S``,
+``FIRST_OF_TASK_S``); the command's wall time adds, beyond the trainings shared by the
+workers, what no row holds: its own start, the leak checks and the workers' start.
+
 A plan's trainings are what it would train before any lr grid grows (every lr a run starts
 with), each at the whole schedule: an upper bound for that first round. Where the protocol
 grows its grid or stops trainings early, the expected figure scales each training by what
@@ -29,7 +38,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
@@ -37,7 +46,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from synthbench.core.text import plural
 from synthbench.run.protocols import PROTOCOLS
 
 STEP_COSTS = "step_costs.csv"  # under the synthbench.data package
@@ -63,6 +71,20 @@ TABLE_SOURCES = {
     "scaled": "the quick figure times the ratio of this protocol's step time to quick's, "
     "measured back to back, the median over a sample of tasks for the mechanism",
 }
+# What a warm training's per-step figure leaves out, measured on the reference machine (2
+# cores, one thread, benchmarks/cost_breakdown.py and a fresh process timed phase by
+# phase; docs/PROTOCOLS.md, "What the estimate adds"): in a training's wall_seconds, a
+# process's first training (torch imports its compiler stack, torch._dynamo, on the first
+# AdamW: 1.5-1.8 s) and its first of each task (the task's chance, synthbench/integrity/
+# audit.py, and the first batches: 0.1-0.3 s); outside every training, the command's own
+# start (interpreter, torch and synthbench imported, planning, checking the plan: 3-3.5 s),
+# the leak check of each mechanism before it trains (0.4-0.7 s) and, where workers train,
+# a worker's start (its interpreter and imports: about 1.6 s; they start together).
+FIRST_TRAINING_S = 1.6
+FIRST_OF_TASK_S = 0.2
+COMMAND_START_S = 3.5
+LEAK_CHECK_S = 0.5
+WORKER_START_S = 1.6
 SOURCES = ("stored", "bench", "table")  # in order of preference
 SOURCE_WORDS = {"stored": "stored rows", "bench": "`bench train` rows", "table": "the table"}
 Key = tuple[str, str, str]  # (protocol, task, mechanism)
@@ -308,9 +330,12 @@ def plan_estimate(
     threads: int,
     device: str | None,
     table: pd.DataFrame | None = None,
+    capacity: int = 1,
+    workers: bool = False,
 ) -> Estimate:
     """The estimate of ``trainings`` from the best figures at hand: the rows stored under
-    ``results``, then `bench train` rows under ``bench_results``, then the shipped table."""
+    ``results``, then `bench train` rows under ``bench_results``, then the shipped table;
+    ``capacity`` of them at once, in worker processes where ``workers`` (``estimate``)."""
     table = read_table() if table is None else table
     keys = {t.key for t in trainings}
     # a pair nobody measured trains as its protocol's measured pairs did: the table's, else
@@ -322,7 +347,7 @@ def plan_estimate(
     stored = {key: c for key, c in read.items() if key in keys}
     costs = choose(keys, stored, bench_costs(bench_results, keys, device), table_costs(table))
     measured = {key: c for key, c in read.items() if key[0] in unmeasured}
-    return estimate(trainings, costs, stored_factors(measured) | averages)
+    return estimate(trainings, costs, stored_factors(measured) | averages, capacity, workers)
 
 
 def stored_pairs(root: Path, protocols: Iterable[str]) -> list[Key]:
@@ -354,28 +379,62 @@ class Estimate:
     trainings: int  # planned
     covered: int  # of which with a known per-step cost
     steps: tuple[int, ...]  # the step counts of the covered trainings
-    seconds: float  # CPU seconds of the covered trainings, each at its whole schedule
-    longest: float  # the longest covered training
+    # training time: the covered trainings' wall seconds summed (a row's wall_seconds),
+    # each at its whole schedule, ``startup`` included
+    seconds: float
+    longest: float  # the longest covered training (a worker's first, say)
     exact: bool  # no covered training's protocol grows its grid or stops early
-    expected: float | None  # what measured runs suggest (None: not known)
+    expected: float | None  # the training time measured runs suggest (None: not known)
     trainings_per_run: float | None  # the mean over the covered adaptive trainings
     steps_frac: float | None  # the same, of the share of their steps
     sources: dict[str, int]  # covered trainings by where their cost came from
     unknown: dict[str, tuple[str, ...]]  # mechanism -> its tasks without a cost
     protocols: tuple[str, ...]
+    # of ``seconds`` (and ``expected``), what fresh processes pay on top of warm trainings:
+    # each one's first training and its first of each task
+    startup: float = 0.0
+    # the command's own wall seconds beyond its trainings: start, leak checks, workers' start
+    command: float = 0.0
+    capacity: int = 1  # trainings at once
+    # the per-step figure of each covered (protocol, task, mechanism)
+    costs: Mapping[Key, Cost] = field(default_factory=dict)
+
+    def training_seconds(self, training: Training) -> float | None:
+        """What one training is expected to take: its per-step figure times its steps (times
+        the share of the steps its pair's measured runs trained, where its protocol stops
+        early), and its share of ``startup``; None where its pair has no figure. The run's
+        progress bar starts its ETA from it."""
+        found = self.costs.get(training.key)
+        if found is None:
+            return None
+        frac = found.steps_frac if training.adaptive and found.steps_frac is not None else 1.0
+        return found.step_seconds * training.steps * frac + self.startup / max(1, self.covered)
+
+    def wall(self, seconds: float) -> float:
+        """The command's wall seconds when its trainings take ``seconds`` in all: its own
+        start and checks, then the trainings shared by ``capacity`` at once (never less than
+        the longest, never more than all of them one after another)."""
+        return self.command + max(seconds / self.capacity, min(self.longest, seconds))
 
 
 def estimate(
     trainings: Iterable[Training],
     costs: Mapping[Key, Cost],
     averages: Mapping[str, tuple[float, float]] | None = None,
+    capacity: int = 1,
+    workers: bool = False,
 ) -> Estimate:
-    """The CPU time of ``trainings`` at ``costs``. A training whose protocol neither grows
-    its lr grid nor stops early takes its whole schedule, once: the bound is what it costs
-    (at its ``max_steps`` where extensions may take it further). Any other is expected to
-    take steps x steps_frac x trainings_per_run / lrs (what the measured runs of its pair
-    did, extensions included in steps_frac; else the protocol's ``averages``; else
-    unknown)."""
+    """The training time of ``trainings`` at ``costs`` (their wall seconds summed, as their
+    rows will store them). A training whose protocol neither grows its lr grid nor stops
+    early takes its whole schedule, once: the bound is what it costs (at its ``max_steps``
+    where extensions may take it further). Any other is expected to take steps x steps_frac
+    x trainings_per_run / lrs (what the measured runs of its pair did, extensions included
+    in steps_frac; else the protocol's ``averages``; else unknown). On top of the per-step
+    figures (warm trainings'): each of the ``capacity`` processes that trains pays
+    FIRST_TRAINING_S once and FIRST_OF_TASK_S per task it trains (a task's trainings spread
+    over as many of them as there are trainings); the command adds COMMAND_START_S,
+    LEAK_CHECK_S per mechanism and, with ``workers`` (worker processes, not this one),
+    WORKER_START_S."""
     trainings = list(trainings)
     averages = averages or {}
     seconds = longest = 0.0
@@ -410,108 +469,32 @@ def estimate(
         factors.append((runs, frac))
         if expected is not None:
             expected += full * frac * runs / t.lrs
+    capacity = max(1, capacity)
+    tasks = Counter(t.task for t in trainings if t.key in costs)
+    processes = min(capacity, covered)
+    startup = processes * FIRST_TRAINING_S + sum(
+        FIRST_OF_TASK_S * min(capacity, n) for n in tasks.values()
+    )
+    mechanisms = len({t.mechanism for t in trainings})
+    command = COMMAND_START_S + LEAK_CHECK_S * mechanisms + (WORKER_START_S if workers else 0.0)
     return Estimate(
         trainings=len(trainings),
         covered=covered,
         steps=tuple(sorted(steps)),
-        seconds=seconds,
-        longest=longest,
+        seconds=seconds + startup if covered else 0.0,
+        longest=longest + FIRST_TRAINING_S + FIRST_OF_TASK_S if covered else 0.0,
         exact=not adaptive,
-        expected=expected if covered else None,
+        expected=expected + startup if covered and expected is not None else None,
         trainings_per_run=sum(f[0] for f in factors) / len(factors) if factors else None,
         steps_frac=sum(f[1] for f in factors) / len(factors) if factors else None,
         sources={s: sources[s] for s in SOURCES if sources[s]},
         unknown={m: tuple(sorted(tasks)) for m, tasks in sorted(unknown.items())},
         protocols=tuple(sorted({t.protocol for t in trainings})),
+        startup=startup if covered else 0.0,
+        command=command,
+        capacity=capacity,
+        costs={t.key: costs[t.key] for t in trainings if t.key in costs},
     )
-
-
-def duration(seconds: float) -> str:
-    """A span as people say it: 40 s, 12 min, 1.3 h, 4.2 days."""
-    if seconds < 0.5:
-        return "<1 s"
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 90 * 60:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 48 * 3600:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} days"
-
-
-def _steps_text(steps: tuple[int, ...]) -> str:
-    return f"x {steps[0]} steps" if len(steps) == 1 else f"of {steps[0]} to {steps[-1]} steps"
-
-
-def _wall(seconds: float, longest: float, capacity: int) -> str:
-    if capacity <= 1:
-        return ""
-    wall = duration(max(seconds / capacity, longest))
-    return f", {'' if wall.startswith('<') else '~'}{wall} wall with {capacity} at once"
-
-
-def _sources(est: Estimate) -> str:
-    if len(est.sources) == 1:
-        (source,) = est.sources
-        return f"measured on {MACHINE}" if source == "table" else f"from {SOURCE_WORDS[source]}"
-    counts = []
-    for source, n in est.sources.items():
-        what = "the shipped table" if source == "table" else SOURCE_WORDS[source]
-        counts.append(f"{what} ({n}{f': {MACHINE}' if source == 'table' else ''})")
-    return "from " + ", ".join(counts)
-
-
-def lines(est: Estimate, capacity: int = 1, note: str = "", options: str = "") -> list[str]:
-    """The one to three lines ``synthbench run`` prints before it trains: the CPU time (an
-    upper bound for the first lr round where the protocol adapts), what to expect, and the
-    pairs without a measured cost. ``note`` goes with the per-step costs (a caveat of the
-    caller's), ``options`` at the end of the command that measures unknown pairs."""
-    protocol = "/".join(est.protocols)
-    said = []
-    if est.covered:
-        plan = f"{plural(est.covered, 'training')} {_steps_text(est.steps)}"
-        costs = f"per-step costs {_sources(est)}{note}"
-        if est.exact:
-            said.append(
-                f"estimated CPU time: {duration(est.seconds)} ({plan}: {protocol} neither grows "
-                f"its lr grid nor stops early; {costs}){_wall(est.seconds, est.longest, capacity)}"
-            )
-        else:
-            wall = _wall(est.seconds, est.longest, capacity) if est.expected is None else ""
-            said.append(
-                f"estimated CPU time: {duration(est.seconds)} at most for the first lr round "
-                f"({plan}; grown lrs add trainings, early stopping removes steps; {costs}){wall}"
-            )
-            if est.expected is not None:
-                how = ""
-                if est.trainings_per_run is not None:
-                    how = (
-                        f" (as {protocol}'s measured runs went: {est.trainings_per_run:.1f} "
-                        f"trainings per run, {est.steps_frac:.0%} of the steps)"
-                    )
-                wall = _wall(est.expected, est.longest, capacity)
-                said.append(f"expected: ~{duration(est.expected)} CPU{wall}{how}")
-            else:
-                version = PROTOCOLS.get(protocol).version if protocol in PROTOCOLS else "?"
-                said.append(
-                    f"expected: not known (no measured runs of {protocol} v{version} say how "
-                    "far its lr grids grow or how early its trainings stop)"
-                )
-    if est.unknown:
-        parts = [
-            m if len(tasks) > 3 else f"{m} on {', '.join(tasks)}"
-            for m, tasks in est.unknown.items()
-        ]
-        head = (
-            f"estimate covers {est.covered} of {plural(est.trainings, 'training')}"
-            if est.covered
-            else "estimated CPU time: not known"
-        )
-        said.append(
-            f"{head}; unknown: {'; '.join(parts)} (no measured cost: run `synthbench bench "
-            f"train --protocol {est.protocols[0]} --mech {','.join(est.unknown)}{options}`)"
-        )
-    return said
 
 
 # -- the documentation's table --------------------------------------------------------------

@@ -9,12 +9,12 @@ from collections.abc import Iterable
 import pandas as pd
 
 from synthbench.core.task import TASKS, in_default_suite
+from synthbench.core.text import duration
 from synthbench.run.cost import (
     TABLE_SOURCES,
     Estimate,
     Training,
     adapts,
-    duration,
     estimate,
     protocol_factors,
     read_table,
@@ -54,8 +54,10 @@ def builtin_tasks() -> list[str]:
 
 
 def markdown_table(table: pd.DataFrame | None = None) -> str:
-    """Per mechanism, the CPU time of one seed of the built-in suite under each protocol from
-    the shipped table (every lr the grid starts with, at the whole schedule; for a protocol
+    """Per mechanism, the training time (the trainings' wall seconds summed, one at a time in
+    one process: its first training's cost included) of one seed of the built-in suite under
+    each protocol from the shipped table (every lr the grid starts with, at the whole
+    schedule; for a protocol
     that adapts and whose runs were measured, also what to expect), and where the figures
     come from (docs/PROTOCOLS.md embeds this; a test checks it)."""
     table = read_table() if table is None else table

@@ -309,8 +309,9 @@ for _core in ("smoke", "quick", "standard"):
             max_steps=2 * _base.max_steps,
             extend_steps=2 * _base.extend_steps,
             description=f"the block track of {_core}: every mechanism as its published layer "
-            "(its core for the attention family) in fla's block (RMSNorm before the mixer, "
-            "the gated MLP and the head, fla's initialisation), twice the core's steps",
+            "(its core for the attention family) in fla's block (an RMSNorm before the mixer "
+            "and before the MLP, a final RMSNorm, fla's gated SwiGLU MLP, fla's N(0, 0.02) "
+            "init; arch=block-plain keeps the older plain block), twice the core's steps",
         )
     )
 

@@ -55,6 +55,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "eval_length_mult": (0, math.inf, True),
     "final_loss": (0, math.inf, False),  # a cross-entropy; +inf where a training diverged
     "n_params": (0, math.inf, False),
+    "state_size": (0, math.inf, False),
     "wall_seconds": (0, math.inf, False),
     "threads": (1, math.inf, False),
     "lr_robustness": (1, math.inf, False),

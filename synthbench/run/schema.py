@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # Columns each schema version added; a file of an older version is read with them null.
 ADDED_IN = {
     2: ("eval_length_mult", "long_token_acc", "long_exact_match"),
@@ -31,6 +31,7 @@ ADDED_IN = {
     6: ("cpu_isa",),
     7: ("cpu_model",),
     8: ("lr_robustness", "lr_gap"),
+    9: ("state_size",),
 }
 # The levels of a results path, outermost first: <root>/protocol=.../task=.../mechanism=...
 PARTITIONS = ("protocol", "task", "mechanism")
@@ -94,6 +95,12 @@ SCHEMA = pa.schema(
         ("long_exact_match", pa.float64()),
         ("final_loss", pa.float64()),
         ("n_params", pa.int64()),
+        # the numbers one model layer of the run's mechanism carries from one token to the
+        # next, at length STATE_LENGTH (1024, synthbench/core/mechanism.py) with the run's
+        # parameters and its protocol's sizes: its declared state_size (a published layer's
+        # whole state; a core's per head times the heads), as `synthbench check` measures it;
+        # null where the mechanism declares none or it raised. The leaderboard's state column
+        ("state_size", pa.int64()),
         ("wall_seconds", pa.float64()),
         ("threads", pa.int64()),  # torch's intra-op threads of the training (in the run id)
         # provenance (synthbench/provenance.py)

@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from synthbench.core.interrupts import caught, describe
-from synthbench.core.mechanism import MECHANISMS, build_mixer_once, mixer
+from synthbench.core.mechanism import (
+    MECHANISMS,
+    STATE_LENGTH,
+    build_mixer_once,
+    layer_state,
+    mixer,
+)
 from synthbench.core.model import check_position, make_rotation, position_params
 from synthbench.core.params import check_int
 from synthbench.core.task import TASKS, Task
@@ -210,7 +216,16 @@ class RunSpec:
             "target_metric": self._target_metric(),
             "eval_length_mult": self.eval_length_mult,
             "threads": self.threads,
+            "state_size": self.state_size(),
         }
+
+    def state_size(self) -> int | None:
+        """What one layer of the run's model carries from one token to the next at length
+        STATE_LENGTH, with the run's parameters and sizes (``layer_state``: what `synthbench
+        check` measures); None where the mechanism declares no state_size, or where its code
+        raises (even sys.exit) here."""
+        p = self.protocol
+        return _layer_state(self.mechanism, p.d_model, p.n_heads, p.arch, self.mechanism_params)
 
     def _target_metric(self) -> str | None:
         """The task's target metric; None where a plugin task's code raises (even sys.exit)
@@ -223,6 +238,29 @@ class RunSpec:
 
     def label(self) -> str:
         return f"{self.task} / {self.mechanism} / seed {self.seed}"
+
+
+# (mechanism, d_model, n_heads, arch, parameters as JSON) -> ``RunSpec.state_size``
+_STATES: dict[tuple[str, int, int, str, str], int | None] = {}
+
+
+def _layer_state(
+    name: str, d_model: int, n_heads: int, arch: str, params: dict[str, Any]
+) -> int | None:
+    """``layer_state`` at STATE_LENGTH, once per mechanism, sizes and parameters in a process
+    (every seed and lr of a run shares it), the global RNG left as it was (a build draws)."""
+    key = (name, d_model, n_heads, arch, _canonical(params))
+    if key not in _STATES:
+        import torch  # loaded wherever a spec trains; here to keep planning's import light
+
+        try:
+            with torch.random.fork_rng(devices=[]):
+                size = layer_state(name, d_model, n_heads, arch, params, STATE_LENGTH)
+            _STATES[key] = size if size >= 0 else None
+        except BaseException as exc:  # no state_size, or a plugin's code raises or exits
+            caught(exc)  # the user's Ctrl-C goes on
+            _STATES[key] = None
+    return _STATES[key]
 
 
 def _canonical(config: dict[str, Any]) -> str:
