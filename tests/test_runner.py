@@ -15,6 +15,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
+from test_plugin_exits import unload
 from typer.testing import CliRunner
 
 from synthbench.cli import app
@@ -70,10 +71,14 @@ PROTOCOLS.add("tiny-runner-test", Protocol(
 
 @pytest.fixture(scope="module")
 def plugin(tmp_path_factory) -> Path:
+    """The plugin loaded for this module's tests, and unloaded after them (its mechanism and
+    protocol would otherwise show in every later test of the worker)."""
     path = tmp_path_factory.mktemp("plugin") / "runner_test_plugin.py"
     path.write_text(PLUGIN)
     load_plugin_file(path, [TASKS, MECHANISMS])
-    return path
+    yield path
+    unload(path)
+    PROTOCOLS._remove("tiny-runner-test")
 
 
 def invoke(*args):
