@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 
 from synthbench.core import registry
 from synthbench.core.registry import DISABLE_AUTOLOAD
@@ -29,6 +30,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # pytest-xdist runs one worker per core (pyproject.toml's addopts): torch's intra-op
     # threads would only compete with the other workers' tests
     torch.set_num_threads(1)
+
+
+def pytest_configure(config):
+    """Python's own Ctrl-C handler, which the Ctrl-C tests need: Python does not install it
+    when it starts with SIGINT ignored, as a background job of a non-interactive shell does
+    (`nohup pytest &`), and a test process's workers inherit that."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it names each item by one)

@@ -464,3 +464,18 @@ def test_a_dry_run_says_the_plan_and_its_cost_and_writes_nothing(tmp_path, monke
     assert dry.exit_code == 0, dry.output
     assert "1 already stored, 1 to run (1 training)" in dry.stdout.splitlines()[0]
     assert stored.read_bytes() == before
+
+
+def test_stored_rows_the_readers_leave_out_price_nothing(tmp_path):
+    """A corrupt row (steps_done infinite: a per-step cost of 0) is left out by the readers'
+    checks (run/row_checks.py) here too, so the figure is the sound row's alone."""
+    key = ("quick", "copy", "softmax")
+    folder = tmp_path / "protocol=quick" / "task=copy" / "mechanism=softmax"
+    folder.mkdir(parents=True)
+    sound = {"run_id": "a", "status": "ok", "wall_seconds": 30.0, "steps_done": 1000,
+             "steps": 1000, "threads": 1, "device": "cpu"}  # fmt: skip
+    corrupt = sound | {"run_id": "b", "steps_done": math.inf}
+    for row in (sound, corrupt):
+        pq.write_table(pa.Table.from_pylist([row]), folder / f"{row['run_id']}.parquet")
+    (figure,) = cost.stored_costs(tmp_path, [key], 1, "cpu").values()
+    assert figure.step_seconds == pytest.approx(0.03)

@@ -37,6 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from synthbench.core.atomic import write_atomically
+from synthbench.core.paths import OutsideRoot, path_under
 from synthbench.core.text import did_you_mean
 from synthbench.report import curves, frontier, leaderboard, published_lm, separation, tracks
 from synthbench.report.aggregate import CHANCE_COLUMN, DEFAULT_METRIC, length_metric, length_points
@@ -60,14 +61,17 @@ def _slug(text: str) -> str:
 
 
 def _under(out: Path, *parts: str) -> Path:
-    """The folder ``out/part/...``, refused (ValueError) unless it lies inside ``out`` once
-    resolved: the parts are names read from the results tree (checked when loaded:
-    synthbench/run/row_checks.py), and a link inside ``out`` may point anywhere."""
-    folder = out.joinpath(*parts)
-    if any(part in ("", ".", "..") or "/" in part or "\\" in part for part in parts) or not (
-        folder.resolve().is_relative_to(out.resolve())
-    ):
-        raise ValueError(f"{folder} would lie outside --out {out}: no report written there")
+    """The folder ``out/part/...``, refused (ValueError) unless each part is one plain name
+    (core/paths.py's ``path_under``, as every path built from stored names) and the folder
+    still lies inside ``out`` once resolved: a link inside ``out`` may point anywhere."""
+    try:
+        folder = path_under(out, *parts)
+    except OutsideRoot:
+        folder = None
+    if folder is None or not folder.resolve().is_relative_to(out.resolve()):
+        raise ValueError(
+            f"{out.joinpath(*parts)} would lie outside --out {out}: no report written there"
+        )
     return folder
 
 

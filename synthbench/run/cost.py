@@ -46,7 +46,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from synthbench.core.paths import OutsideRoot, path_under
 from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.row_checks import row_problems
 
 STEP_COSTS = "step_costs.csv"  # under the synthbench.data package
 MACHINE = "a 2-core CPU, 1 thread"  # where the shipped table was measured
@@ -229,10 +231,16 @@ def stored_costs(
 ) -> dict[Key, Cost]:
     """Figures from the rows stored under ``root`` for ``keys`` (only their folders are
     read), trained with ``threads`` threads on ``device`` (a row's device name; None: any).
-    An unreadable file is passed over: the run itself reports it."""
+    An unreadable file, or a row the readers' checks leave out (run/row_checks.py: a negative
+    time, say), is passed over: the run itself reports it."""
     frames = []
     for protocol, task, mechanism in sorted(set(keys)):
-        folder = Path(root) / f"protocol={protocol}" / f"task={task}" / f"mechanism={mechanism}"
+        try:
+            folder = path_under(
+                root, f"protocol={protocol}", f"task={task}", f"mechanism={mechanism}"
+            )
+        except OutsideRoot:
+            continue
         for path in sorted(folder.glob("*.parquet")) if folder.is_dir() else []:
             if path.name.startswith("."):
                 continue
@@ -240,6 +248,7 @@ def stored_costs(
                 rows = pq.read_table(path, columns=STORED_COLUMNS).to_pandas()
             except (OSError, ValueError, KeyError, pa.ArrowException):
                 continue
+            rows = rows[row_problems(rows).isna()]
             frames.append(rows.assign(protocol=protocol, task=task, mechanism=mechanism))
     if not frames:
         return {}
