@@ -22,7 +22,25 @@ from synthbench.run.store import ResultStore
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-PLUGIN = """
+# what every misbehaving plugin of these tests builds on: an attention with a weight (its
+# checks need a parameter) and the registration they share
+ATTENTION = """
+
+class Attention(nn.Module):
+    def __init__(self, head_dim, n_heads):
+        super().__init__()
+        self.proj = nn.Linear(head_dim, head_dim)
+
+    def forward(self, q, k, v, causal=True):
+        return F.scaled_dot_product_attention(self.proj(q), k, v, is_causal=causal)
+
+
+def register(name):
+    return MECHANISMS.register(name, complexity="quadratic", family="test", reference="none")
+"""
+
+PLUGIN = (
+    """
 import multiprocessing
 import os
 import signal
@@ -37,18 +55,9 @@ from synthbench.tasks.copy import Copy
 class Custom(BaseException):
     pass
 
-
-class Attention(nn.Module):
-    def __init__(self, head_dim, n_heads):
-        super().__init__()
-        self.proj = nn.Linear(head_dim, head_dim)
-
-    def forward(self, q, k, v, causal=True):
-        return F.scaled_dot_product_attention(self.proj(q), k, v, is_causal=causal)
-
-
-def register(name):
-    return MECHANISMS.register(name, complexity="quadratic", family="test", reference="none")
+"""
+    + ATTENTION
+    + """
 
 
 SENT = []
@@ -117,6 +126,8 @@ class ExitsInGenerate(Copy):
     def generate(self, n, generator, device="cpu"):
         raise SystemExit(6)  # generate
 """
+)
+
 # a mechanism whose forward raises: what it raises, as a check line and as a stored error
 RAISED = {
     "exits-3": ("SystemExit: 3", "SystemExit(3)"),

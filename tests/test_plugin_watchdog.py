@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from clitools import SMOKE, SUBPROCESS_ENV, assert_error, command_line, invoke
-from test_plugin_exits import line, load, unload
+from test_plugin_exits import ATTENTION, line, load, unload
 
 from synthbench.core import children
 from synthbench.core.mechanism import MECHANISMS
@@ -30,7 +30,8 @@ from synthbench.run.store import ResultStore
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-PLUGIN = """
+PLUGIN = (
+    """
 import os
 import pathlib
 import time
@@ -44,18 +45,9 @@ from synthbench import MECHANISMS
 # Ctrl-C then, or kill the command
 ENTERED = pathlib.Path(__file__).with_suffix(".entered")
 
-
-class Attention(nn.Module):
-    def __init__(self, head_dim, n_heads):
-        super().__init__()
-        self.proj = nn.Linear(head_dim, head_dim)
-
-    def forward(self, q, k, v, causal=True):
-        return F.scaled_dot_product_attention(self.proj(q), k, v, is_causal=causal)
-
-
-def register(name):
-    return MECHANISMS.register(name, complexity="quadratic", family="test", reference="none")
+"""
+    + ATTENTION
+    + """
 
 
 @register("ends")
@@ -78,6 +70,7 @@ class HangsInTraining(Attention):
             time.sleep(3600)  # hangs in training
         return super().forward(q, k, v, causal)
 """
+)
 SMOKE_PROTOCOL = PROTOCOLS.get("smoke")
 
 
