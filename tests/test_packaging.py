@@ -71,19 +71,33 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
         check=True,
         capture_output=True,
     )
+    # an editable install of this checkout (pip install -e) adds a finder that would supply
+    # any module the wheel lacks: leave it out, so the wheel is imported alone
+    only_the_wheel = (
+        f"import sys; sys.path.insert(0, {str(target)!r});"
+        "sys.meta_path[:] = [f for f in sys.meta_path"
+        " if not getattr(f, '__module__', '').startswith('__editable__')]"
+    )
     code = (
-        "import synthbench, synthbench.tasks, synthbench.mechanisms;"
+        "import pkgutil, importlib, synthbench, synthbench.tasks, synthbench.mechanisms;"
+        # every module imports from the wheel alone (a package missing from the wheel fails)
+        "[importlib.import_module(m.name) for m in"
+        " pkgutil.walk_packages(synthbench.__path__, 'synthbench.')"
+        " if not m.name.endswith('__main__')];"
+        "print(sorted({(m.__file__ or next(iter(m.__path__))).split('/synthbench/')[0]"
+        " for n, m in sys.modules.items() if n.startswith('synthbench')}));"
         "from synthbench import TASKS, MECHANISMS;"
         "print(synthbench.tasks.__file__); print(TASKS.names(), MECHANISMS.names())"
     )
     result = subprocess.run(
-        [sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(target)!r}); {code}"],
+        [sys.executable, "-I", "-c", f"{only_the_wheel}; {code}"],
         check=True,
         capture_output=True,
         text=True,
         cwd=tmp_path,
     )
-    tasks_file, names = result.stdout.splitlines()
+    folders, tasks_file, names = result.stdout.splitlines()
+    assert folders == repr([str(target)])
     assert tasks_file.startswith(str(target))
     assert "copy" in names and "softmax" in names and "linear" in names
 
@@ -99,7 +113,7 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
             sys.executable,
             "-I",
             "-c",
-            f"import sys; sys.path.insert(0, {str(target)!r}); {code}",
+            f"{only_the_wheel}; {code}",
         ],
         check=True,
         capture_output=True,
@@ -114,3 +128,25 @@ def test_wheel_installs_and_imports_the_registries(tmp_path):
     stale = outdated == "True"
     assert problem == "None" or stale, problem
     assert stale or "softmax" in mechanisms
+
+
+def _listed_packages():
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    return set(setuptools["packages"]), setuptools["package-dir"]
+
+
+def test_every_source_folder_is_a_listed_package():
+    # setuptools installs only the packages pyproject lists: a folder left out imports from a
+    # checkout (an editable install) and is missing from a wheel (synthbench.facts once was)
+    listed, package_dir = _listed_packages()
+    found = set()
+    for name, folder in package_dir.items():
+        for source in (ROOT / folder).rglob("*.py"):
+            if "__pycache__" in source.parts:
+                continue
+            relative = source.parent.relative_to(ROOT / folder)
+            found.add(".".join((name, *relative.parts)))
+    assert found - listed == set(), "pyproject.toml's [tool.setuptools] packages lacks these"
+    assert listed - found == set(), "pyproject.toml lists packages that hold no module"
