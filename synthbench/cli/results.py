@@ -271,7 +271,8 @@ def report_command(
         str | None,
         typer.Option(
             help="Put published results beside ours: slay-paper (its table beside ours), "
-            "published-lm (rank correlations with published language-model quality)."
+            "published-lm (rank correlations with published language-model quality, and the "
+            "share of published pairwise orderings the board reproduces)."
         ),
     ] = None,
     plugin: PluginOption = None,

@@ -11,9 +11,11 @@
                                                      length.{png,pdf}
     <out>/<protocol>/<metric>/compare-<name>.{md,tex} with --compare <a published table>
     <out>/published-lm-<protocol>.{md,tex}          with --compare published-lm: rank correlations
-                                                     with published LM quality, for each protocol
-                                                     with 3 mechanisms the published tables cover
-                                                     (synthbench/report/published_lm.py)
+                                                     with published LM quality and the share of
+                                                     published orderings reproduced, for each
+                                                     protocol with 3 mechanisms the published
+                                                     tables cover (report/published_lm.py,
+                                                     report/published_orderings.py)
     <out>/<protocol>/separation.{md,tex}             the tasks that tell the board's neighbours
                                                      apart (always on the target metric)
     <out>/<protocol>/separation.csv                  every pair of mechanisms on every task
