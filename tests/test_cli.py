@@ -5,10 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -494,53 +492,6 @@ def test_report_errors(stored, tmp_path, args, message):
 def test_report_without_results(tmp_path):
     empty = invoke("report", "--results", tmp_path / "none", "--out", tmp_path / "r")
     assert empty.exit_code == 2 and "no results" in empty.stderr
-
-
-# -- SIGKILL in the middle of a suite -----------------------------------------------------
-
-
-@pytest.mark.slow
-def test_sigkill_then_resume(tmp_path):
-    root = tmp_path / "results"
-    command = [sys.executable, "-m", "synthbench.cli", *RUN, "--seeds", "3", "--results", root]
-    command = [str(c) for c in command]
-    proc = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=SUBPROCESS_ENV
-    )
-    try:
-        deadline = time.monotonic() + 120
-        while len(parquet_files(root)) < 2:
-            assert proc.poll() is None, "the run ended before it could be killed"
-            assert time.monotonic() < deadline, "no results appeared"
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    n_before = len(parquet_files(root))
-    assert 2 <= n_before < 12
-
-    resumed = subprocess.run(
-        command, capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=300
-    )
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert f"{n_before} already stored, {12 - n_before} to run" in resumed.stdout
-
-    files = parquet_files(root)
-    assert len(files) == 12
-    assert ResultStore(root).files() == files  # nothing else visible in the tree
-    assert not list(root.rglob(".tmp-*"))  # the killed process's temporaries are gone
-    for path in files:
-        rows = pq.read_table(path).to_pandas()
-        assert len(rows) == 1 and (rows["run_id"] == path.stem).all(), path
-    report = ResultStore(root).load(warn=False)
-    assert report.skipped == []
-    assert report.rows["run_id"].is_unique
-    assert set(report.rows["run_id"]) == expected_run_ids(
-        ["copy", "kv_recall"], ["softmax", "linear"], 3
-    )
-    assert (report.rows["status"] == "ok").all()
 
 
 def test_run_with_task_and_mechanism_parameters_records_them(tmp_path):

@@ -569,8 +569,12 @@ def resume_completes(command: list[str], root: Path, n_before: int) -> None:
     for path in files:
         rows = pq.read_table(path).to_pandas()
         assert len(rows) == 1 and (rows["run_id"] == path.stem).all(), path
-    rows = stored_rows(root)
+    loaded = ResultStore(root).load(warn=False)
+    assert loaded.skipped == []  # nothing torn or half-written that the readers leave out
+    rows = loaded.rows
     assert rows["run_id"].is_unique and (rows["status"] == "ok").all()
+    every_run = [(task, seed) for task in ("copy", "sort") for seed in range(4)]
+    assert sorted(zip(rows["task"], rows["seed"], strict=True)) == every_run
 
 
 def children(pid: int) -> list[int]:

@@ -93,6 +93,15 @@ ResultsOption = Annotated[
 DeviceOption = Annotated[
     str, typer.Option(help="auto, cpu, cuda, cuda:N, mps or any other torch device.")
 ]
+LogOption = Annotated[  # experiment tracking: synthbench/run/tracking.py
+    list[str] | None,
+    typer.Option(
+        help="Log each training's curve, lr, config and final metrics as it trains: "
+        "tensorboard, wandb or mlflow (repeatable or comma-separated; each an optional extra: "
+        "pip install 'synthbench[tensorboard]'), under RESULTS/.logs (docs/RUNNING.md).",
+        metavar="BACKEND",
+    ),
+]
 
 
 class UsageError(Exception):

@@ -15,6 +15,7 @@ from synthbench.cli.common import (
     INTERRUPTED,
     STDOUT,
     DeviceOption,
+    LogOption,
     PluginOption,
     ResultsOption,
     UsageError,
@@ -35,7 +36,7 @@ from synthbench.core.params import parse_assignments
 from synthbench.core.text import did_you_mean, plural
 from synthbench.integrity.guard import Guarded, leak_guard
 from synthbench.integrity.isolation import CHECK_SECONDS, CheckProcess, Interrupted
-from synthbench.run import cost, cost_lines, runner
+from synthbench.run import cost, cost_lines, runner, tracking
 from synthbench.run.devices import default_jobs, resolve_device, worker_devices
 from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
 from synthbench.run.grid import load_sweep_file
@@ -196,6 +197,7 @@ def run_command(
         list[str] | None,
         typer.Option(help="KEY=VALUE of the rotation, e.g. rotate_fraction=0.5 (repeatable)."),
     ] = None,
+    log: LogOption = None,
 ) -> None:
     """Train and evaluate every (task, mechanism, seed); one Parquet file per run."""
     run_grid(
@@ -226,6 +228,7 @@ def run_command(
         eval_length_mult=eval_length_mult,
         pos=pos,
         pos_params=parse_assignments(pos_param),
+        log=log,
     )
 
 
@@ -252,6 +255,7 @@ def sweep_command(
     yes: YesOption = False,
     dry_run: DryRunOption = False,
     max_seconds: MaxSecondsOption = None,
+    log: LogOption = None,
 ) -> None:
     """Run the grid a sweep file describes (what `run` would with the same lists)."""
     grid_options = load_sweep_file(file)
@@ -282,6 +286,7 @@ def sweep_command(
         eval_length_mult=grid_options.get("eval_length_mult"),
         pos=grid_options.get("pos"),
         pos_params=grid_options.get("pos_params", {}),
+        log=log,
     )
 
 
@@ -314,6 +319,7 @@ def run_grid(
     eval_length_mult: float | None,
     pos: str | None,
     pos_params: dict[str, Any],
+    log: list[str] | None = None,
 ) -> None:
     """``synthbench run`` (and ``sweep``) with the parameters parsed: plan the grid of runs,
     check it, train what is not stored, render the progress."""
@@ -327,6 +333,7 @@ def run_grid(
     if not 1 <= n_seeds <= MAX_SEEDS:
         raise UsageError(f"--seeds must be in [1, {MAX_SEEDS}], got {n_seeds}")
     check_writable_folder(results, "--results")
+    logs = tracking.from_options(log, results)  # known and installed, before any planning
     tasks, mechs = select_tasks(task, category), select_mechanisms(mech)
     difficulties = None if difficulty is None else names_in(difficulty, "--difficulty", "preset")
     size = runner.plan_size(
@@ -375,6 +382,7 @@ def run_grid(
         dry_run=dry_run,
         more_seeds=True,  # the plan holds whole cells: seeds 0..N-1 of each
         max_seconds=max_seconds,
+        logs=logs,
     )
 
 
@@ -443,6 +451,7 @@ def train_specs(
     dry_run: bool = False,
     more_seeds: bool = False,
     max_seconds: float | None = None,
+    logs: tracking.Tracking | None = None,
 ) -> None:
     """Train the planned runs that are not stored (all with ``force``), render the progress,
     and exit non-zero if any raised, diverged everywhere or leaked. ``resized``: the plan
@@ -450,7 +459,7 @@ def train_specs(
     ``dry_run``: check the plan, say what it would train and cost, and stop there;
     ``more_seeds``: a cell whose seeds disagree gets more (``runner.execute``): for a plan
     of whole cells, not of chosen seeds (``facts run``); ``max_seconds``: a training still
-    running after that long is stopped and stored as an error."""
+    running after that long is stopped and stored as an error; ``logs``: ``--log``'s setting."""
     dev = resolve_device(device) if executor == "local" else None
     if pack is None:  # where it is measured to help (synthbench/run/packed.py)
         pack = default_pack(dev or torch.device("cuda" if gpus_per_run else "cpu"))
@@ -495,12 +504,15 @@ def train_specs(
 
     def make_executor(n_units: int):
         """Built once the plan knows how many trainings there are (none: none built)."""
+        if logs is not None:  # the log folders (and MLflow's experiment), made once, here
+            out.print(tracking.prepare(logs), highlight=False)
         if executor == "ray":
-            return RayPool(ray_address, plugin or [], cpus_per_run or threads, gpus_per_run, jobs)
+            cpus = cpus_per_run or threads
+            return RayPool(ray_address, plugin or [], cpus, gpus_per_run, jobs, logs=logs)
         n = local_workers(n_units)
         if n <= 1 and max_seconds is None:  # a time limit needs a process it can stop
-            return InProcess(dev, own_process=True)
-        return LocalPool(worker_devices(dev, n), plugin or [], threads, max_seconds)
+            return InProcess(dev, own_process=True, logs=logs)
+        return LocalPool(worker_devices(dev, n), plugin or [], threads, max_seconds, logs)
 
     where = f"device {dev}" if dev is not None else f"Ray at {ray_address or 'a local instance'}"
     # the device a stored row names (a GPU's model); under Ray, --gpus-per-run's

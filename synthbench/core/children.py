@@ -54,22 +54,11 @@ def leave_ctrl_c_to_the_parent() -> None:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def exit_with_parent(parent: int) -> None:
-    """Exit this child as soon as its parent is gone (killed, even with SIGKILL)."""
-
-    def watch() -> None:
-        while True:
-            if os.getppid() != parent:
-                os._exit(1)
-            time.sleep(0.5)
-
-    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
-
-
 def exit_when_closed(alive: Connection) -> None:
     """Exit this child as soon as the other end of ``alive``, which only its parent holds,
-    closes: the parent is gone (killed, even with SIGKILL). Unlike the parent's pid, this
-    holds for a child that a fork server forked (its parent process is the server)."""
+    closes: the parent is gone (killed, even with SIGKILL). Unlike watching the parent's
+    pid, this holds for a child that a fork server forked (its parent process is the
+    server), and it is told at once rather than at the next poll."""
 
     def watch() -> None:
         try:

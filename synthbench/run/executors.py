@@ -45,6 +45,7 @@ from synthbench.core.text import noun
 from synthbench.run import phases
 from synthbench.run.allocator import reuse_freed_memory
 from synthbench.run.packed import notes_on_one_line
+from synthbench.run.tracking import Tracking
 from synthbench.run.train import failed_row
 from synthbench.run.work import train_work, trainings_of
 
@@ -80,8 +81,11 @@ class InProcess(_Results):
 
     capacity = 1
 
-    def __init__(self, device: torch.device, own_process: bool = False) -> None:
+    def __init__(
+        self, device: torch.device, own_process: bool = False, logs: Tracking | None = None
+    ) -> None:
         self.device = device
+        self.logs = logs  # where the trainings log (--log: synthbench/run/tracking.py)
         if own_process:
             reuse_freed_memory()
         self._queue: deque = deque()
@@ -94,7 +98,7 @@ class InProcess(_Results):
         if self._ready:
             return self._ready.popleft()
         work = self._queue.popleft()
-        return self._hand_out(work, train_work(work, self.device))
+        return self._hand_out(work, train_work(work, self.device, self.logs))
 
     def close(self) -> None:
         self._queue.clear()
@@ -105,13 +109,19 @@ class InProcess(_Results):
 
 
 def _worker_main(
-    conn: Connection, device: str, plugin_files: list[str], parent: int, stacks: str | None
+    conn: Connection,
+    device: str,
+    plugin_files: list[str],
+    parent_alive: Connection,
+    stacks: str | None,
+    logs: Tracking | None = None,
 ) -> None:
     """A local worker: train each piece of work it receives, send back its rows; None ends
-    it. Its stack goes to ``stacks`` when asked (core/children.py: a time limit says where
-    it stopped a training)."""
+    it, as does its parent's end (``parent_alive``: a pipe whose other end only the driver
+    holds). Its stack goes to ``stacks`` when asked (core/children.py: a time limit says
+    where it stopped a training)."""
     children.leave_ctrl_c_to_the_parent()
-    children.exit_with_parent(parent)
+    children.exit_when_closed(parent_alive)
     children.dump_stack_on_request(stacks)
     warnings.simplefilter("ignore", PluginWarning)  # the driver reported them already
     notes_on_one_line()
@@ -130,7 +140,7 @@ def _worker_main(
             if unit is None:
                 return
             conn.send(("started", None))  # a time limit counts from here, not from its start
-            conn.send(("rows", train_work(unit, torch.device(device))))
+            conn.send(("rows", train_work(unit, torch.device(device), logs)))
     finally:
         phases.write()  # a worker's exit skips atexit
 
@@ -139,19 +149,26 @@ class _Worker:
     """A worker process; ``watched``: it can say where it stands (a time limit needs it)."""
 
     def __init__(
-        self, context, device: torch.device, plugin_files: list[str], watched: bool = False
+        self,
+        context,
+        device: torch.device,
+        plugin_files: list[str],
+        watched: bool = False,
+        logs: Tracking | None = None,
     ) -> None:
         self.device = device
         self.conn, child = context.Pipe()
+        alive, self._alive = context.Pipe(duplex=False)  # never written: closed at the end
         self.stacks = children.StackFile() if watched else None
         self.process = context.Process(
             target=_worker_main,
-            args=(child, str(device), plugin_files, os.getpid(), self.stacks and self.stacks.path),
+            args=(child, str(device), plugin_files, alive, self.stacks and self.stacks.path, logs),
             daemon=True,
             name=f"synthbench-worker-{device}",
         )
         self.process.start()
         child.close()  # the child's end lives in the child: EOF here when it dies
+        alive.close()  # likewise: the child sees end-of-file when this process ends
         self.unit = None
         self.since: float | None = None  # when it began its unit (time.monotonic)
 
@@ -166,6 +183,7 @@ class _Worker:
             self.process.kill()
         self.process.join(timeout=10)
         self.conn.close()
+        self._alive.close()
         if self.stacks is not None:
             self.stacks.close()
 
@@ -182,6 +200,7 @@ class LocalPool(_Results):
         plugin_files: list[Path],
         threads: int = 1,
         max_seconds: float | None = None,
+        logs: Tracking | None = None,
     ):
         if not devices:
             raise ValueError("a local pool needs at least one worker")
@@ -190,6 +209,7 @@ class LocalPool(_Results):
         self._files = [str(Path(p).resolve()) for p in plugin_files]
         self._context = multiprocessing.get_context("spawn")  # fork would copy torch's threads
         self._threads = threads
+        self._logs = logs
         self._attempts: dict = {}
         self._waiting: deque = deque()
         super().__init__()
@@ -200,7 +220,8 @@ class LocalPool(_Results):
         previous = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = str(self._threads)
         try:
-            return _Worker(self._context, device, self._files, self.max_seconds is not None)
+            watched = self.max_seconds is not None
+            return _Worker(self._context, device, self._files, watched, self._logs)
         finally:
             if previous is None:
                 del os.environ["OMP_NUM_THREADS"]
@@ -340,12 +361,14 @@ def _load_plugin_sources(sources: list[tuple[str, str]]) -> None:
         _loaded_sources.add(digest)
 
 
-def _ray_train(work, device: str, sources: list[tuple[str, str]]) -> list[dict[str, Any]]:
+def _ray_train(
+    work, device: str, sources: list[tuple[str, str]], logs: Tracking | None = None
+) -> list[dict[str, Any]]:
     children.leave_ctrl_c_to_the_parent()  # RayPool.close cancels a task by killing its worker
     notes_on_one_line()
     reuse_freed_memory()
     _load_plugin_sources(sources)
-    return train_work(work, torch.device(device))
+    return train_work(work, torch.device(device), logs)
 
 
 class RayPool(_Results):
@@ -361,6 +384,7 @@ class RayPool(_Results):
         gpus: float = 0,
         jobs: int | None = None,
         local_cpus: int | None = None,
+        logs: Tracking | None = None,
     ) -> None:
         try:
             import ray
@@ -385,6 +409,7 @@ class RayPool(_Results):
             except Exception as exc:  # connection refused, bad address...
                 raise ExecutorError(f"cannot start or join Ray at {address}: {exc}") from None
         self.device = "cuda" if gpus > 0 else "cpu"
+        self._logs = logs
         self._sources = [(Path(p).name, Path(p).read_text()) for p in plugin_files]
         self._task = ray.remote(_ray_train).options(
             num_cpus=cpus, num_gpus=gpus, max_retries=MAX_ATTEMPTS - 1
@@ -404,7 +429,7 @@ class RayPool(_Results):
         super().__init__()
 
     def submit(self, unit) -> None:
-        ref = self._task.remote(unit, self.device, self._sources)
+        ref = self._task.remote(unit, self.device, self._sources, self._logs)
         self._refs[ref] = unit
 
     def wait(self) -> tuple[Any, dict[str, Any]]:

@@ -56,7 +56,7 @@ import torch
 from synthbench.core.interrupts import caught, describe, raise_pending
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.model import Model
-from synthbench.run import provenance
+from synthbench.run import provenance, tracking
 from synthbench.run.evaluation import Diverged
 from synthbench.run.lr_selection import Budget
 from synthbench.run.phases import phase
@@ -160,6 +160,7 @@ class _Member:
     val_metrics: dict[str, float] | None = None
     seconds: float = 0.0  # its share of the packed work
     done: bool = False  # the row is final (ok, diverged, leaky or error)
+    tracker: tracking.Tracker = tracking.NOT_TRACKED  # its log with --log, once packed
 
     def __post_init__(self) -> None:
         self.row = blank_row(self.spec, self.lr)
@@ -175,7 +176,9 @@ class _Member:
 
     def final_row(self, device: torch.device) -> dict[str, Any]:
         self.row["wall_seconds"] = self.seconds
-        return {**self.row, **provenance.stamp(device)}
+        row = {**self.row, **provenance.stamp(device)}
+        self.tracker.finish(row)
+        return row
 
 
 def _train_group(members: list[_Member], device: torch.device) -> list[dict[str, Any]]:
@@ -194,6 +197,8 @@ def _train_group(members: list[_Member], device: torch.device) -> list[dict[str,
     if reason is not None and undone:
         warnings.warn(NotPacked(spec.mechanism, reason, len(undone)), stacklevel=3)
     for m in members:  # the finished ones keep their rows, the others train alone
+        if not m.done:
+            m.tracker.abandon("trained again alone")  # train_eval opens a log of its own
         rows.append(m.final_row(device) if m.done else train_eval(m.spec, m.lr, device, m.budget))
     return rows
 
@@ -221,6 +226,7 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
         pack.plan_passes(*probe)
     for m in members:
         start_curve(m.row)
+        m.tracker = tracking.start(m.spec, m.lr)
     _share(members, time.perf_counter() - start)
 
     active = list(members)  # the pack's rows, in order
@@ -244,6 +250,7 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
                 m.fail(non_finite_gradient(step))
             else:
                 m.recent = (m.recent + [value])[-RECENT_LOSSES:]
+                m.tracker.step(step, value, m.lr * m.horizon.lr_factor(step))
         measured = [
             i for i, m in enumerate(active) if not m.done and step + 1 in m.horizon.measure_at
         ]
@@ -257,6 +264,7 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
                     m.fail(score)
                     continue
                 m.val_metrics = score
+                m.tracker.point(step + 1, score)
                 stops = curve_point(m.row, p, m.budget, step + 1, score)
                 if not stops:  # at its schedule's end and still rising, it goes on
                     m.horizon.extend(step + 1, m.row["curve_val_token_acc"])

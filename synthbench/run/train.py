@@ -28,7 +28,7 @@ from synthbench.core.task import IGNORE, TASKS, Batch, Task
 from synthbench.integrity.audit import Chance, chance
 from synthbench.integrity.causality import BATCH as CHECK_BATCH
 from synthbench.integrity.causality import Leaky, check_model_causality
-from synthbench.run import checkpoint, provenance
+from synthbench.run import checkpoint, provenance, tracking
 from synthbench.run.evaluation import Diverged, evaluate, held_out_metrics
 from synthbench.run.lr_selection import ROW_MARKS, Budget
 from synthbench.run.phases import phase
@@ -263,10 +263,12 @@ def _train_and_evaluate(
     budget: Budget,
     saved: Path | None,
     started: float,
+    tracker: tracking.Tracker = tracking.NOT_TRACKED,
 ) -> float:
     """Train and evaluate into ``row``; with ``saved`` (a checkpoint path) resume from the
-    checkpoint there and keep one (synthbench/run/checkpoint.py). Returns the seconds the
-    training had run before it resumed (0 when it did not)."""
+    checkpoint there and keep one (synthbench/run/checkpoint.py); its curve goes to
+    ``tracker`` as it trains (``--log``). Returns the seconds the training had run before it
+    resumed (0 when it did not)."""
     p = spec.protocol
     horizon = Horizon(p, budget)
     task, long_task = run_tasks(spec)
@@ -322,9 +324,11 @@ def _train_and_evaluate(
             optimizer.step()
             scheduler.step()
             recent = (recent + [loss.item()])[-RECENT_LOSSES:]
+            tracker.step(step, recent[-1], lr * horizon.lr_factor(step))  # the lr it took
         if step + 1 in horizon.measure_at:
             with phase("curve points"):
                 val_metrics = evaluate(model, data.val, p.eval_batch_size)
+            tracker.point(step + 1, val_metrics)
             if curve_point(row, p, budget, step + 1, val_metrics):
                 break
             if horizon.extend(step + 1, row["curve_val_token_acc"]):
@@ -425,13 +429,17 @@ def train_eval(
     """
     row = blank_row(spec, lr)
     before = 0.0
-    with torch_threads(spec.threads):
+    # its log with --log (synthbench/run/tracking.py), ended if a Ctrl-C stops it
+    with tracking.start(spec, lr) as tracker, torch_threads(spec.threads):
         start = time.perf_counter()
         with failures_recorded(row):
             path = Path(saved) if saved is not None else None
-            before = _train_and_evaluate(spec, lr, device, row, budget or Budget(), path, start)
+            budget = budget or Budget()
+            before = _train_and_evaluate(spec, lr, device, row, budget, path, start, tracker)
     row["wall_seconds"] = before + time.perf_counter() - start
-    return {**row, **provenance.stamp(device)}
+    row = {**row, **provenance.stamp(device)}
+    tracker.finish(row)
+    return row
 
 
 @contextmanager

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from synthbench.run import tracking
 from synthbench.run.packed import train_packed
 from synthbench.run.train import train_eval
 
@@ -32,13 +33,16 @@ def trainings_of(work) -> tuple:
     return work.units if isinstance(work, Pack) else (work,)
 
 
-def train_work(work, device: torch.device) -> list[dict[str, Any]]:
+def train_work(
+    work, device: torch.device, logs: tracking.Tracking | None = None
+) -> list[dict[str, Any]]:
     """The rows of ``work`` (a unit or a ``Pack``), one per unit in order; never raises for
-    a training (as ``train_eval``)."""
-    if isinstance(work, Pack):
-        members = [(u.spec, u.lr) for u in work.units]
-        return train_packed(members, device, [u.budget for u in work.units])
-    return [train_eval(work.spec, work.lr, device, work.budget, work.checkpoint)]
+    a training (as ``train_eval``). ``logs``: where each training logs (``--log``)."""
+    with tracking.logging_to(logs):
+        if isinstance(work, Pack):
+            members = [(u.spec, u.lr) for u in work.units]
+            return train_packed(members, device, [u.budget for u in work.units])
+        return [train_eval(work.spec, work.lr, device, work.budget, work.checkpoint)]
 
 
 MAX_PACK = 64  # trainings in one pack, at most (--pack)
