@@ -7,6 +7,7 @@ from . import (  # noqa: F401
     deltanet,
     gated_deltanet,
     gla,
+    h3,
     linear,
     mamba2,
     none,

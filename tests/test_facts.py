@@ -213,7 +213,8 @@ def test_issue_70s_declarations():
     assert merrill.precondition.name == "S3 learned"
     assert merrill.precondition.rule == AtLeast("softmax S3", S3_LEARNED)
     s3 = merrill.arms["softmax S3"]
-    assert s3.mech == "softmax" and s3.task_params == {"group": "S3"} and not s3.eval_length_mult
+    assert s3.mech == "softmax" and s3.task_params == {"group": "S3", "n": 4}
+    assert not s3.eval_length_mult  # learned at the trained length
     copy = FACTS.get("mamba-selective-copy")
     assert {a.mech for a in copy.arms.values()} == {"mamba2", "s4d"}
     assert copy.rule == Better("mamba2", "s4d", 0.2)

@@ -4,19 +4,25 @@ An arm's runs are found by run id (the hash of each run's resolved config), so a
 exactly the runs it declared, whichever command stored them: ``facts run``, a plain
 ``synthbench run`` with the same options, or another fact that shares them. Each seed's
 value is the arm's target metric (or the ``metric`` it names) at the lr its validation set
-selected; an arm of several tasks averages them per seed.
+selected; an arm of several tasks averages them per seed. A fact measured as a score
+normalises each value by the task's chance, a test beyond the trained length by the chance of
+the task at that length.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from synthbench.facts.fact import Arm, Fact
+from synthbench.core.task import TASKS
+from synthbench.facts.fact import LONG_METRICS, Arm, Fact
 from synthbench.facts.rules import INCONCLUSIVE, NOT_RUN, ArmResult, Decision
-from synthbench.report.aggregate import run_outcomes, selected_runs
+from synthbench.integrity.audit import chance
+from synthbench.report.aggregate import normalise, run_outcomes, selected_runs
 from synthbench.run import runner
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.spec import RunSpec
@@ -24,19 +30,41 @@ from synthbench.run.spec import RunSpec
 
 def arm_specs(arm: Arm, seeds: int, first_seed: int = 0, threads: int = 1) -> list[RunSpec]:
     """The runs of ``arm`` at seeds ``first_seed`` .. ``first_seed + seeds - 1``."""
-    firsts = runner.plan(
-        list(arm.tasks),
-        [arm.mech],
-        PROTOCOLS.get(arm.protocol),
-        1,
-        task_params=dict(arm.task_params),
-        mechanism_params=dict(arm.mech_params),
-        protocol_params=dict(arm.protocol_params),
-        eval_length_mult=arm.eval_length_mult,
-        pos=arm.pos,
-        threads=threads,
-    )
+    firsts = [
+        spec
+        for task in arm.tasks
+        for spec in runner.plan(
+            [task],
+            [arm.mech],
+            PROTOCOLS.get(arm.protocol),
+            1,
+            task_params=arm.params_of(task),
+            mechanism_params=dict(arm.mech_params),
+            protocol_params=dict(arm.protocol_params),
+            eval_length_mult=arm.eval_length_mult,
+            pos=arm.pos,
+            threads=threads,
+        )
+    ]
     return [s.with_seed(seed) for s in firsts for seed in range(first_seed, first_seed + seeds)]
+
+
+@functools.cache
+def _long_chance(task: str, task_params: str, mult: float, metric: str) -> float:
+    resolved = TASKS.get(task)(**json.loads(task_params)).at_length(mult)
+    found = chance(resolved)
+    return found.token_acc if metric == "long_token_acc" else found.exact_match
+
+
+def long_chance(spec: RunSpec, metric: str) -> float:
+    """The chance of ``metric`` (long_token_acc or long_exact_match) for ``spec``'s test
+    beyond the trained length: the audit's chance (what every row stores for its trained
+    length) of the task at ``eval_length_mult`` times it. Computed here, not stored: rows hold
+    the chance of the trained length only."""
+    if spec.eval_length_mult is None:  # a task without a length knob: no such test
+        return float("nan")
+    params = json.dumps(spec.task_params, sort_keys=True)
+    return _long_chance(spec.task, params, float(spec.eval_length_mult), metric)
 
 
 def fact_specs(fact: Fact, first_seed: int = 0, threads: int = 1) -> dict[str, list[RunSpec]]:
@@ -65,7 +93,11 @@ def arm_result(arm: Arm, specs: list[RunSpec], rows: pd.DataFrame, measure: str)
         return ArmResult(empty, empty, problem=f"{len(missing)} of {len(specs)} runs not stored")
     metric = arm.metric or "target"
     runs = selected_runs(mine, metric)
-    column = "score" if measure == "score" else "value"  # long_* metrics: no chance, as is
+    if measure == "score" and metric in LONG_METRICS:  # their chance: at the tested length
+        chances = {s.task: long_chance(s, metric) for s in specs}
+        runs["chance"] = runs["task"].map(chances)
+        runs["score"] = normalise(runs["value"], runs["chance"])
+    column = "score" if measure == "score" else "value"
     scaled = runs["chance"].notna() & (measure == "score")
     se = runs["se"].where(~scaled, runs["se"] / (1 - runs["chance"]))
     runs = runs.assign(measured=runs[column], measured_se=se)

@@ -22,6 +22,8 @@ TRACKS = ("core", "block")
 # what an arm's per-seed value is: the target metric as it is, or normalised by chance
 # ((value - chance) / (1 - chance): Grazzi et al.'s "scaled accuracy")
 MEASURES = ("value", "score")
+# the stored metrics of the test beyond the trained length (synthbench/run/train.py)
+LONG_METRICS = ("long_token_acc", "long_exact_match")
 
 
 @dataclass(frozen=True)
@@ -29,7 +31,10 @@ class Arm:
     """The runs of one mechanism on ``task`` (a name, or a tuple of names whose values are
     averaged per seed) under ``protocol``, with the given parameters (as ``synthbench run``'s
     ``--task-param``, ``--mech-param``, ``--protocol-param``, ``--pos``,
-    ``--eval-length-mult``)."""
+    ``--eval-length-mult``). ``task_params`` apply to every task; ``params_by_task`` (task
+    name -> parameters) to one task only, on top of them. ``metric`` names a stored column
+    to read instead of the task's target metric: ``long_token_acc`` or ``long_exact_match``,
+    the test at ``eval_length_mult`` times the trained length (which the arm must set)."""
 
     mech: str
     task: str | tuple[str, ...]
@@ -41,10 +46,25 @@ class Arm:
     eval_length_mult: float | None = None
     # the stored metric a long-length arm reads (long_token_acc) instead of the target one
     metric: str | None = None
+    params_by_task: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        strays = sorted(set(self.params_by_task) - set(self.tasks))
+        if strays:
+            raise ValueError(
+                f"params_by_task names tasks the arm lacks: {', '.join(strays)} (its tasks: "
+                f"{', '.join(self.tasks)})"
+            )
+        if self.metric in LONG_METRICS and not self.eval_length_mult:
+            raise ValueError(f"an arm that reads {self.metric} needs an eval_length_mult")
 
     @property
     def tasks(self) -> tuple[str, ...]:
         return (self.task,) if isinstance(self.task, str) else tuple(self.task)
+
+    def params_of(self, task: str) -> dict[str, Any]:
+        """The task parameters of ``task``'s runs: ``task_params``, then its own."""
+        return {**self.task_params, **self.params_by_task.get(task, {})}
 
     def describe(self) -> str:
         """The arm in words, e.g. ``deltanet on kv_recall (pairs=16, queries=0)``."""
@@ -57,8 +77,16 @@ class Arm:
             settings.append(f"pos={self.pos}")
         if self.eval_length_mult:
             settings.append(f"tested at {self.eval_length_mult:g}x length")
+        if self.metric:
+            settings.append(f"reads {self.metric}")
         where = f" ({', '.join(settings)})" if settings else ""
-        return f"{self.mech} on {', '.join(self.tasks)}{where}"
+        tasks = [
+            f"{task} ({', '.join(f'{k}={_text(v)}' for k, v in own.items())})"
+            if (own := self.params_by_task.get(task))
+            else task
+            for task in self.tasks
+        ]
+        return f"{self.mech} on {', '.join(tasks)}{where}"
 
 
 def _text(value: Any) -> str:
