@@ -224,13 +224,17 @@ def test_unknown_comparison_names_the_close_ones(tmp_path):
     assert "unknown comparison 'publishd-lm'; did you mean published-lm?" in result.output
 
 
-def tiny_reference(path) -> None:
-    """A reference file of 4 mechanisms on 2 tasks, 2 seeds, of today's versions."""
+TINY = {"softmax": 0.9, "gla": 0.7, "deltanet": 0.6, "retnet": 0.3}
+
+
+def tiny_reference(path, scores: dict[str, float] = TINY, step: float = 0.01) -> None:
+    """A reference file of ``scores``' mechanisms on copy and kv_recall (Memory), 2 seeds,
+    each mechanism its value on both tasks (plus ``step`` times the seed), of today's
+    versions."""
     version = PROTOCOLS.get("quick").version
-    scores = {"softmax": 0.9, "gla": 0.7, "deltanet": 0.6, "retnet": 0.3}
     rows = frame(
         *(
-            row(t, m, s, a + 0.01 * s, protocol="quick", version=version)
+            row(t, m, s, a + step * s, protocol="quick", version=version)
             for m, a in scores.items()
             for t in ("copy", "kv_recall")
             for s in range(2)

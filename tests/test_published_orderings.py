@@ -10,15 +10,12 @@ import math
 
 import pandas as pd
 import pytest
-from test_report import frame, row
+from test_published_lm import tiny_reference
 from typer.testing import CliRunner
 
 from synthbench.cli import app
 from synthbench.report import published_lm, reference
 from synthbench.report import published_orderings as po
-from synthbench.run.protocols import PROTOCOLS
-from synthbench.run.schema import DATASET_SCHEMA, SCHEMA_VERSION
-from synthbench.run.spec import SUITE_VERSION
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -163,24 +160,6 @@ def test_the_shipped_gla_tables_are_reprints_of_the_deltanet_tables():
     assert all(o.gap > po.THRESHOLDS[o.declared.published] for o in found.orderings)
 
 
-def tiny_reference(path, scores: dict[str, float]) -> None:
-    """A reference file of ``scores``' mechanisms on copy and kv_recall (Memory), 2 seeds,
-    each mechanism the same value on both tasks, of today's versions."""
-    version = PROTOCOLS.get("quick").version
-    rows = frame(
-        *(
-            row(t, m, s, a + 0.001 * s, protocol="quick", version=version)
-            for m, a in scores.items()
-            for t in ("copy", "kv_recall")
-            for s in range(2)
-        )
-    ).assign(suite_version=SUITE_VERSION, schema_version=SCHEMA_VERSION)
-    for field in DATASET_SCHEMA:
-        if field.name not in rows:
-            rows[field.name] = None
-    reference.write(rows, path)
-
-
 def test_report_shows_the_pooled_orderings_counted_by_hand(tmp_path, monkeypatch):
     """softmax 0.9 > based 0.7 > linear 0.6 > retnet 0.3 on both score and Memory. Counted by
     hand on the shipped data: softmax ahead of based on Pile ppl (8.39 vs 8.65) and recall
@@ -189,9 +168,8 @@ def test_report_shows_the_pooled_orderings_counted_by_hand(tmp_path, monkeypatch
     48.9, recall) and the Gated DeltaNet paper (Wiki ppl 18.53 vs 19.08, recall 37.0 vs
     22.9). The GLA paper's are reprints; 340M avg acc (41.2 vs 41.0) and the Gated DeltaNet
     avg acc (52.25 vs 52.02) are below 1 point. 10 orderings, 9 reproduced: p = 11/1024."""
-    tiny_reference(
-        tmp_path / "ref.parquet", {"softmax": 0.9, "based": 0.7, "linear": 0.6, "retnet": 0.3}
-    )
+    scores = {"softmax": 0.9, "based": 0.7, "linear": 0.6, "retnet": 0.3}
+    tiny_reference(tmp_path / "ref.parquet", scores, step=0.001)
     monkeypatch.setenv(reference.ENV, str(tmp_path / "ref.parquet"))
     (tmp_path / "results").mkdir()
     out = tmp_path / "reports"

@@ -286,15 +286,20 @@ def test_a_training_stopped_by_ctrl_c_ends_its_log(recorded, monkeypatch):
     assert log["finish"] == ({}, "stopped: KeyboardInterrupt", None)
 
 
-def test_a_run_whose_logging_fails_still_stores_its_row(recorded, monkeypatch, tmp_path):
-    monkeypatch.setitem(tracking.BACKENDS, "tensorboard", Failing)
-    results = tmp_path / "results"
+def run_whose_tensorboard_log_fails(results: Path) -> pd.DataFrame:
+    """One smoke run with --log tensorboard whose logging fails: it says so in one warning
+    line and stores its row all the same; the rows stored."""
     args = ["run", "--task", "copy", "--mech", "softmax", *SMOKE, "--results", results]
     result = invoke(*args, "--log", "tensorboard")
     assert result.exit_code == 0, result.output
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "--log tensorboard failed for copy/softmax/seed0" in warnings[0]
-    rows = pd.read_parquet(results, schema=DATASET_SCHEMA)
+    return pd.read_parquet(results, schema=DATASET_SCHEMA)
+
+
+def test_a_run_whose_logging_fails_still_stores_its_row(recorded, monkeypatch, tmp_path):
+    monkeypatch.setitem(tracking.BACKENDS, "tensorboard", Failing)
+    rows = run_whose_tensorboard_log_fails(tmp_path / "results")
     assert len(rows) == 1 and rows["status"].tolist() == ["ok"]
     log = recorded["copy/softmax/seed0/lr0.001"]
     assert log["closed"] and log["finish"] is None  # dropped at its first log
@@ -474,12 +479,7 @@ def test_an_unwritable_log_folder_keeps_the_rows(tmp_path, monkeypatch):
     results = tmp_path / "results"
     (results / ".logs/tensorboard").mkdir(parents=True)
     (results / ".logs/tensorboard/smoke").write_text("a file where a folder must go")
-    args = ["run", "--task", "copy", "--mech", "softmax", *SMOKE, "--results", results]
-    result = invoke(*args, "--log", "tensorboard")
-    assert result.exit_code == 0, result.output
-    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:")]
-    assert len(warnings) == 1 and "--log tensorboard failed for copy/softmax/seed0" in warnings[0]
-    rows = pd.read_parquet(results, schema=DATASET_SCHEMA)
+    rows = run_whose_tensorboard_log_fails(results)
     assert rows["status"].tolist() == ["ok"] and len(rows["curve_steps"][0]) == 10
 
 
