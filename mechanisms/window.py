@@ -8,9 +8,10 @@ attention at scale 1/sqrt(d), d = head_dim:
     out_i = sum_{j in W(i)} softmax_j(q_i . k_j / sqrt(d)) v_j,
     W(i) = {j : 0 <= i - j <= window - 1, 0 <= j < L}.
 
-window >= L is causal softmax attention; window = 1 returns v. The core has no positions,
-projections or gates: in the core track they belong to the model; in the block track the
-published layer ``SlidingWindowLayer`` (below) brings its own.
+window >= L is causal softmax attention; window = 1 returns v. The default window, 16, is
+Longformer's window-to-length ratio at the suite's scale (``WINDOW`` below). The core has no
+positions, projections or gates: in the core track they belong to the model; in the block
+track the published layer ``SlidingWindowLayer`` (below) brings its own.
 
 Non-causal (``causal=False``): the symmetric band W(i) = {j : |i - j| <= window - 1, 0 <= j < L},
 window - 1 positions on each side of i and i itself, so that the causal form is exactly the
@@ -22,8 +23,8 @@ Three forms of the same function:
 - ``sliding_window_reference``: the plain (L x L) masked softmax, the readable reference.
 - ``sliding_window_attention`` (``forward``): blocks of ``chunk_size`` queries, each against
   the keys of its own block and of just enough earlier blocks to reach window - 1 positions
-  back (and as many later blocks, non-causal), with a band mask: at the defaults (window 64,
-  chunk 64) each block of 64 queries sees 128 keys. Cost O(L (window + chunk) d); no L x L
+  back (and as many later blocks, non-causal), with a band mask: at window 64 and chunk 64
+  each block of 64 queries sees 128 keys. Cost O(L (window + chunk) d); no L x L
   matrix.
 - the recurrent form (``initial_state``, ``step``): the last ``window`` keys and values, a
   state of 2 window d numbers per head whatever the length (hence complexity "linear").
@@ -70,6 +71,14 @@ from synthbench.core.linear_attention import chunking, compute_dtype
 from synthbench.core.mechanism import MECHANISMS, Mechanism
 from synthbench.core.params import check_int, check_positive
 from synthbench.core.positional import rope_frequencies, rotate_pairs
+
+# The default window, scaled to the suite's lengths at Longformer's window-to-length ratio:
+# a window of 512 in inputs of 4,096 (Beltagy et al. 2020, Sec. 4), 1/8, at the about 128
+# tokens of the suite's recall inputs, 16. A window of 64 held the suite's recall inputs
+# (72 tokens for kv_recall) almost whole, so the mechanism ran as plain causal softmax there;
+# every recall task now keeps its answers beyond the reach of two layers of 16
+# (docs/MECHANISMS.md, "Windows at the suite's scale"; docs/TASKS.md).
+WINDOW = 16
 
 
 def _in_band(offset: torch.Tensor, window: int, causal: bool) -> torch.Tensor:
@@ -151,10 +160,10 @@ class SlidingWindowAttention(Mechanism):
     1/sqrt(head_dim) (causal); the symmetric band |i - j| <= window - 1 non-causal. The exact
     definition, the forms and the numerics: the module docstring.
 
-    window: positions attended to (>= 1, default 64); chunk_size: queries per block of the
-    parallel form (>= 1, default 64; any value gives the same function)."""
+    window: positions attended to (>= 1, default ``WINDOW``, 16); chunk_size: queries per
+    block of the parallel form (>= 1, default 64; any value gives the same function)."""
 
-    def __init__(self, head_dim: int, n_heads: int, window: int = 64, chunk_size: int = 64):
+    def __init__(self, head_dim: int, n_heads: int, window: int = WINDOW, chunk_size: int = 64):
         super().__init__(head_dim, n_heads)
         check_int("window", window, 1)
         check_int("chunk_size", chunk_size, 1)
@@ -197,7 +206,7 @@ class SlidingWindowLayer(Layer):
     q, k, v projections, rotary positions on q and k, the windowed softmax of
     ``sliding_window_attention``, output projection.
 
-    window: positions each query attends to, itself included (>= 1, default 64, the core's);
+    window: positions each query attends to, itself included (>= 1, default 16, the core's);
     chunk_size: queries per block of the parallel form (>= 1, default 64; any value gives the
     same function); rotary: rotate q and k by their positions (default True); rope_theta: the
     rotary base theta (> 0, default 10000). ``causal=False`` gives the core's symmetric band
@@ -209,7 +218,7 @@ class SlidingWindowLayer(Layer):
         self,
         d_model: int,
         n_heads: int,
-        window: int = 64,
+        window: int = WINDOW,
         chunk_size: int = 64,
         rotary: bool = True,
         rope_theta: float = 10000.0,

@@ -28,6 +28,7 @@ import torch
 from synthbench.core.task import (
     TASKS,
     Batch,
+    Ladder,
     Task,
     answered_pairs,
     batch_from_parts,
@@ -55,6 +56,16 @@ class Addition(Task):
     # easy: 4 digits (suite v3: at 3 a whole column's operands fit in an 8-token window)
     difficulties = {"easy": {"digits": 4}, "hard": {"digits": 12}}
     harder = {"digits": "larger"}  # a longer carry chain, a_j further back
+    # State tracking over length: a carry is one bit carried column to column, and a
+    # fixed-size recurrent state or a fixed depth follows such a chain only so far (Grazzi et
+    # al. 2024; Merrill et al. 2024). Linear attention and cosFormer added 32 digits at
+    # quick's grown lr (docs/TASKS.md), so the ladder starts past the default's 6.
+    ladder = Ladder(
+        axis=("digits",),
+        source="Grazzi et al. 2024 (arXiv 2411.12537); Merrill et al. 2024 (arXiv 2404.08819)",
+        baseline={"digits": 16},
+        steps=({"digits": 32}, {"digits": 64}),
+    )
     length_param = "digits"
 
     @property

@@ -28,6 +28,7 @@ import torch
 from synthbench.core.task import (
     TASKS,
     Batch,
+    Ladder,
     SepTask,
     batch_from_parts,
     require_at_least,
@@ -71,6 +72,18 @@ class Compression(SepTask):
     # runs, more positions that share a run's predecessor; vocab: more values; max_pad:
     # runs further from fixed places
     harder = {"k": "larger", "n": "larger", "vocab": "larger", "max_pad": "larger"}
+    # More runs to carry in order past their repeats: the selectivity of Mamba's selective
+    # copying (Gu & Dao 2023, Sec. 3.1), with as much to hold as a copy of k tokens
+    # (Jelassi et al. 2024). At 8 runs over 32 tokens all three mechanisms measured reach
+    # 0.97; at 16 over 64 linear attention fell to 0.6 (docs/TASKS.md). From 16: fewer,
+    # longer runs sit at places a fixed-position copy finds (8 runs over 96 tokens: 0.38,
+    # the audit), and pads of 24 keep 16 runs at 0.20.
+    ladder = Ladder(
+        axis=("k",),
+        source="Gu & Dao 2023 (Mamba), Sec. 3.1; Jelassi et al. 2024 (arXiv 2402.01032)",
+        baseline={"k": 16, "n": 96, "max_pad": 24},
+        steps=({"k": 24}, {"k": 32}),
+    )
     length_param = "n"
 
     @property

@@ -12,6 +12,7 @@ import torch
 from synthbench.core.task import (
     TASKS,
     Batch,
+    Ladder,
     SepTask,
     batch_from_parts,
     require_at_least,
@@ -35,6 +36,16 @@ class Copy(SepTask):
     # order) scored 0.28 against chance 0.03 (suite v3)
     difficulties = {"easy": {"n": 24, "vocab": 64}, "hard": {"n": 64}}
     harder = {"n": "larger", "vocab": "larger"}  # reach back n; more values to carry
+    # Copy against state size: a fixed-size state copies strings only up to what it holds,
+    # n log(vocab) bits (Jelassi et al. 2024, Sec. 2-3); here the bits per token grow at a
+    # fixed length (long_copy grows the length). Linear attention copied 64 tokens over 512
+    # values at quick's grown lr (docs/TASKS.md).
+    ladder = Ladder(
+        axis=("vocab",),
+        source="Jelassi et al. 2024, Repeat After Me (arXiv 2402.01032), Sec. 2-3",
+        baseline={"n": 64, "vocab": 32},
+        steps=({"vocab": 256}, {"vocab": 2048}),
+    )
     length_param = "n"
     computes = {
         "fixed positions": "each answer is the token a fixed offset back (n + 1; reverse: "

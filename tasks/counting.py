@@ -26,6 +26,7 @@ import torch
 from synthbench.core.task import (
     TASKS,
     Batch,
+    Ladder,
     SepTask,
     answered_pairs,
     batch_from_parts,
@@ -66,6 +67,15 @@ class Counting(SepTask):
     # queries) and give more answers per sequence, so fewer is harder; 0 is suite v1's
     # one-answer layout (counts over 0..n), at that hard end.
     harder = {"n": "larger", "vocab": "larger", "queries": "smaller"}
+    # The range of the counts (n // queries): softmax's proportions 1/(1 + c) crowd as c
+    # grows, a count-readout limit measured here: counts to 4 all three mechanisms measured
+    # read (0.98-0.995), counts to 8 softmax 0.77 and linear attention 0.89 (docs/TASKS.md).
+    ladder = Ladder(
+        axis=("n",),
+        source="measured here: docs/TASKS.md, counting, 'Kept hard'",
+        baseline={"n": 32},
+        steps=({"n": 64}, {"n": 128}),
+    )
     length_param = "n"
     computes = {"counts": "the answer is the number of times the query occurs in x"}
 

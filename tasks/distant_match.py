@@ -33,6 +33,7 @@ import torch
 from synthbench.core.task import (
     TASKS,
     Batch,
+    Ladder,
     ShortcutRule,
     Task,
     answered_pairs,
@@ -70,6 +71,16 @@ class DistantMatch(Task):
     # same kind, so fewer is harder (one label per sequence was suite v1's failure);
     # 0 is suite v1's one-answer layout, at that hard end.
     harder = {"n": "larger", "vocab": "smaller", "probes": "smaller"}
+    # Recall distance: x_j is n + 1 positions back; mechanisms whose state decays lose it
+    # with distance, attention does not (Zoology, Arora et al. 2023, Sec. 3; Based, Arora
+    # et al. 2024, Sec. 3). At n 64 and 128 linear attention and cosFormer sat near 0.6
+    # where softmax reached 1.00 (docs/TASKS.md).
+    ladder = Ladder(
+        axis=("n",),
+        source="Zoology (Arora et al. 2023), Sec. 3; Based (Arora et al. 2024), Sec. 3",
+        baseline={"n": 32},
+        steps=({"n": 64}, {"n": 128}),
+    )
     length_param = "n"
 
     @property
@@ -91,6 +102,11 @@ class DistantMatch(Task):
     @property
     def seq_len(self) -> int:
         return self.params.n + 2 * self.params.probes if self.params.probes else self.params.n + 1
+
+    def recall_distance(self) -> int:
+        """y_j (input position n + 2j - 1) against x_j at j - 1: n + 1 at j = 1 (one answer:
+        SEP at n against x_1 at 0, n)."""
+        return self.params.n + 1 if self.params.probes else self.params.n
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p, dev = self.params, generator.device

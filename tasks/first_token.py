@@ -14,6 +14,7 @@ import torch
 from synthbench.core.task import (
     TASKS,
     Batch,
+    Ladder,
     SepTask,
     batch_from_parts,
     require_at_least,
@@ -35,12 +36,25 @@ class FirstToken(SepTask):
     Params = FirstTokenParams
     difficulties = {"easy": {"n": 16}, "hard": {"n": 256}}
     harder = {"n": "larger", "vocab": "larger"}  # x_1 further back; more values
+    # Recall distance: x_1 is n positions back; a decaying state forgets it (Zoology, Arora
+    # et al. 2023, Sec. 3; Based, Arora et al. 2024, Sec. 3). Linear attention and
+    # cosFormer recalled it at 256 at quick's grown lr (docs/TASKS.md).
+    ladder = Ladder(
+        axis=("n",),
+        source="Zoology (Arora et al. 2023), Sec. 3; Based (Arora et al. 2024), Sec. 3",
+        baseline={"n": 128},
+        steps=({"n": 256}, {"n": 512}),
+    )
     length_param = "n"
     computes = {"fixed positions": "the answer is the token at position 0, by definition"}
 
     @property
     def seq_len(self) -> int:
         return self.params.n + 1
+
+    def recall_distance(self) -> int:
+        """SEP (input position n) against x_1 at position 0: n."""
+        return self.params.n
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p = self.params

@@ -28,6 +28,7 @@ import torch
 from synthbench.core.task import (
     TASKS,
     Batch,
+    Ladder,
     SepTask,
     ShortcutRule,
     answered_pairs,
@@ -71,6 +72,14 @@ class Histogram(SepTask):
     # queries: each adds an answer of the same kind (and at queries = vocab the counts
     # sum to n), so fewer is harder; 0 is suite v1's layout (every x_i, n answers).
     harder = {"n": "larger", "vocab": "smaller", "queries": "smaller"}
+    # Larger counts to read off attention weights, as counting's (docs/TASKS.md): x grows at
+    # a fixed vocab and number of queries.
+    ladder = Ladder(
+        axis=("n",),
+        source="measured here: docs/TASKS.md, counting, 'Kept hard'",
+        baseline={"n": 32},
+        steps=({"n": 64}, {"n": 128}),
+    )
     length_param = "n"
     computes = {"counts": "the answer is the number of times the query occurs in x"}
 

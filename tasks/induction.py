@@ -33,6 +33,7 @@ from synthbench.core.task import (
     IGNORE,
     TASKS,
     Batch,
+    Ladder,
     ShortcutRule,
     Task,
     pair_places,
@@ -96,6 +97,15 @@ class Induction(Task):
         "triggers": "larger",
         "repeats": "smaller",
     }
+    # Associations held at once against state size (Zoology, Arora et al. 2023, Fig. 2; the
+    # induction head of Olsson et al. 2022): more keys, each with its own successor, in a
+    # sequence of the same length.
+    ladder = Ladder(
+        axis=("triggers",),
+        source="Zoology (Arora et al. 2023), Fig. 2; Olsson et al. 2022",
+        baseline={"n": 128, "keys": 32, "triggers": 10},
+        steps=({"triggers": 20}, {"triggers": 30}),
+    )
     length_param = "n"
 
     @property

@@ -1,10 +1,16 @@
 """kv_recall: multi-query associative recall (MQAR, as in Zoology, Arora et al. 2023).
 
-Layout ``k_1 v_1 ... k_P v_P SEP q_1 a_1 ... q_m a_m``: P key-value pairs with distinct keys,
-then m distinct queried keys, each followed by its value. Keys are tokens 0..keys-1, values
-keys..keys+values-1 (disjoint halves of the vocabulary), SEP is keys+values. At a query the
+Layout ``k_1 v_1 ... k_P v_P SEP [BLANK x gap] q_1 a_1 ... q_m a_m``: P key-value pairs with
+distinct keys, then ``gap`` BLANK tokens, then m distinct queried keys, each followed by its
+value. Keys are tokens 0..keys-1, values keys..keys+values-1 (disjoint halves of the
+vocabulary), SEP is keys+values, BLANK keys+values+1 (only where gap > 0). At a query the
 model must find that key earlier in the context and emit the token after it: an induction
 head (a previous-token head feeding a matching head).
+
+The gap (suite v4, the ladder's levels) puts every query at least gap + 2 positions after the
+value it asks for, beyond the reach of the suite's windows (docs/TASKS.md, "Windows below
+the recall distance"); as in Zoology's MQAR, whose queries follow the pairs at a distance.
+Without it the first queries could ask for the last pairs, a few positions back.
 
 Suite v2 asks m = ``queries`` (by default half the pairs: 12 of the 24) and binds distinct values
 (``distinct_values``). Suite v1 (``queries=0 distinct_values=false``, which the slay-paper
@@ -21,6 +27,7 @@ import torch
 from synthbench.core.task import (
     TASKS,
     Batch,
+    Ladder,
     ShortcutRule,
     Task,
     answered_pairs,
@@ -42,6 +49,9 @@ class KVRecallParams:
     keys: int = 64  # size of the key vocabulary
     values: int = 64  # size of the value vocabulary
     distinct_values: bool = True  # no value bound to two keys (suite v1: drawn independently)
+    # BLANK tokens between SEP and the first query (suite v4's ladder: 32, every answer
+    # beyond the windows' reach); 0: the queries right after SEP, as before
+    gap: int = 0
 
     def __post_init__(self):
         if self.queries is None:  # frozen: set once, here, to the value it stands for
@@ -56,7 +66,7 @@ class KVRecallParams:
                 f"kv_recall needs 0 <= queries <= pairs, got queries={self.queries}, "
                 f"pairs={self.pairs} (with fewer pairs, set queries as well)"
             )
-        require_at_least("kv_recall", self, values=2)
+        require_at_least("kv_recall", self, values=2, gap=0)
         if self.distinct_values and self.values < self.pairs:
             raise ValueError(
                 f"kv_recall needs values >= pairs for distinct values, got values="
@@ -76,11 +86,23 @@ class KVRecall(Task):
         "easy": {"pairs": 8, "queries": 4, "keys": 32, "values": 32},
         "hard": {"pairs": 32, "queries": 16},
     }
+    # Zoology (Arora et al. 2023, Fig. 2) and Based (Arora et al. 2024, Fig. 2): associative
+    # recall fails for a fixed-size state once the pairs outgrow it, while attention keeps
+    # them all; the queries ask for half the pairs at every level. At 8 pairs softmax,
+    # linear attention and cosFormer all recall (quick, seeds 0-2), at 16 linear attention
+    # and cosFormer split by seed, at 24 they sit at chance (docs/TASKS.md).
+    ladder = Ladder(
+        axis=("pairs",),
+        source="Zoology (Arora et al. 2023), Fig. 2; Based (Arora et al. 2024), Fig. 2",
+        baseline={"pairs": 8, "gap": 32},
+        steps=({"pairs": 16}, {"pairs": 24}),
+    )
     # pairs: the associations to hold; keys, values: more ids to tell apart. queries: each
     # adds an answer of the same kind, and the elimination rule gains as the queried
     # share grows, so fewer is harder; 0 asks every key (queries = pairs): the easy end,
     # not below 1.
-    harder = {"pairs": "larger", "queries": "smaller", "keys": "larger", "values": "larger"}
+    harder = {"pairs": "larger", "queries": "smaller", "keys": "larger", "values": "larger",
+              "gap": "larger"}  # fmt: skip
     length_param = "pairs"
 
     @property
@@ -89,15 +111,25 @@ class KVRecall(Task):
 
     @property
     def special_tokens(self) -> dict[str, int]:
-        return {"SEP": self.params.keys + self.params.values}
+        sep = self.params.keys + self.params.values
+        return {"SEP": sep, "BLANK": sep + 1} if self.params.gap else {"SEP": sep}
 
     @property
     def vocab_size(self) -> int:
-        return self.params.keys + self.params.values + 1
+        return self.params.keys + self.params.values + 1 + (self.params.gap > 0)
+
+    @property
+    def first_query(self) -> int:
+        """The input position of the first query (its answer is predicted there)."""
+        return 2 * self.params.pairs + 1 + self.params.gap
 
     @property
     def seq_len(self) -> int:
-        return 2 * self.params.pairs + 2 * self.n_queries
+        return self.first_query + 2 * self.n_queries - 1
+
+    def recall_distance(self) -> int:
+        """The first query against the last pair's value, 2P - 1: gap + 2."""
+        return self.first_query - (2 * self.params.pairs - 1)
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p, m, dev = self.params, self.n_queries, generator.device
@@ -110,11 +142,14 @@ class KVRecall(Task):
         asked = torch.rand(n, p.pairs, generator=generator, device=dev).argsort(dim=1)[:, :m]
         context = torch.stack([keys, values], dim=2).reshape(n, 2 * p.pairs)
         queries, is_value = answered_pairs(keys.gather(1, asked), values.gather(1, asked))
-        return batch_from_parts([context, self.sep], [queries], device, answer_mask=is_value)
+        blanks = torch.full((n, p.gap), self.sep + 1, dtype=torch.long, device=dev)
+        return batch_from_parts(
+            [context, self.sep, blanks], [queries], device, answer_mask=is_value
+        )
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
         P = self.params.pairs
-        query_pos = torch.arange(2 * P + 1, inputs.shape[1], 2, device=inputs.device)
+        query_pos = torch.arange(self.first_query, inputs.shape[1], 2, device=inputs.device)
         context_keys, context_values = inputs[:, 0 : 2 * P : 2], inputs[:, 1 : 2 * P : 2]
         queried = inputs[:, query_pos]  # (n, m)
         match = queried.unsqueeze(2) == context_keys.unsqueeze(1)  # (n, m, P), one True per row
@@ -126,10 +161,10 @@ class KVRecall(Task):
 
         def eliminate(inputs: torch.Tensor) -> torch.Tensor:
             values = inputs[:, 1 : 2 * P : 2]
-            ids = torch.arange(first_value, self.sep, device=inputs.device)
+            ids = torch.arange(first_value, first_value + self.params.values, device=inputs.device)
             left = (values.unsqueeze(2) == ids).sum(dim=1)  # (n, values): context counts
             guess = torch.full_like(inputs, first_value)
-            for i in range(2 * P + 1, inputs.shape[1], 2):  # the query positions, in order
+            for i in range(self.first_query, inputs.shape[1], 2):  # the queries, in order
                 guess[:, i] = first_value + left.argmax(dim=1)
                 if i + 1 < inputs.shape[1]:  # its answer, read back: one fewer left
                     answered = (inputs[:, i + 1] - first_value).clamp(0, len(ids) - 1)

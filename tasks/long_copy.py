@@ -9,7 +9,7 @@ stream alone (current token and position) cannot.
 
 from dataclasses import dataclass
 
-from synthbench.core.task import TASKS, require_at_least
+from synthbench.core.task import TASKS, Ladder, require_at_least
 
 from .copy import Copy, CopyParams
 
@@ -28,4 +28,12 @@ class LongCopy(Copy):
     Params = LongCopyParams
     difficulties = {"easy": {"n": 64}, "hard": {"n": 256}}
     harder = {"n": "larger", "vocab": "larger"}  # reach back n; more values to carry
+    # Copy length against state size (Jelassi et al. 2024, Sec. 2-3): the string outgrows a
+    # fixed-size state; attention copies any length it was trained on.
+    ladder = Ladder(
+        axis=("n",),
+        source="Jelassi et al. 2024, Repeat After Me (arXiv 2402.01032), Sec. 2-3",
+        baseline={"n": 64},
+        steps=({"n": 128}, {"n": 256}),
+    )
     length_param = "n"

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.core.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.core.task import (
+    TASKS,
+    Batch,
+    Ladder,
+    Task,
+    batch_from_parts,
+    require_at_least,
+    targets_at,
+)
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,14 @@ class Modular(Task):
     Params = ModularParams
     difficulties = {"easy": {"n": 8}, "hard": {"n": 32, "p": 13}}
     harder = {"n": "larger", "p": "larger"}  # a longer chain; a p x p addition table
+    # State-tracking length: a running sum mod p is the word problem of the cyclic group
+    # Z_p, carried one summand at a time (Grazzi et al. 2024; Merrill et al. 2024).
+    ladder = Ladder(
+        axis=("n",),
+        source="Grazzi et al. 2024 (arXiv 2411.12537); Merrill et al. 2024 (arXiv 2404.08819)",
+        baseline={"n": 16},
+        steps=({"n": 32}, {"n": 64}),
+    )
     length_param = "n"
 
     @property

@@ -13,7 +13,9 @@ starts at the head s of a distinct random full-length chain (given):
 - ``walk=False``: ``s t``, t the tail of s's chain, ``hops`` edges away with no intermediate
   step (with ``walks=1``, suite v1's one-answer layout, which the slay-paper protocol runs).
 
-Nodes are tokens 0..nodes-1, SEP is ``nodes``.
+Nodes are tokens 0..nodes-1, SEP is ``nodes``. ``gap`` BLANK tokens (``nodes + 1``) between
+SEP and the first query (suite v4's ladder) put every hop at least gap + 2 positions after the
+edge it follows, beyond the suite's windows; 0 (the default) starts the queries after SEP.
 
 Known solution: one hop is an induction head (a previous-token head writes each ``a`` into
 the position of its ``b``; at a node a matching head copies the ``b`` whose ``a`` equals it),
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.core.task import IGNORE, TASKS, Batch, Task, batch_from_parts
+from synthbench.core.task import IGNORE, TASKS, Batch, Ladder, Task, batch_from_parts
 
 
 @dataclass(frozen=True)
@@ -37,8 +39,13 @@ class MultihopParams:
     nodes: int = 64  # size of the node vocabulary
     walks: int = 4  # queries after SEP, each from the head of a distinct full chain
     walk: bool = True  # answer every node on the way (False: only the node hops away)
+    # BLANK tokens between SEP and the first query (suite v4's ladder: 32, every hop beyond
+    # the windows' reach); 0: the queries right after SEP, as before
+    gap: int = 0
 
     def __post_init__(self):
+        if isinstance(self.gap, bool) or not isinstance(self.gap, int) or self.gap < 0:
+            raise ValueError(f"multihop needs gap >= 0, got gap={self.gap!r}")
         if not 1 <= self.hops <= self.pairs:
             raise ValueError(
                 f"multihop needs 1 <= hops <= pairs, got hops={self.hops}, pairs={self.pairs}"
@@ -69,16 +76,38 @@ class Multihop(Task):
     }
     # pairs: more edges to hold; hops: a longer walk; nodes: more node ids. walks: each
     # adds answers of the same kind (from a given start), so fewer is harder.
-    harder = {"pairs": "larger", "hops": "larger", "nodes": "larger", "walks": "smaller"}
+    harder = {"pairs": "larger", "hops": "larger", "nodes": "larger", "walks": "smaller",
+              "gap": "larger"}  # fmt: skip
     length_param = "pairs"
+    # Multi-hop recall: each hop is an associative lookup, and a longer walk is a longer
+    # chain of lookups, each on the previous answer (Zoology, Arora et al. 2023, Sec. 5,
+    # multi-query associative recall; Olsson et al. 2022's induction head per hop). The
+    # walk is scored free-running from 2 hops on, so an early slip ends the chain.
+    ladder = Ladder(
+        axis=("hops",),
+        source="Zoology (Arora et al. 2023), multi-query associative recall; "
+        "Olsson et al. 2022, one induction head per hop",
+        baseline={"pairs": 24, "hops": 1, "gap": 32},
+        steps=({"hops": 2}, {"hops": 4}),
+    )
 
     @property
     def special_tokens(self) -> dict[str, int]:
-        return {"SEP": self.params.nodes}
+        sep = self.params.nodes
+        return {"SEP": sep, "BLANK": sep + 1} if self.params.gap else {"SEP": sep}
 
     @property
     def vocab_size(self) -> int:
-        return self.params.nodes + 1
+        return self.params.nodes + 1 + (self.params.gap > 0)
+
+    @property
+    def first_query(self) -> int:
+        """The input position of the first query's start node."""
+        return 2 * self.params.pairs + 1 + self.params.gap
+
+    def recall_distance(self) -> int:
+        """The first start node against the last edge's destination, 2P - 1: gap + 2."""
+        return self.first_query - (2 * self.params.pairs - 1)
 
     @property
     def query_len(self) -> int:
@@ -87,7 +116,7 @@ class Multihop(Task):
 
     @property
     def seq_len(self) -> int:
-        return 2 * self.params.pairs + self.params.walks * self.query_len
+        return self.first_query + self.params.walks * self.query_len - 1
 
     @property
     def target_metric(self) -> str:
@@ -123,8 +152,12 @@ class Multihop(Task):
         walked = node.gather(1, along.flatten(1)).view(n, p.walks, h + 1)
         queries = walked if p.walk else walked[:, :, [0, h]]
         is_answer = torch.arange(self.query_len, device=dev) > 0  # the start is given
+        blanks = torch.full((n, p.gap), self.sep + 1, dtype=torch.long, device=dev)
         return batch_from_parts(
-            [edges, self.sep], [queries.flatten(1)], device, answer_mask=is_answer.repeat(p.walks)
+            [edges, self.sep, blanks],
+            [queries.flatten(1)],
+            device,
+            answer_mask=is_answer.repeat(p.walks),
         )
 
     def solve(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -132,7 +165,7 @@ class Multihop(Task):
         src, dst = inputs[:, 0 : 2 * P : 2], inputs[:, 1 : 2 * P : 2]
         targets = torch.full_like(inputs, IGNORE)
         for w in range(self.params.walks):
-            start = 2 * P + 1 + w * self.query_len  # the input position of the query's start
+            start = self.first_query + w * self.query_len  # the input position of its start
             # walk: every answer is one hop from the token just read; else h hops from s
             for i, steps in ([(start + k, 1) for k in range(h)] if self.params.walk else
                              [(start, h)]):  # fmt: skip

@@ -25,7 +25,15 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.core.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.core.task import (
+    TASKS,
+    Batch,
+    Ladder,
+    Task,
+    batch_from_parts,
+    require_at_least,
+    targets_at,
+)
 
 from .selective_copy import nth_marked
 
@@ -66,6 +74,15 @@ class NoisyCopy(Task):
     # n: more to carry; rate: more noise to skip; vocab: more values (measured: harder for
     # a fixed-size state); noise_vocab: more distinct noise ids to learn to skip (weak)
     harder = {"n": "larger", "rate": "larger", "vocab": "larger", "noise_vocab": "larger"}
+    # Noise to skip (Mamba's selective copying, Gu & Dao 2023, Sec. 3.1): more noise tokens
+    # per data token at the same copy. Rate 1 keeps the fixed-position copy at 0.15
+    # (docs/TASKS.md); more noise spreads the data tokens further.
+    ladder = Ladder(
+        axis=("rate",),
+        source="Gu & Dao 2023 (Mamba), Sec. 3.1, selective copying",
+        baseline={"rate": 1.0},
+        steps=({"rate": 2.0}, {"rate": 4.0}),
+    )
     length_param = "n"
 
     @property

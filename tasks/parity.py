@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.core.task import TASKS, Batch, Task, require_at_least
+from synthbench.core.task import TASKS, Batch, Ladder, Task, require_at_least
 from synthbench.tasks.modular import running_sum_batch, solve_running_sum
 
 
@@ -43,6 +43,15 @@ class Parity(Task):
     Params = ParityParams
     difficulties = {"easy": {"n": 16}, "hard": {"n": 64}}
     harder = {"n": "larger"}  # a longer chain of xors, each b_i n + 1 back
+    # State-tracking length: parity is the word problem of Z_2; a linear RNN needs a
+    # negative eigenvalue to carry it at any length (Grazzi et al. 2024), and chains of more
+    # bits break more often free-running (docs/TASKS.md, "Why 32 bits").
+    ladder = Ladder(
+        axis=("n",),
+        source="Grazzi et al. 2024 (arXiv 2411.12537), parity; Merrill et al. 2024",
+        baseline={"n": 32},
+        steps=({"n": 64}, {"n": 128}),
+    )
     length_param = "n"
 
     @property

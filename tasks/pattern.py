@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.core.task import TASKS, Batch, SepTask, batch_from_parts, targets_at
+from synthbench.core.task import TASKS, Batch, Ladder, SepTask, batch_from_parts, targets_at
 
 
 @dataclass(frozen=True)
@@ -73,6 +73,17 @@ class Pattern(SepTask):
         "k": "smaller",
         "vocab": "larger",
     }
+    # Longer motifs: a larger successor table, each successor seen fewer times, against state
+    # size (Zoology, Arora et al. 2023, Fig. 2): at periods 5..8 all three mechanisms
+    # measured continued the motif, at 20..32 linear attention fell to 0.27 (docs/TASKS.md).
+    # Ranges of 13 periods: over 16..20 both bounds divide 80, and the token 80 back scored
+    # 0.41 (the audit's fixed lag).
+    ladder = Ladder(
+        axis=("min_period", "max_period"),
+        source="Zoology (Arora et al. 2023), Fig. 2; measured here: docs/TASKS.md, pattern",
+        baseline={"n": 96, "min_period": 16, "max_period": 28},
+        steps=({"min_period": 24, "max_period": 36}, {"min_period": 32, "max_period": 44}),
+    )
     length_param = "n"
 
     @property

@@ -12,7 +12,14 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.core.task import TASKS, Batch, batch_from_parts, require_at_least, targets_at
+from synthbench.core.task import (
+    TASKS,
+    Batch,
+    Ladder,
+    batch_from_parts,
+    require_at_least,
+    targets_at,
+)
 
 from .copy import Copy, CopyParams
 
@@ -34,6 +41,15 @@ class Reverse(Copy):
     Params = ReverseParams
     difficulties = {"easy": {"n": 32}, "hard": {"n": 256}}
     harder = {"n": "larger", "vocab": "larger"}  # reach back up to 2n; more values
+    # Copy length against state size (Jelassi et al. 2024, Sec. 2-3), mirrored: at 32
+    # tokens all three mechanisms measured reversed x, at 96 cosFormer fell to 0.95 and at
+    # 128 to 0.68 (docs/TASKS.md, "Why n 128").
+    ladder = Ladder(
+        axis=("n",),
+        source="Jelassi et al. 2024, Repeat After Me (arXiv 2402.01032), Sec. 2-3",
+        baseline={"n": 64},
+        steps=({"n": 96}, {"n": 128}),
+    )
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p = self.params

@@ -23,7 +23,15 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.core.task import TASKS, Batch, Task, batch_from_parts, require_at_least, targets_at
+from synthbench.core.task import (
+    TASKS,
+    Batch,
+    Ladder,
+    Task,
+    batch_from_parts,
+    require_at_least,
+    targets_at,
+)
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,16 @@ class SelectiveCopy(Task):
     # blank is left and it is copy); vocab: more values, as noisy_copy measured; tail:
     # more data tokens that are not answers (a weaker elimination rule)
     harder = {"length": "larger", "k": "larger", "vocab": "larger", "tail": "larger"}
+    # Selectivity (Mamba's selective copying, Gu & Dao 2023, Sec. 3.1): the same 8 tokens
+    # among more blanks, at places that vary per example, which a time-invariant state
+    # cannot select. The tail of 24 keeps every answer 32 positions from its token
+    # (``recall_distance``), beyond the suite's windows.
+    ladder = Ladder(
+        axis=("length",),
+        source="Gu & Dao 2023 (Mamba), Sec. 3.1, selective copying",
+        baseline={"length": 64, "tail": 24},
+        steps=({"length": 128}, {"length": 192}),
+    )
     length_param = "length"
 
     @property
@@ -83,6 +101,11 @@ class SelectiveCopy(Task):
     @property
     def seq_len(self) -> int:
         return self.params.length + self.params.k
+
+    def recall_distance(self) -> int:
+        """Answer x_j (input position length + j - 1) against its place in the prompt, which
+        at least k - j copied and tail data tokens follow: k + tail."""
+        return self.params.k + self.params.tail
 
     def generate(self, n: int, generator: torch.Generator, device="cpu") -> Batch:
         p, dev = self.params, generator.device

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from synthbench.core.task import TASKS, Batch, SepTask, batch_from_parts, targets_at
+from synthbench.core.task import TASKS, Batch, Ladder, SepTask, batch_from_parts, targets_at
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,15 @@ class Sort(SepTask):
     # vocab: a smaller one packs x densely, so the next answer is often y + 1 (the module
     # docstring: vocab 2n let y and the position alone score 0.50)
     harder = {"n": "larger", "vocab": "larger"}
+    # Longer sequences to sort, each answer a comparison over all of x: a fixed-size state
+    # must hold x whole, as for a copy (Jelassi et al. 2024). Linear attention sorted 48
+    # over 384 at quick's grown lr (docs/TASKS.md), so the ladder starts at 16 over 512.
+    ladder = Ladder(
+        axis=("n",),
+        source="Jelassi et al. 2024, Repeat After Me (arXiv 2402.01032); measured here",
+        baseline={"n": 16, "vocab": 512},
+        steps=({"n": 32}, {"n": 64}),
+    )
     length_param = "n"
     computes = {
         "elimination": "the next answer is the smallest token of x not yet emitted: sorting "

@@ -39,6 +39,7 @@ from synthbench.core.task import (
     IGNORE,
     TASKS,
     Batch,
+    Ladder,
     ShortcutRule,
     Task,
     require_at_least,
@@ -92,6 +93,16 @@ class Stack(Task):
     difficulties = {"easy": {"ops": 40}, "hard": {"ops": 96}}
     # ops: longer streams, deeper stacks; values: more values; climb: a deeper stack
     harder = {"ops": "larger", "values": "larger", "climb": "larger"}
+    # Longer streams, deeper stacks: a stack is state tracking beyond finite groups
+    # (Merrill et al. 2024; Grazzi et al. 2024), and a deeper stack holds more values. From
+    # 40 ops (the easy preset): at 24 and 32 a stream's shape puts the asked value at a
+    # lag the audit's fixed-position copy finds (0.28, 0.23 against a line of 0.22).
+    ladder = Ladder(
+        axis=("ops",),
+        source="Merrill et al. 2024 (arXiv 2404.08819); Grazzi et al. 2024 (arXiv 2411.12537)",
+        baseline={"ops": 40},
+        steps=({"ops": 64}, {"ops": 96}),
+    )
     length_param = "ops"
 
     @property

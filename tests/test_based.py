@@ -170,7 +170,9 @@ def test_recurrent_state():
 
 def test_defaults():
     assert mechanism_params(MECHANISMS.get("based")) == {
-        "feature_dim": None, "window": 64, "window_heads": None, "eps": 1e-12, "chunk_size": 64
+        # the window: Based's 64 of 2,048 at the suite's 128-token recall inputs (WINDOW)
+        "feature_dim": None, "window": 128 // 32, "window_heads": None, "eps": 1e-12,
+        "chunk_size": 64,
     }  # fmt: skip
     assert build(dim=8).taylor_dim == 8 and build(dim=32).taylor_dim == 16
     assert [build(heads=n).window_heads for n in (1, 2, 3, 4, 8)] == [0, 1, 1, 2, 4]
@@ -179,8 +181,9 @@ def test_defaults():
 
 def test_state_size_is_the_mean_over_heads_and_constant():
     """Taylor head: (1 + d + d^2)(head_dim + 1); window head: 2 window head_dim; the mean
-    over heads, rounded up. At head_dim 16, 4 heads, the defaults: (2 x 4641 + 2 x 2048) / 4."""
-    assert build(heads=4, dim=16).state_size(1024) == math.ceil((2 * 273 * 17 + 2 * 2048) / 4)
+    over heads, rounded up. At head_dim 16, 4 heads, the defaults (window 4):
+    (2 x 4641 + 2 x 2 x 4 x 16) / 4."""
+    assert build(heads=4, dim=16).state_size(1024) == math.ceil((2 * 273 * 17 + 2 * 128) / 4)
     mechanism = build(heads=3, feature_dim=2, window=5, window_heads=1)
     expected = math.ceil((2 * 7 * (D + 1) + 2 * 5 * D) / 3)
     assert {mechanism.state_size(n) for n in (1, 64, 10_000)} == {expected}

@@ -40,6 +40,7 @@ ZERO_ALLOWED = {
     ("kv_recall", "queries"): "0 queries every key once (suite v1, as slay-paper pins it)",
     ("selective_copy", "tail"): "0 copies every data token (suite v2, as slay-paper pins it)",
     ("compression", "max_pad"): "0 pads nothing (suite v2, as slay-paper pins it)",
+    "gap": "0 blanks between the context and the queries (the layout before the ladders)",
 }
 # what stands for the mechanism's own size, not a parameter of it
 MODEL_GIVEN = ("self", "head_dim", "n_heads")

@@ -119,14 +119,15 @@ def test_the_source_structure_defaults_and_initial_values():
     """BaseConv's in/out Linears have biases and its conv none (based/models/mixers/
     convolution.py, use_bias True, expand_proj 4, kernel 3); the attentions' projections have
     none; q and k are feature_dim (16) wide per head; eps 1e-12 (linear_attention.py); the
-    RMSNorms start at ones with eps 1e-5; window 64 (paper sec. 4)."""
+    RMSNorms start at ones with eps 1e-5; window 4 (the paper's 64 of 2,048, sec. 4, at the
+    suite's 128-token recall inputs: mechanisms/based.py ``WINDOW``)."""
     defaults = {
         name: p.default
         for name, p in inspect.signature(BasedLayer.__init__).parameters.items()
         if p.default is not inspect.Parameter.empty
     }
     assert defaults == {
-        "feature_dim": 16, "window": 64, "conv_size": 3, "conv_expand": 4, "use_conv": True,
+        "feature_dim": 16, "window": 4, "conv_size": 3, "conv_expand": 4, "use_conv": True,
         "use_window": True, "eps": 1e-12, "norm_eps": 1e-5, "chunk_size": 64,
     }  # fmt: skip
     assert BASED_EPS == 1e-12
@@ -145,7 +146,7 @@ def test_the_source_structure_defaults_and_initial_values():
     for norm in (layer.taylor_norm, layer.window_norm):
         assert norm.eps == 1e-5 and torch.equal(norm.weight, torch.ones(D_MODEL))
     assert layer.conv.activation and layer.conv.kernel == 3
-    assert (layer.window, layer.feature_dim, layer.eps) == (64, 16, 1e-12)
+    assert (layer.window, layer.feature_dim, layer.eps) == (4, 16, 1e-12)
     # plain Linears keep PyTorch's default init: weights within +-1/sqrt(fan_in)
     assert layer.q_proj.weight.abs().max() <= 1 / math.sqrt(D_MODEL)
     # without the convolution the Taylor step reads the block's input: no norm before it
@@ -214,8 +215,8 @@ def test_vmap_over_stacked_parameter_copies_gives_each_copy_its_output(feature_d
 
 
 def test_state_size_sums_the_parts():
-    """Conv window (3 - 1) x 128 channels, S and z 4 x 273 x 17, keys and values 2 x 64 x 64."""
-    assert BasedLayer(D_MODEL, HEADS).state_size(256) == 2 * 128 + 4 * 273 * 17 + 2 * 64 * 64
+    """Conv window (3 - 1) x 128 channels, S and z 4 x 273 x 17, keys and values 2 x 4 x 64."""
+    assert BasedLayer(D_MODEL, HEADS).state_size(256) == 2 * 128 + 4 * 273 * 17 + 2 * 4 * 64
     assert (
         BasedLayer(D_MODEL, HEADS, use_conv=False, use_window=False).state_size(9) == 4 * 273 * 17
     )

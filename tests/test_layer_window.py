@@ -122,10 +122,11 @@ def test_causal():
 def test_published_defaults_and_parameters():
     """Mistral 7B: bias-free q, k, v and output projections (transformer_layers.py
     ``Attention``), rotary base 10000 with frequencies theta^(-2i / head_dim) (rope.py
-    ``precompute_freqs_cis``); the core's window 64."""
+    ``precompute_freqs_cis``); the core's window, 16 (Longformer's 1/8 of the input at the
+    suite's scale: mechanisms/window.py ``WINDOW``)."""
     layer = SlidingWindowLayer(64, 4)
     assert (layer.window, layer.chunk_size, layer.rotary, layer.rope_theta) == (
-        64,
+        16,
         64,
         True,
         10000.0,
@@ -135,7 +136,7 @@ def test_published_defaults_and_parameters():
     expected = 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)
     torch.testing.assert_close(layer.frequencies, expected, atol=0, rtol=0)
     assert "frequencies" not in layer.state_dict()  # derived from rope_theta
-    assert layer.state_size(256) == layer.state_size(1024) == 2 * 64 * 16 * 4
+    assert layer.state_size(256) == layer.state_size(1024) == 2 * 16 * 16 * 4  # window 16
 
 
 def test_registered_on_the_mechanism():

@@ -48,7 +48,7 @@ def test_slay_paper_runs_suite_v1_layouts_under_the_users_own_params():
         "n": 32, "min_period": 2, "max_period": 8, "k": 8, "vocab": 16
     }  # fmt: skip
     assert RunSpec.resolve("retrieval", "softmax", paper, 0).task_params == {
-        "n": 64, "vocab": 32, "needles": 1
+        "n": 64, "vocab": 32, "needles": 1, "gap": 0  # gap: suite v4's, 0 its earlier layout
     }  # fmt: skip
     assert paper.pinned_task_params("copy") == quick.pinned_task_params("induction") == {}
     spec = RunSpec.resolve("multihop", "softmax", paper, 0)

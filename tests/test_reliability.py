@@ -463,7 +463,7 @@ FAULTS = [
           message="could not be read (unreadable Parquet (ArrowInvalid: Parquet magic bytes not "
           "found in footer. Either the file is corrupted or this is not a parquet file.)); "
           "moved it to {results}/protocol=smoke/task=sort/mechanism=softmax/"
-          ".753148e918db0495.parquet.unreadable-"),
+          ".6eddacd127a03d51.parquet.unreadable-"),
     fault("newer-schema-at-a-runs-path", *RUN[:2], "sort", *RUN[3:], code=1,
           setup=newer_schema_at_run_path,
           message="1 run refused: their files are of a newer schema version"),
@@ -472,7 +472,7 @@ FAULTS = [
           code=1, setup=full_disk_at_second_results_file,
           grows=("results/protocol=smoke/task=sort/*/*",),
           # the file it was writing named
-          message="/mechanism=linear/afe220582906ea94.parquet: No space left on device; what was "
+          message="/mechanism=linear/2500e53b75f934d4.parquet: No space left on device; what was "
           "stored before is intact"),
     fault("full-disk-writing-a-report", "report", "--results", "{results}", "--out",
           "{tmp}/reports", "--format", "md", code=1,

@@ -63,7 +63,7 @@ def test_harder_direction_of_an_unknown_knob_names_the_task_and_its_knobs():
         TASKS.get("kv_recall").harder_direction("wobble")
     assert str(raised.value) == (
         "task kv_recall has no parameter 'wobble' "
-        "(knobs: pairs, queries, keys, values, distinct_values)"
+        "(knobs: pairs, queries, keys, values, distinct_values, gap)"
     )
 
 

@@ -45,6 +45,7 @@ def test_resolve_canonicalises_aliases_and_fills_defaults():
         "keys": 64,
         "values": 64,
         "distinct_values": True,
+        "gap": 0,
     }
     assert s.mechanism_params == {"eps": 1e-6, "chunk_size": 64}
     assert s.run_id == RunSpec.resolve("kv_recall", "linear", SMOKE, 0).run_id

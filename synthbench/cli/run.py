@@ -42,6 +42,7 @@ from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
 from synthbench.run.grid import load_sweep_file
 from synthbench.run.limits import MAX_RUNS, MAX_SEEDS, check_runs
 from synthbench.run.phases import phase
+from synthbench.run.planning import suite_difficulties
 from synthbench.run.protocols import Protocol, protocol_of_track
 from synthbench.run.provenance import device_name
 from synthbench.run.runner import Unit
@@ -335,7 +336,9 @@ def run_grid(
     check_writable_folder(results, "--results")
     logs = tracking.from_options(log, results)  # known and installed, before any planning
     tasks, mechs = select_tasks(task, category), select_mechanisms(mech)
-    difficulties = None if difficulty is None else names_in(difficulty, "--difficulty", "preset")
+    given = None if difficulty is None else names_in(difficulty, "--difficulty", "preset")
+    # the suite scores each task over its ladder; a task named alone runs what it says
+    difficulties = suite_difficulties(task, task_params, given, n_seeds)
     size = runner.plan_size(
         tasks, mechs, proto, n_seeds, task_params=task_params, mechanism_params=mech_params,
         difficulties=difficulties, protocol_params=protocol_params,

@@ -14,6 +14,9 @@ never tokens of the stream (``Task.answers_in_stream`` says why).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -52,6 +55,61 @@ def task_set(name: str) -> list[str]:
         hint = did_you_mean(name, TASK_SETS)
         raise ValueError(f"unknown task set {name!r}{hint} (sets: {', '.join(TASK_SETS)})")
     return [e.name for e in TASKS.entries() if name == "extended" or in_default_suite(e)]
+
+
+# The difficulty name that expands every laddered task into its ladder's levels (``run
+# --difficulty ladder``; planning.py): the default suite's scoring (docs/TASKS.md, "Ladders").
+LADDER = "ladder"
+
+
+@dataclass(frozen=True)
+class Ladder:
+    """Graded difficulty, as MAD scores its tasks: a baseline level and levels that each change
+    one factor from it, so that a task tells mechanisms apart by how far each gets. A task's
+    ladder score is the mean over its levels (docs/TASKS.md, "Ladders").
+
+    ``axis``: the knob (or knobs that move together, such as a period's bounds) the levels
+    change; ``source``: the literature that shows this axis separates mechanisms; ``baseline``:
+    the overrides of level L1; ``steps``: the overrides of L2, L3, ... on top of the baseline,
+    each of axis knobs only. The levels are named L1 (the baseline) .. Ln and are plain
+    parameter overrides: presets of the task like ``easy`` (``--difficulty L2``), so a
+    level's runs are ordinary runs with those parameters.
+    """
+
+    axis: tuple[str, ...]
+    source: str
+    baseline: dict[str, Any]
+    steps: tuple[dict[str, Any], ...]
+
+    @property
+    def levels(self) -> dict[str, dict[str, Any]]:
+        """Level name -> its overrides, easiest first: L1 the baseline, L2 .. its steps."""
+        found = {"L1": dict(self.baseline)}
+        for i, step in enumerate(self.steps, start=2):
+            found[f"L{i}"] = {**self.baseline, **step}
+        return found
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self.levels)
+
+    def offset(self, task: str) -> int:
+        """Where the dealing of ``task``'s seeds starts (``level_of_seed``): a fixed hash of
+        its name, so that a seed holds different levels of different tasks (a seed of the
+        suite is then a mix of levels, not all the easiest or all the hardest) and loading
+        another task changes nothing."""
+        return zlib.crc32(task.encode()) % len(self.names)
+
+    def level_of_seed(self, task: str, seed: int) -> str:
+        """The level that seed ``seed`` of ``task`` runs at: a ladder's seeds are dealt to
+        its levels in turn, so N seeds give each level N // L or one more, and seeds 0..L-1
+        one level each (the levels take the place of seeds: docs/TASKS.md)."""
+        return self.names[(seed + self.offset(task)) % len(self.names)]
+
+    def first_seed(self, task: str, level: str) -> int:
+        """The smallest seed dealt to ``level``: the seed a level's value is shown under,
+        so that a level is one seed of its cell in every report (one per level, distinct)."""
+        return (self.names.index(level) - self.offset(task)) % len(self.names)
 
 
 @dataclass
@@ -182,6 +240,9 @@ class Task:
 
     Params: ClassVar[type]
     difficulties: ClassVar[dict[str, dict[str, Any]]] = {}
+    # graded difficulty: the levels the default suite scores the task over (``Ladder``;
+    # ``check_ladder`` validates it). None: the task runs at one setting (controls, State).
+    ladder: ClassVar[Ladder | None] = None
     # knob -> "larger" or "smaller": the direction of a numeric parameter that makes the
     # task harder (``harder_direction``; ``check_harder`` validates it)
     harder: ClassVar[dict[str, str]] = {}
@@ -213,8 +274,37 @@ class Task:
 
     @classmethod
     def presets(cls) -> tuple[str, ...]:
-        """The difficulty presets: ``default`` and the task's own."""
-        return ("default", *cls.difficulties)
+        """The difficulty presets: ``default``, the task's own and its ladder's levels."""
+        levels = cls.ladder.names if cls.ladder is not None else ()
+        return ("default", *cls.difficulties, *levels)
+
+    @classmethod
+    def preset_overrides(cls, name: str) -> dict[str, Any]:
+        """The parameter overrides of preset ``name`` (a difficulty or a ladder level); an
+        unknown name raises a one-line ValueError naming the close ones and every preset."""
+        if name not in cls.presets():
+            hint = did_you_mean(name, cls.presets())
+            presets = ", ".join(cls.presets())
+            raise ValueError(f"unknown difficulty {name!r}{hint} (presets: {presets})")
+        if cls.ladder is not None and name in cls.ladder.names:
+            return dict(cls.ladder.levels[name])
+        return dict(cls.difficulties.get(name, {}))
+
+    @classmethod
+    def level_of(cls, params: dict[str, Any]) -> str | None:
+        """The ladder level whose complete parameters are ``params`` (a run's resolved
+        ``task_params``), or None: how a stored row says which level it belongs to."""
+        if cls.ladder is None:
+            return None
+        return _level_params(cls).get(_canonical_params(params))
+
+    def recall_distance(self) -> int | None:
+        """A recall task's guarantee: the fewest positions between an answer's input
+        position and the token it recalls (the value of a pair, the token after a marker, the
+        first token), at these parameters, so that a window over that many positions or fewer
+        (``sliding-window``'s, Based's) never sees it. None: not a recall task, or one whose
+        layout bounds no distance (docs/TASKS.md, "Windows below the recall distance")."""
+        return None
 
     @classmethod
     def harder_direction(cls, knob: str) -> str | None:
@@ -231,11 +321,8 @@ class Task:
 
     @classmethod
     def from_difficulty(cls, difficulty: str = "default", **overrides: Any) -> Task:
-        if difficulty not in cls.presets():
-            presets = ", ".join(cls.presets())
-            hint = did_you_mean(difficulty, cls.presets())
-            raise ValueError(f"unknown difficulty {difficulty!r}{hint} (presets: {presets})")
-        return cls(**{**cls.difficulties.get(difficulty, {}), **overrides})
+        """The task at a preset (a difficulty or a ladder level), ``overrides`` on top."""
+        return cls(**{**cls.preset_overrides(difficulty), **overrides})
 
     def at_length(self, mult: float) -> Task:
         """The same task with its length knob scaled by ``mult`` (rounded to an integer)."""
@@ -322,6 +409,75 @@ def check_harder(cls: type[Task]) -> None:
             )
 
 
+def _canonical_params(params: dict[str, Any]) -> str:
+    return json.dumps(params, sort_keys=True, default=str)
+
+
+@functools.cache
+def _level_params(cls: type[Task]) -> dict[str, str]:
+    """Canonical complete parameters -> ladder level, for ``Task.level_of`` (once per class;
+    a level that does not construct is left out: ``check_ladder`` names it)."""
+    found = {}
+    for name, overrides in cls.ladder.levels.items():
+        try:
+            found[_canonical_params(cls(**overrides).param_dict())] = name
+        except (TypeError, ValueError):
+            continue
+    return found
+
+
+def check_ladder(cls: type[Task]) -> None:
+    """Raise a one-line ``ValueError`` naming the task unless its ladder is well formed:
+    level names apart from its difficulties; the axis and every override its parameters;
+    at least two levels, each step a change of axis knobs only, in the direction
+    ``harder`` declares (from the level below); every level constructs, and no two levels
+    are the same parameters. A task without a ladder passes."""
+    ladder = cls.ladder
+    if ladder is None:
+        return
+    name = TASKS.name_of(cls)
+    knobs = [f.name for f in dataclasses.fields(cls.Params)]
+    clash = sorted((set(ladder.names) | {"default", LADDER}) & set(cls.difficulties))
+    if clash:
+        raise ValueError(f"task {name}: presets named like ladder levels: {', '.join(clash)}")
+    if not ladder.steps:
+        raise ValueError(f"task {name}: a ladder needs a baseline and at least one step")
+    for knob in [*ladder.axis, *ladder.baseline, *(k for step in ladder.steps for k in step)]:
+        if knob not in knobs:
+            hint = did_you_mean(knob, knobs)
+            raise ValueError(f"task {name}: its ladder names {knob!r}, not a parameter{hint}")
+    levels = list(ladder.levels.items())
+    built = {}
+    for level, overrides in levels:
+        try:
+            built[level] = cls(**overrides).param_dict()
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"task {name}, ladder level {level}: {exc}") from None
+    names = [level for level, _ in levels]
+    for lower, level, step in zip(names[:-1], names[1:], ladder.steps, strict=True):
+        moved = sorted(set(step) - set(ladder.axis))
+        if not step or moved:
+            raise ValueError(
+                f"task {name}, ladder level {level}: a step changes the axis "
+                f"({', '.join(ladder.axis)}) only, not {moved or 'nothing'}"
+            )
+        for knob in step:
+            direction = cls.harder.get(knob)
+            below, here = built[lower][knob], built[level][knob]
+            easier = (here < below) if direction == "larger" else (here > below)
+            if direction is not None and (here == below or easier):
+                raise ValueError(
+                    f"task {name}, ladder level {level}: {knob}={here} is not harder than "
+                    f"{lower}'s {below} (harder is {direction})"
+                )
+    seen: dict[str, str] = {}
+    for level, params in built.items():
+        key = _canonical_params(params)
+        if key in seen:
+            raise ValueError(f"task {name}: ladder levels {seen[key]} and {level} are the same")
+        seen[key] = level
+
+
 class SepTask(Task):
     """A task whose data tokens are 0..vocab-1 (``Params.vocab``) followed by one special
     token, SEP = vocab. A task with more ids (number tokens, say) extends ``vocab_size``."""
@@ -359,5 +515,33 @@ def markdown_table() -> str:
             f"| {category} | {e.name} | {e.metadata['description']} | "
             f"{defaults} | {task.seq_len} | {task.vocab_size} | {e.obj.length_param or '-'} | "
             f"{presets} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def ladder_table() -> str:
+    """Every built-in task's ladder, by name: its axis, each level's parameters (the baseline's
+    overrides, then the axis at each step), the input lengths, the recall distance of a recall
+    task, the source (docs/TASKS.md embeds this; a test checks it)."""
+    lines = [
+        "| task | axis | L1 (baseline) | steps | input lengths | recall distance | source |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in sorted(TASKS.entries(), key=lambda e: e.name):
+        ladder = e.obj.ladder
+        if e.source != "builtin" or ladder is None:
+            continue
+        tasks = [e.obj(**overrides) for overrides in ladder.levels.values()]
+        distances = [task.recall_distance() for task in tasks]
+        steps = "; ".join(
+            f"L{i}: " + ", ".join(f"{k} {v}" for k, v in step.items())
+            for i, step in enumerate(ladder.steps, start=2)
+        )
+        lines.append(
+            f"| {e.name} | {', '.join(ladder.axis)} | "
+            + (", ".join(f"{k} {v}" for k, v in ladder.baseline.items()) or "the defaults")
+            + f" | {steps} | {', '.join(str(t.seq_len) for t in tasks)} | "
+            + ("-" if distances[0] is None else ", ".join(map(str, distances)))
+            + f" | {ladder.source} |"
         )
     return "\n".join(lines) + "\n"

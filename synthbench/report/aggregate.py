@@ -6,6 +6,12 @@ lr_selection.py): ``selected_runs`` gives one value per run, ``aggregate`` the m
 spread over seeds per (protocol, task, mechanism). Rows that differ in a parameter are
 labelled as variants (``label_variants``), never averaged together.
 
+A task scored over its ladder (``Task.ladder``, docs/TASKS.md "Ladders") is one cell per
+mechanism once its rows hold every level: each level one value, the mean over its runs,
+shown under the level's first dealt seed, so that the cell's mean is the mean over levels and
+its spread the spread across them (``ladder_levels``); a mechanism with only some levels has
+them as variants, never as the task's score.
+
 Raw accuracy is what the full and per-category tables show; the category averages (and the
 leaderboard and heatmap built from the same runs) show the chance-normalised score
 (accuracy - chance) / (1 - chance), so that a task whose best constant answer already scores
@@ -154,14 +160,79 @@ def label_variants(rows: pd.DataFrame) -> pd.DataFrame:
     if rows.empty:
         return rows
     rows = rows.copy()
-    if "task_params" in rows:
-        rows = _label_variants(rows, "task", ["task_params", "config"], _task_variant)
     if "mechanism_params" in rows or "config" in rows:
         if "config" in rows and "protocol" in rows:
             rows[GRID_FIELDS] = _grid_fields(rows)
         sources = ["mechanism_params", "config", "protocol", GRID_FIELDS]
         rows = _label_variants(rows, "mechanism", sources, _mechanism_variant)
         rows = rows.drop(columns=GRID_FIELDS, errors="ignore")
+    rows[LEVEL] = ladder_levels(rows)  # after the mechanisms: a cell is per variant
+    if "task_params" in rows:
+        rows = _label_tasks(rows)
+    return rows
+
+
+# -- ladders ---------------------------------------------------------------------------------
+
+LEVEL = "level"  # the column of a row's ladder level ("" outside a complete ladder)
+
+
+@functools.cache
+def _level_of(name: str, params: str) -> str:
+    """The ladder level of the registered task ``name`` at the JSON ``params``, or ""."""
+    if name not in TASKS:
+        return ""
+    return TASKS.get(name).level_of(json.loads(params)) or ""
+
+
+def ladder_levels(rows: pd.DataFrame) -> pd.Series:
+    """Per row, its ladder level where the rows of its cell (protocol, version, task,
+    mechanism) hold every level of the task's ladder, else "": a level's runs count towards
+    the task's score only beside every other level (a row's level is read off its
+    parameters, ``Task.level_of``: a level's runs are ordinary runs at its parameters)."""
+    if "task_params" not in rows or rows.empty:
+        return pd.Series("", index=rows.index, dtype=object)
+    levels = pd.Series(
+        [_level_of(str(t), json.dumps(json.loads(_text_or(p, "{}")), sort_keys=True))
+         for t, p in zip(rows["task"], rows["task_params"], strict=True)],
+        index=rows.index, dtype=object,
+    )  # fmt: skip
+    cells = [c for c in ("protocol", "protocol_version", "task", "mechanism") if c in rows]
+    held = levels[levels != ""].groupby([rows[c] for c in cells]).agg(frozenset)
+    complete = {
+        key
+        for key, found in held.items()
+        if found == frozenset(TASKS.get(key[cells.index("task")]).ladder.names)
+    }
+    keys = list(zip(*(rows[c] for c in cells), strict=True))
+    return levels.where([key in complete for key in keys], "")
+
+
+def _label_tasks(rows: pd.DataFrame) -> pd.DataFrame:
+    """Task labels: a complete ladder's rows the task's name; every other row labelled as a
+    variant among the others (``_label_variants``), except that beside a complete ladder of
+    the same task and protocol a row at a level's parameters is that level, ``kv_recall
+    (L2)`` (a ladder short of some level), and one the variants leave the bare name gets the
+    parameters it sets apart from the defaults, or ``(default)``."""
+    ladder = rows[LEVEL] != ""
+    if not ladder.any():
+        return _label_variants(rows, "task", ["task_params", "config"], _task_variant)
+    names = rows.loc[~ladder, "task"].copy()
+    rest = _label_variants(rows[~ladder].copy(), "task", ["task_params", "config"], _task_variant)
+    protocol = rows["protocol"] if "protocol" in rows else pd.Series("", index=rows.index)
+    laddered = set(zip(protocol[ladder], rows.loc[ladder, "task"], strict=True))
+    for index, name in names.items():
+        if (protocol[index], name) not in laddered:
+            continue
+        params = json.loads(_text_or(rest.at[index, "task_params"], "{}"))
+        level = TASKS.get(name).level_of(params)
+        if level is not None:
+            rest.at[index, "task"] = f"{name} ({level})"
+        elif rest.at[index, "task"] == name:
+            defaults = TASKS.get(name)().param_dict()
+            changed = ", ".join(f"{k}={v}" for k, v in params.items() if defaults.get(k) != v)
+            rest.at[index, "task"] = f"{name} ({changed or 'default'})"
+    rows.loc[~ladder, "task"] = rest["task"]
     return rows
 
 
@@ -288,8 +359,10 @@ def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFr
     in their eval length multiplier trained the same model, so a seed counts once (the mean
     of its runs). ``rows`` must be labelled (``prepare_rows``) if they hold variants."""
     rows = fill_from_registry(check_metric(rows, metric))
+    if LEVEL not in rows:  # rows not labelled: no ladder is recognised
+        rows = rows.assign(**{LEVEL: ""})
     ok = rows[(rows["status"] == "ok") & rows["selected"].astype(bool)]
-    keys = [*KEYS, "protocol_version", "seed"]
+    keys = [*KEYS, "protocol_version", LEVEL, "seed"]
     source = metric_column(ok, metric)
     chance = ok[CHANCE_COLUMN[metric]] if metric in CHANCE_COLUMN else np.nan
     edge = ok["lr_edge"].eq(True) if "lr_edge" in ok else False  # null in older rows
@@ -316,9 +389,41 @@ def selected_runs(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFr
         )
         .reset_index()
     )
+    runs = _one_value_per_level(runs)
     normalised = metric in CHANCE_COLUMN
     runs["score"] = normalise(runs["value"], runs["chance"]) if normalised else runs["value"]
     return runs
+
+
+def _one_value_per_level(runs: pd.DataFrame) -> pd.DataFrame:
+    """Each ladder level's runs (``selected_runs``' rows of one level of one cell) as one
+    value: their mean, its test-set standard error sqrt(sum se^2) / n, shown under the
+    level's first dealt seed (``Ladder.first_seed``): a cell of L levels holds L values, so
+    its mean is the mean over levels whatever each level's seeds (the seed rule may give a
+    level more), and its spread is the spread across levels. Other rows as they are."""
+    laddered = runs[LEVEL] != ""
+    if not laddered.any():
+        return runs
+    keys = [*KEYS, "protocol_version", LEVEL]
+    levels = (
+        runs[laddered]
+        .groupby(keys, sort=False)
+        .agg(
+            value=("value", "mean"),
+            metric=("metric", "first"),
+            chance=("chance", "mean"),
+            se=("se", lambda se: float(np.sqrt((se**2).sum())) / len(se)),
+            lr=("lr", "first"),
+            lr_edge=("lr_edge", "any"),
+            knife_edge=("knife_edge", "any"),
+        )
+        .reset_index()
+    )
+    levels["seed"] = [
+        TASKS.get(task).ladder.first_seed(task, level)
+        for task, level in zip(levels["task"], levels[LEVEL], strict=True)
+    ]
+    return pd.concat([runs[~laddered], levels[runs.columns]], ignore_index=True)
 
 
 def aggregate(rows: pd.DataFrame, metric: str = DEFAULT_METRIC) -> pd.DataFrame:
@@ -340,14 +445,26 @@ def run_outcomes(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per run (its lr sweep): KEYS, run_id, seed and status. A run failed if none
     of its rows succeeded; its status is that of its last row (a leaky row at any lr makes
     the whole run leaky: synthbench/run/lr_selection.py selects nothing)."""
-    return (
+    outcomes = (
         rows.groupby([*KEYS, "run_id"])
         .agg(
             seed=("seed", "first"),
             status=("status", _run_status),
+            level=(LEVEL, "first") if LEVEL in rows else ("seed", lambda _: ""),
         )
         .reset_index()
     )
+    # a ladder's run is counted under its level's seed, as its value is (selected_runs)
+    laddered = outcomes[LEVEL] != ""
+    if not laddered.any():
+        return outcomes.drop(columns=LEVEL)
+    outcomes.loc[laddered, "seed"] = [
+        TASKS.get(task).ladder.first_seed(task, level)
+        for task, level in zip(
+            outcomes.loc[laddered, "task"], outcomes.loc[laddered, LEVEL], strict=True
+        )
+    ]
+    return outcomes.drop(columns=LEVEL)
 
 
 def protocol_track(rows: pd.DataFrame) -> str:

@@ -17,9 +17,13 @@ asks only whether the two means are told apart, with all the noise counted.
 
 A task sits at the *ceiling* (or the *floor*) of a track when ``BOUND_COUNT`` (10) or more of
 its mechanisms have a mean within ``BOUND_MARGIN`` (0.02) of 1.0 (or of the task's chance, or
-below it): it says nothing about them there. The floor mechanism ``none`` is a control: it is
-in no pair and no count. A control task (registered ``control=True``: bigram needs no token
-mixing) is listed but left out of a track's share of pairs separated.
+below it): it says nothing about them there. A task scored over its ladder (docs/TASKS.md,
+"Ladders") is one cell per mechanism whose values are its levels (report/aggregate.py), so
+its interval holds the spread across levels; ``top_ceiling`` counts the mechanisms at the
+ceiling of its hardest level alone (issue 70: fewer than 10 of 12 there). The floor
+mechanism ``none`` is a control: it is in no pair and no count. A control task (registered
+``control=True``: bigram needs no token mixing) is listed but left out of a track's share of
+pairs separated.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from synthbench.report import reference
-from synthbench.report.aggregate import prepare_rows, protocol_track, selected_runs
+from synthbench.report.aggregate import LEVEL, prepare_rows, protocol_track, selected_runs
 from synthbench.report.separation import MIN_DIFFERENCE, TOLERANCE
 
 Z95 = 1.96
@@ -88,9 +92,11 @@ def informativeness(rows: pd.DataFrame, tasks: Iterable[str] | None = None) -> p
     """One row per (protocol, version, task) of stored ``rows`` (every lr row, as stored):
     protocol, version, track, task, mechanisms (cells of MIN_SEEDS or more seeds, controls
     aside), pairs, separated, ceiling and floor (how many of those cells are there), bound
-    ("ceiling", "floor" or ""), control (a control task). ``tasks``: only those (canonical
-    names; variants of them too). Raises ValueError (one line) where no task has two such
-    cells."""
+    ("ceiling", "floor" or ""), control (a control task), levels (a laddered task's, else 0)
+    and top_ceiling (of those cells, the mechanisms within BOUND_MARGIN of 1.0 on the
+    ladder's hardest level; the cell's ceiling count where it has no ladder). ``tasks``:
+    only those (canonical names; variants of them too). Raises ValueError (one line) where
+    no task has two such cells."""
     runs = selected_runs(prepare_rows(rows), "target")
     runs = runs[~runs["mechanism"].isin(CONTROLS)]
     if tasks is not None:
@@ -108,6 +114,9 @@ def informativeness(rows: pd.DataFrame, tasks: Iterable[str] | None = None) -> p
         ceiling = sum(m >= 1.0 - BOUND_MARGIN for m in means)
         floor = sum(m <= chance + BOUND_MARGIN for m in means) if chance == chance else 0
         bound = "ceiling" if ceiling >= BOUND_COUNT else "floor" if floor >= BOUND_COUNT else ""
+        levels = sorted(set(part[LEVEL]) - {""})
+        top = part[part[LEVEL] == max(levels, key=_level_number)] if levels else part
+        top_means = top[top["mechanism"].isin(cells)].groupby("mechanism")["value"].mean()
         records.append(
             {
                 "protocol": str(protocol),
@@ -121,6 +130,8 @@ def informativeness(rows: pd.DataFrame, tasks: Iterable[str] | None = None) -> p
                 "floor": floor,
                 "bound": bound,
                 "control": _control_task(str(task)),
+                "levels": len(levels),
+                "top_ceiling": int((top_means >= 1.0 - BOUND_MARGIN).sum()),
             }
         )
     if not records:
@@ -129,6 +140,11 @@ def informativeness(rows: pd.DataFrame, tasks: Iterable[str] | None = None) -> p
             f"{MIN_SEEDS} or more successful seeds each: nothing to count"
         )
     return pd.DataFrame(records)
+
+
+def _level_number(level: str) -> int:
+    """L3 -> 3: ladder levels in order of difficulty (``Ladder.levels``)."""
+    return int(level.removeprefix("L"))
 
 
 def _control_task(task: str) -> bool:
@@ -168,12 +184,14 @@ def markdown(table: pd.DataFrame) -> str:
     """The table, one row per (protocol, version, task)."""
     head = (
         "| protocol | track | task | mechanisms | pairs separated | at ceiling | at floor | "
-        "bound |\n|---|---|---|---:|---:|---:|---:|---|\n"
+        "bound | levels | top level at ceiling |\n"
+        "|---|---|---|---:|---:|---:|---:|---|---:|---:|\n"
     )
     body = "".join(
         f"| {r.protocol} v{r.version} | {r.track} | {r.task}{' (control)' if r.control else ''} | "
         f"{r.mechanisms} | "
-        f"{r.separated} of {r.pairs} | {r.ceiling} | {r.floor} | {r.bound or '-'} |\n"
+        f"{r.separated} of {r.pairs} | {r.ceiling} | {r.floor} | {r.bound or '-'} | "
+        f"{r.levels or '-'} | {r.top_ceiling if r.levels else '-'} |\n"
         for r in table.itertuples()
     )
     return head + body

@@ -25,7 +25,7 @@ import pandas as pd
 from synthbench.core.task import CATEGORIES
 from synthbench.core.text import plural
 from synthbench.report import rank_intervals
-from synthbench.report.aggregate import CHANCE_COLUMN, normalise
+from synthbench.report.aggregate import CHANCE_COLUMN, LEVEL, normalise
 from synthbench.report.formats import latex_escape, latex_notes, markdown_table
 from synthbench.report.tables import score_note, track_text
 
@@ -99,6 +99,8 @@ class Leaderboard:
     # per mechanism, the state its runs stored (``aggregate.stored_states``), which the state
     # column shows; a mechanism without: its registered declaration (``declared_state``)
     states: dict[str, int] = field(default_factory=dict)
+    # the tasks scored over their ladders (one value per level: aggregate.selected_runs)
+    laddered: tuple[str, ...] = ()
 
 
 def _category_scores(task_means: np.ndarray, task_categories: list[str], categories: list[str]):
@@ -269,6 +271,7 @@ def build(
         draws=draws,
         replaced=replaced,
         states=dict(states or {}),
+        laddered=tuple(sorted(set(runs.loc[runs[LEVEL] != "", "task"]))) if LEVEL in runs else (),
     )
 
 
@@ -362,6 +365,8 @@ def notes(board: Leaderboard) -> list[str]:
         f"{CONFIDENCE:.0%} t-interval of their per-seed score differences reaches 0 (or they "
         "share fewer than 2 seeds).",
     ]
+    if board.laddered:
+        notes.append(ladder_note(board.laddered))
     notes += interval_notes(board)
     if not board.table["complete"].all():
         notes.append(
@@ -380,6 +385,17 @@ def notes(board: Leaderboard) -> list[str]:
     elif board.n_seeds < 2:
         notes.append(ONE_SEED_NOTE)
     return notes
+
+
+def ladder_note(tasks: tuple[str, ...]) -> str:
+    """What a laddered task's score and seeds are, on a board that has some."""
+    return (
+        f"Ladders ({plural(len(tasks), 'task')}: {', '.join(tasks)}): a task's score is the "
+        "mean over its difficulty levels; its seeds are dealt to its levels, one value per "
+        "level under the seed it ran at, so a seed's score mixes levels across tasks, and an "
+        "interval over seeds holds the spread across levels as well as the seeds' "
+        '(docs/TASKS.md, "Ladders").'
+    )
 
 
 def _seed_list(seeds) -> str:

@@ -289,4 +289,4 @@ def difficulty_points(
                 f"task {task} has no difficulty '{name}'{did_you_mean(name, presets)} "
                 f"(presets: {', '.join(presets)})"
             )
-        yield dict(task_cls.difficulties.get(name, {}))
+        yield task_cls.preset_overrides(name)  # a difficulty's, or a ladder level's

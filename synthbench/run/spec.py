@@ -33,7 +33,8 @@ from synthbench.run.protocols import Protocol
 
 # Bump when a built-in task's generation changes, so stored rows are not reused for it.
 # 4: the layouts docs/TASKS.md calls suite v3 (five tasks and distant_match re-posed).
-SUITE_VERSION = 4
+# 5: suite v4: difficulty ladders, recall gaps, windows at the suite's scale (docs/TASKS.md).
+SUITE_VERSION = 5
 # Validation and test sets are drawn from these generator seeds, the same for every seed and
 # mechanism; training seeds must stay below MAX_SEED so that they never coincide.
 MAX_SEED = 1_000_000_000
