@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from clitools import invoke
 
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.task import (
@@ -27,6 +28,7 @@ from synthbench.core.task import (
     check_ladder,
     in_default_suite,
     ladder_table,
+    task_set,
 )
 from synthbench.report import informative
 from synthbench.report.aggregate import LEVEL, aggregate, prepare_rows, selected_runs
@@ -476,3 +478,13 @@ def test_the_windows_are_the_published_ratios_at_the_suites_scale():
 def test_the_docs_show_every_ladder():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "TASKS.md").read_text()
     assert ladder_table() in doc, "regenerate: python -c 'from synthbench.core.task import ...'"
+
+
+def test_the_suites_plan_line_counts_its_settings(tmp_path):
+    """`run` on its default says how many settings the ladders give (tasks have different
+    numbers of levels: a per-task grid-point count would round them away)."""
+    suite = [TASKS.get(name) for name in task_set("all")]
+    settings = sum(len(t.ladder.names) if t.ladder else 1 for t in suite)
+    result = invoke("run", "--dry-run", "--mech", "softmax", "--results", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    assert f"over {len(suite)} tasks at {settings} settings, 1 mechanism, 3 seeds" in result.output

@@ -268,7 +268,11 @@ class RunView(runner.Events):
         n_points = len(labels)
         per_cell = n_points // (tasks * mechs)
         parts = [plural(tasks, "task"), plural(mechs, "mechanism")]
-        parts += [plural(per_cell, "grid point")] if self.varying else []
+        if self.varying and n_points == tasks * mechs * per_cell:
+            parts.append(plural(per_cell, "grid point"))
+        elif self.varying:  # tasks at different numbers of settings (the suite's ladders)
+            settings = len({(task, label) for task, _, label in labels})
+            parts[0] = f"{plural(tasks, 'task')} at {plural(settings, 'setting')}"
         parts.append(plural(seeds, "seed"))
         if tasks * mechs * per_cell * seeds == runs and n_points == tasks * mechs * per_cell:
             shape = " x ".join(parts)  # every combination: the counts multiply to the runs
