@@ -4,7 +4,6 @@ layouts (flagged by the generic families alone), every built-in task, the comman
 
 from __future__ import annotations
 
-import functools
 import json
 import random
 import subprocess
@@ -319,45 +318,63 @@ def test_suite_v2s_leaky_layouts_are_flagged_by_the_generic_families():
 
 # -- every built-in task ---------------------------------------------------------------------
 
-# every preset of every built-in task; the fast tier audits the defaults, the slow tier also
-# the easy and hard presets (the same generic families on other sizes)
+# every preset of every built-in task (ladder levels included); the fast tier audits the
+# defaults, the slow tier the other presets, each preset's cases on a worker of their own
+# (pytest-xdist: an audit at full size takes seconds, and there are a hundred)
 BUILTIN_CASES = [
     pytest.param(
-        name, preset, id=f"{name}-{preset}", marks=() if preset == "default" else pytest.mark.slow
+        name,
+        preset,
+        id=f"{name}-{preset}",
+        marks=()
+        if preset == "default"
+        else (pytest.mark.slow, pytest.mark.xdist_group(f"audit-{preset}")),
     )
-    for name in TASKS.names()
-    if TASKS.entry(name).source == "builtin" and not TASKS.entry(name).metadata.get("control")
+    for name in sorted(TASKS.names())
+    if TASKS.entry(name).source == "builtin"
     for preset in TASKS.get(name).presets()
 ]
+TASKS_DOC = Path(__file__).parents[1] / "docs" / "TASKS.md"
+REGENERATE = "regenerate: python -m synthbench.integrity.audit"
 
 
-@functools.cache
-def builtin_audit(name: str, preset: str) -> audit.Audit:
-    return audit.audit(name, preset)  # at the sizes `synthbench audit` uses
+def docs_audit_rows() -> list[str]:
+    """The rows of docs/TASKS.md's audit table, header lines first."""
+    lines = TASKS_DOC.read_text().splitlines()
+    header = audit.markdown_table([]).splitlines()[0]
+    start = lines.index(header)
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
 
 
 @pytest.mark.parametrize(("name", "preset"), BUILTIN_CASES)
-def test_no_builtin_task_has_a_shortcut(name, preset):
-    result = builtin_audit(name, preset)
-    assert not result.shortcuts, [(b.name, round(b.score, 3)) for b in result.shortcuts]
+def test_no_builtin_task_has_a_shortcut_and_the_docs_show_its_audit(name, preset):
+    result = audit.audit(name, preset)  # at the sizes `synthbench audit` uses
+    if not result.control:  # a control task is one by its shortcut
+        assert not result.shortcuts, [(b.name, round(b.score, 3)) for b in result.shortcuts]
     assert result.passed
+    (row,) = audit.markdown_table([result]).splitlines()[2:]
+    assert row in docs_audit_rows(), REGENERATE
+
+
+def test_the_docs_audit_table_holds_every_builtin_preset_once_in_order():
+    """Its rows are the registered presets, as builtin_markdown_table orders them (each
+    row's figures are checked by the case above that audits it)."""
+    header, rule, *rows = docs_audit_rows()
+    assert [header, rule] == audit.markdown_table([]).splitlines()
+    shown = [tuple(cell.strip() for cell in row.strip("|").split("|")[:2]) for row in rows]
+    expected = [
+        (e.name, preset)
+        for e in sorted(TASKS.entries(), key=lambda e: e.name)
+        if e.source == "builtin"
+        for preset in e.obj.presets()
+    ]
+    assert shown == expected, REGENERATE
 
 
 def test_a_control_task_passes_with_its_shortcut():
     result = audit.audit("bigram", **SMALL)
     assert result.control and result.shortcuts and result.passed
-
-
-@pytest.mark.slow
-def test_the_docs_show_the_audit_of_every_builtin_task():
-    audits = [
-        builtin_audit(e.name, preset)
-        for e in sorted(TASKS.entries(), key=lambda e: e.name)
-        if e.source == "builtin"
-        for preset in e.obj.presets()
-    ]
-    docs = (Path(__file__).parents[1] / "docs" / "TASKS.md").read_text()
-    assert audit.markdown_table(audits) in docs, "regenerate: python -m synthbench.integrity.audit"
 
 
 # -- the command -----------------------------------------------------------------------------
