@@ -12,9 +12,16 @@ import os
 import re
 import shutil
 import signal
+import sys
 
-from synthbench.core import registry
-from synthbench.core.registry import DISABLE_AUTOLOAD
+# Bytecode caches (git ignores __pycache__/), even where PYTHONDONTWRITEBYTECODE asks for none,
+# as on our CI machines: without them each xdist worker rewrites every test module and each
+# CLI process a test starts compiles the package again, a sixth of the fast tier's time.
+sys.dont_write_bytecode = False  # before pytest rewrites (and caches) the test modules
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # the processes the tests start
+
+from synthbench.core import registry  # noqa: E402
+from synthbench.core.registry import DISABLE_AUTOLOAD  # noqa: E402
 
 os.environ[DISABLE_AUTOLOAD] = "1"  # before anything looks a name up, here and in subprocesses
 

@@ -258,7 +258,7 @@ def load_plugin_file(path: str | Path, registries: list[Registry]) -> list[Entry
     the entries it registered (empty: the caller warns that the file registers nothing).
 
     Raises :class:`PluginError` naming the file and the error if it cannot be imported.
-    The entries' ``code_hash`` is the hash of the file's bytes, read before the import.
+    The entries' ``code_hash`` is the hash of the file's bytes: the very bytes that run.
     """
     path = Path(path)
     if path.is_dir():
@@ -271,9 +271,10 @@ def load_plugin_file(path: str | Path, registries: list[Registry]) -> list[Entry
     if module_name in _loaded_files:  # the same file named twice
         return _loaded_files[module_name]
     try:
-        code_hash = hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+        source = path.read_bytes()
     except OSError as exc:
         raise PluginError(f"plugin file {path} cannot be read: {exc.strerror or exc}") from None
+    code_hash = hashlib.sha256(source).hexdigest()[:16]
     for registry in registries:
         registry._load_builtins()
     before = [set(registry._entries) for registry in registries]
@@ -286,7 +287,9 @@ def load_plugin_file(path: str | Path, registries: list[Registry]) -> list[Entry
             stack.enter_context(registry._registering_from(f"plugin file {path}", code_hash))
         try:
             sys.modules[module_name] = module
-            spec.loader.exec_module(module)
+            # the bytes just hashed are the ones run, compiled here rather than by the import
+            # system, which would write a __pycache__/ into the user's folder
+            exec(compile(source, str(path), "exec"), module.__dict__)
         except BaseException as exc:  # sys.exit() too: never a silent exit 0
             caught(exc)  # the user's Ctrl-C is raised again
             sys.modules.pop(module_name, None)

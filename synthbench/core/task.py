@@ -426,6 +426,7 @@ def _level_params(cls: type[Task]) -> dict[str, str]:
     return found
 
 
+@functools.cache  # once per class: planning checks each task's ladder twice (plan_size, plan)
 def check_ladder(cls: type[Task]) -> None:
     """Raise a one-line ``ValueError`` naming the task unless its ladder is well formed:
     level names apart from its difficulties; the axis and every override its parameters;

@@ -193,10 +193,10 @@ def ladder_levels(rows: pd.DataFrame) -> pd.Series:
     if "task_params" not in rows or rows.empty:
         return pd.Series("", index=rows.index, dtype=object)
     levels = pd.Series(
-        [_level_of(str(t), json.dumps(json.loads(_text_or(p, "{}")), sort_keys=True))
-         for t, p in zip(rows["task"], rows["task_params"], strict=True)],
-        index=rows.index, dtype=object,
-    )  # fmt: skip
+        [_level_of(str(task), params) for task, params in _task_keys(rows)],
+        index=rows.index,
+        dtype=object,
+    )
     cells = [c for c in ("protocol", "protocol_version", "task", "mechanism") if c in rows]
     held = levels[levels != ""].groupby([rows[c] for c in cells]).agg(frozenset)
     complete = {
@@ -225,8 +225,8 @@ def _label_tasks(rows: pd.DataFrame) -> pd.DataFrame:
         if (protocol[index], name) not in laddered:
             continue
         params = json.loads(_text_or(rest.at[index, "task_params"], "{}"))
-        level = TASKS.get(name).level_of(params)
-        if level is not None:
+        level = _level_of(name, json.dumps(params, sort_keys=True))
+        if level:
             rest.at[index, "task"] = f"{name} ({level})"
         elif rest.at[index, "task"] == name:
             defaults = TASKS.get(name)().param_dict()
