@@ -318,17 +318,15 @@ def test_suite_v2s_leaky_layouts_are_flagged_by_the_generic_families():
 
 # -- every built-in task ---------------------------------------------------------------------
 
-# every preset of every built-in task (ladder levels included); the fast tier audits the
-# defaults, the slow tier the other presets, each preset's cases on a worker of their own
-# (pytest-xdist: an audit at full size takes seconds, and there are a hundred)
+# every preset of every built-in task (ladder levels included), at full size: the slow
+# tier, each preset's cases on a worker of their own (pytest-xdist: an audit at full size
+# takes seconds, and there are 135); the fast tier audits at small sizes above
 BUILTIN_CASES = [
     pytest.param(
         name,
         preset,
         id=f"{name}-{preset}",
-        marks=()
-        if preset == "default"
-        else (pytest.mark.slow, pytest.mark.xdist_group(f"audit-{preset}")),
+        marks=(pytest.mark.slow, pytest.mark.xdist_group(f"audit-{preset}")),
     )
     for name in sorted(TASKS.names())
     if TASKS.entry(name).source == "builtin"

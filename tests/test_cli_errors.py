@@ -19,6 +19,7 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -100,6 +101,17 @@ def test_unbounded_values(args, message, tmp_path):
     assert_error(result, 2, message)
     assert time.monotonic() - started < 20  # refused up front, not after minutes
     assert not (tmp_path / "r").exists()
+
+
+def test_the_cluster_engine_missing_is_one_line_naming_its_extra(monkeypatch, tmp_path):
+    """`--executor ray` where Ray is not installed (the README's set-up leaves it out):
+    refused before any run, naming the extra to install. (No "ray" in this test's name:
+    conftest sends such tests to the slow tier's Ray group.)"""
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    results = tmp_path / "results"
+    result = invoke("run", "--task", "copy", *SMOKE, "--executor", "ray", "--results", results)
+    assert_error(result, 2, 'the ray executor needs Ray: pip install "synthbench[ray]"')
+    assert not list(results.rglob("*.parquet"))
 
 
 def test_memory_estimate_by_hand():
