@@ -305,11 +305,13 @@ def occurrences(inputs: np.ndarray) -> np.ndarray:
     token = inputs.astype(np.int64)
     lowest = int(token.min()) if token.size else 0
     span = int(token.max()) - lowest + 1 if token.size else 1
-    # one key per (row, token); a stable sort keeps each group's positions in order (5x the
-    # speed of a lexsort over row, token and position)
-    key = (np.arange(n, dtype=np.int64)[:, None] * span + (token - lowest)).reshape(-1)
-    order = np.argsort(key, kind="stable")
-    group_start = np.r_[True, key[order][1:] != key[order][:-1]]
+    # a stable sort by token keeps each token's places in (row, position) order, so a group
+    # (row, token) is a run of equal tokens and rows; 16-bit tokens sort by radix (2x a sort
+    # of one key per (row, token), itself 5x a lexsort over row, token and position)
+    shifted = (token - lowest).reshape(-1)
+    order = np.argsort(shifted.astype(np.uint16) if span <= 2**16 else shifted, kind="stable")
+    by_token, row = shifted[order], order // L
+    group_start = np.r_[True, (by_token[1:] != by_token[:-1]) | (row[1:] != row[:-1])]
     start_of = np.maximum.accumulate(np.where(group_start, np.arange(n * L), 0))
     counts = np.empty(n * L, dtype=np.int64)
     counts[order] = np.arange(n * L) - start_of + 1
