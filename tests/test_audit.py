@@ -4,6 +4,7 @@ layouts (flagged by the generic families alone), every built-in task, the comman
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import subprocess
@@ -337,13 +338,14 @@ TASKS_DOC = Path(__file__).parents[1] / "docs" / "TASKS.md"
 REGENERATE = "regenerate: python -m synthbench.integrity.audit"
 
 
-def docs_audit_rows() -> list[str]:
+@functools.cache  # read once per worker, not once per audited preset
+def docs_audit_rows() -> tuple[str, ...]:
     """The rows of docs/TASKS.md's audit table, header lines first."""
     lines = TASKS_DOC.read_text().splitlines()
     header = audit.markdown_table([]).splitlines()[0]
     start = lines.index(header)
     end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
-    return lines[start:end]
+    return tuple(lines[start:end])
 
 
 @pytest.mark.parametrize(("name", "preset"), BUILTIN_CASES)
