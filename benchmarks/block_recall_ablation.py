@@ -33,6 +33,9 @@ the training stopped at and the validation curve. The variants:
   (undoing fla's N(0, 0.02) in ``arch=block``);
 - ``fla-init``: fla's initialisation (synthbench/core/model.py, ``fla_init``) in any arch,
   say the core's attention-only model;
+- ``fla-init-width``: fla's initialisation with its std scaled to this model's width as
+  fla's is to its own: N(0, 0.02 sqrt(2048 / d_model)) (fla's configurations pair
+  ``initializer_range=0.02`` with ``hidden_size=2048``), 0.11 at d_model 64;
 - ``decay-near-1``: every ``A_log`` (the decay rate of Gated DeltaNet and Mamba-2, drawn as
   log(uniform(0, 16)) and log(uniform(1, 16))) set to log(1e-3), so that every head starts
   out nearly without forgetting; still learned.
@@ -52,12 +55,16 @@ import time
 import torch
 from torch import nn
 
-from synthbench.core.model import Block, fla_init
+from synthbench.core.model import FLA_INIT_STD, Block, fla_init
 from synthbench.core.params import parse_assignments
 from synthbench.run import train
 from synthbench.run.grid import protocol_points
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.spec import RunSpec
+
+# the width fla's configurations pair with initializer_range=0.02
+# (fla/models/gated_deltanet/configuration_gated_deltanet.py: hidden_size=2048)
+FLA_HIDDEN_SIZE = 2048
 
 
 class Zero(nn.Module):
@@ -135,6 +142,8 @@ def change(variant: str, model: nn.Module) -> None:
         _pytorch_init(model)
     elif variant == "fla-init":
         fla_init(model)
+    elif variant == "fla-init-width":
+        fla_init(model, std=FLA_INIT_STD * math.sqrt(FLA_HIDDEN_SIZE / model.tok_emb.embedding_dim))
     else:
         raise SystemExit(f"unknown variant {variant!r}")
 

@@ -134,6 +134,7 @@ def test_scaling_stores_well_formed_rows(scaling_run):
     assert (root / "reports" / "scaling.png").stat().st_size > 0
 
 
+@pytest.mark.slow  # it waits out its limits and a kill: seconds of time, not of logic
 def test_forced_limits_are_stored_and_the_sweep_goes_on(tmp_path, monkeypatch):
     """yat runs out of its 4 MiB, sleepy out of time (projected from its first round), stuck
     is killed (GRACE_S shortened, but not below a busy machine's process start: at 1 s a

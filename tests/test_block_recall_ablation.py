@@ -75,6 +75,11 @@ def test_flas_block_variants_undo_its_init_or_its_pre_norm():
     as_is, pytorch = fla("as-is"), fla("pytorch-init")
     assert as_is.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.2)
     assert pytorch.tok_emb.weight.std().item() == pytest.approx(1.0, rel=0.2)
+    # fla's 0.02 at its 2,048 wide, scaled to this model's width (smoke's 32): 0.02 x 8
+    width = fla("fla-init-width")
+    assert width.tok_emb.embedding_dim == 32
+    for module in (width.tok_emb, width.head, width.blocks[0].mlp.down_proj):
+        assert module.weight.std().item() == pytest.approx(0.02 * (2048 / 32) ** 0.5, rel=0.2)
     # the layer's own parameters (its decay rates) are not the init's to draw
     torch.testing.assert_close(as_is.blocks[0].attn.A_log, pytorch.blocks[0].attn.A_log)
     assert isinstance(fla("no-pre-norm").blocks[0].norm1, torch.nn.Identity)
