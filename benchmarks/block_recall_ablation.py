@@ -31,6 +31,8 @@ the training stopped at and the validation curve. The variants:
 - ``no-pre-norm``: no norm before the mixer (fla's block has one, ``block-plain`` none);
 - ``pytorch-init``: every Linear, Conv1d and Embedding drawn again with PyTorch's defaults
   (undoing fla's N(0, 0.02) in ``arch=block``);
+- ``pytorch-init-embeddings`` / ``pytorch-init-linears``: the same for the Embeddings alone
+  (N(0, 1)) / for the Linear and Conv1d weights alone, the rest as fla draws it;
 - ``fla-init``: fla's initialisation (synthbench/core/model.py, ``fla_init``) in any arch,
   say the core's attention-only model;
 - ``fla-init-width``: fla's initialisation with its std scaled to this model's width as
@@ -108,9 +110,9 @@ def _decay_near_1(model: nn.Module) -> None:
                 param.fill_(math.log(1e-3))
 
 
-def _pytorch_init(model: nn.Module) -> None:
+def _pytorch_init(model: nn.Module, kinds: tuple[type, ...] = (nn.Linear, nn.Conv1d, nn.Embedding)):
     for module in model.modules():
-        if isinstance(module, nn.Linear | nn.Conv1d | nn.Embedding):
+        if isinstance(module, kinds):
             module.reset_parameters()
 
 
@@ -140,6 +142,10 @@ def change(variant: str, model: nn.Module) -> None:
             block.norm1 = nn.Identity()
     elif variant == "pytorch-init":
         _pytorch_init(model)
+    elif variant == "pytorch-init-embeddings":
+        _pytorch_init(model, (nn.Embedding,))
+    elif variant == "pytorch-init-linears":
+        _pytorch_init(model, (nn.Linear, nn.Conv1d))
     elif variant == "fla-init":
         fla_init(model)
     elif variant == "fla-init-width":

@@ -75,6 +75,13 @@ def test_flas_block_variants_undo_its_init_or_its_pre_norm():
     as_is, pytorch = fla("as-is"), fla("pytorch-init")
     assert as_is.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.2)
     assert pytorch.tok_emb.weight.std().item() == pytest.approx(1.0, rel=0.2)
+    embeddings, linears = fla("pytorch-init-embeddings"), fla("pytorch-init-linears")
+    assert embeddings.tok_emb.weight.std().item() == pytest.approx(1.0, rel=0.2)
+    assert embeddings.head.weight.std().item() == pytest.approx(0.02, rel=0.2)
+    assert linears.tok_emb.weight.std().item() == pytest.approx(0.02, rel=0.2)
+    assert linears.head.weight.std().item() == pytest.approx(
+        pytorch.head.weight.std().item(), rel=0.1
+    )
     # fla's 0.02 at its 2,048 wide, scaled to this model's width (smoke's 32): 0.02 x 8
     width = fla("fla-init-width")
     assert width.tok_emb.embedding_dim == 32
