@@ -9,7 +9,6 @@ interpreter they start (tests/test_plugins.py) or the registry they build
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import signal
 import sys
@@ -51,14 +50,15 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(items):
     """What runs together on one xdist worker (``--dist loadgroup``): each file's tests, as
     they were written to run, one after another in one process, unless a test names a group
-    of its own (a hundred independent audits spread over the workers); and every test that
-    starts Ray, whatever its file, so that two local Ray instances never share the machine.
+    of its own (a hundred independent audits spread over the workers); and every test marked
+    ``ray`` (it starts a local Ray instance), whatever its file, so that two local Ray
+    instances never share the machine.
 
     The slow tier (``pytest -m slow``) holds, beside what is marked so by hand, every test
-    that starts Ray or clicks through the page in a browser: they test wiring that the fast
+    marked ``ray`` or clicking through the page in a browser: they test wiring that the fast
     tier's tests of the same modules cover, at seconds each."""
     for item in items:
-        ray = "ray" in re.split(r"[^a-z0-9]+", item.nodeid.lower())
+        ray = item.get_closest_marker("ray") is not None
         if ray or item.get_closest_marker("xdist_group") is None:  # a test may name its own
             group = "ray" if ray else item.nodeid.split("::")[0]
             item.add_marker(pytest.mark.xdist_group(group), append=False)

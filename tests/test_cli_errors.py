@@ -103,10 +103,9 @@ def test_unbounded_values(args, message, tmp_path):
     assert not (tmp_path / "r").exists()
 
 
-def test_the_cluster_engine_missing_is_one_line_naming_its_extra(monkeypatch, tmp_path):
+def test_executor_ray_without_ray_is_one_line_naming_its_extra(monkeypatch, tmp_path):
     """`--executor ray` where Ray is not installed (the README's set-up leaves it out):
-    refused before any run, naming the extra to install. (No "ray" in this test's name:
-    conftest sends such tests to the slow tier's Ray group.)"""
+    refused before any run, naming the extra to install."""
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
     results = tmp_path / "results"
     result = invoke("run", "--task", "copy", *SMOKE, "--executor", "ray", "--results", results)

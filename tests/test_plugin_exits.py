@@ -217,9 +217,10 @@ EXECUTORS = {
 @pytest.mark.parametrize(
     "executor",
     [
-        name if name == "in-process" else pytest.param(name, marks=pytest.mark.slow)
-        for name in sorted(EXECUTORS)
-    ],  # fmt: skip
+        "in-process",
+        pytest.param("local-workers", marks=pytest.mark.slow),
+        pytest.param("ray", marks=pytest.mark.ray),  # slow: tests/conftest.py
+    ],
 )
 def test_run_stores_the_run_as_failed_naming_the_plugin(plugin, tmp_path, executor):
     if executor == "ray":

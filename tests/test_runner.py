@@ -299,6 +299,7 @@ def test_local_workers_store_the_same_rows_as_one_process(plugin, sequential_row
     pd.testing.assert_frame_equal(rows[RESULT], sequential_rows[RESULT])
 
 
+@pytest.mark.ray
 def test_ray_stores_the_same_rows_as_one_process(plugin, sequential_rows, tmp_path):
     pytest.importorskip("ray", reason='the Ray extra: pip install "synthbench[ray]"')
     result = invoke(
@@ -344,7 +345,7 @@ class AlwaysDies(Features):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("executor", ["local", "ray"])
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.ray)])
 def test_a_lost_worker_is_replaced_and_its_training_retried(tmp_path, executor):
     """A worker killed (SIGKILL) in the middle of a training: the training runs again, and
     is stored once; one that kills every worker it runs on ends as an error row."""
@@ -375,7 +376,7 @@ def test_a_lost_worker_is_replaced_and_its_training_retried(tmp_path, executor):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("executor", ["local", "ray"])
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.ray)])
 def test_a_lost_worker_retries_its_whole_pack(tmp_path, executor):
     """Packed trainings (two seeds of one run) whose worker is killed: the pack trains again
     and each training is stored once; a pack that kills every worker it runs on ends as an
@@ -470,7 +471,12 @@ def unpacked_rows(plugin, tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "executor", ["in-process", pytest.param("local", marks=pytest.mark.slow), "ray"]
+    "executor",
+    [
+        "in-process",
+        pytest.param("local", marks=pytest.mark.slow),
+        pytest.param("ray", marks=pytest.mark.ray),
+    ],
 )
 def test_packed_runs_store_the_rows_of_separate_trainings(
     plugin, unpacked_rows, tmp_path, executor
@@ -608,7 +614,7 @@ def alive(pid: int) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="reads the process tree from /proc")
-@pytest.mark.parametrize("executor", ["local", "ray"])
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.ray)])
 def test_sigkill_of_the_driver_then_the_same_command_resumes(tmp_path, executor):
     if executor == "ray":
         pytest.importorskip("ray", reason='the Ray extra: pip install "synthbench[ray]"')

@@ -483,6 +483,7 @@ def test_an_unwritable_log_folder_keeps_the_rows(tmp_path, monkeypatch):
     assert rows["status"].tolist() == ["ok"] and len(rows["curve_steps"][0]) == 10
 
 
+@pytest.mark.ray
 def test_ray_workers_log_too(tmp_path):
     """The setting travels to Ray's workers (slow: the conftest marks every Ray test)."""
     pytest.importorskip("ray")
