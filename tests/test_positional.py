@@ -26,8 +26,9 @@ F64 = torch.float64
 # "edfa7ca9c5f2aa65"; suite version 2 and quick v2: "2185a5601d9907e9"; suite version 3 and
 # quick v3, with its lr grid and early stop: "e65d000de4e080f6"; quick v4, whose pace_margin
 # entered the config, "90f2dc22a19e4bb9"; suite version 4 and quick v5, "f4e8190093c8284f";
-# quick v6, recipe v2, "1d3352779ad41ce7"; suite version 5, the ladders, since)
-QUICK_COPY_SOFTMAX_RUN_ID = "174541ffec18453d"
+# quick v6, recipe v2, "1d3352779ad41ce7"; suite version 5, the ladders, "174541ffec18453d";
+# quick v7, recipe v2's knife-edge refinement, since)
+QUICK_COPY_SOFTMAX_RUN_ID = "4c55205980d8f98a"
 
 
 def make_rotation(kind: str, head_dim: int = D, n_heads: int = HEADS, **params) -> RoPE:

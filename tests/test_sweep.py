@@ -336,3 +336,80 @@ def test_a_diverged_lr_scores_zero_in_the_gap_and_an_incomplete_sweep_has_no_mar
     assert all(r["lr_robustness"] is None and r["lr_gap"] is None for r in alone)
     only = dataclasses.replace(GRID, lrs=(3e-3,))
     assert sweep_state(only, [charted(3e-3, 0.9)]).gap is None
+
+
+# -- recipe v2's refinement of a knife-edge ---------------------------------------------------
+
+REFINING = dataclasses.replace(GRID, lr_refine=1)
+LOW, HIGH = lr_key((1e-3 * 3e-3) ** 0.5), lr_key((3e-3 * 1e-2) ** 0.5)
+
+
+def test_a_knife_edge_trains_the_midpoints_toward_the_neighbours_it_beats():
+    """3e-3 beats both neighbours by more than 0.3: the geometric midpoints train too."""
+    state = sweep_state(REFINING, [row(1e-3, 0.1), row(3e-3, 0.95), row(1e-2, 0.2)])
+    assert not state.complete and state.pending == (LOW, HIGH)
+    assert state.budgets == {}  # the whole schedule: a midpoint measures, it is not a bet
+
+
+def test_only_the_side_beaten_by_more_than_the_margin_is_refined():
+    state = sweep_state(REFINING, [row(1e-3, 0.1), row(3e-3, 0.95), row(1e-2, 0.7)])
+    assert state.pending == (LOW,)
+
+
+def test_no_knife_edge_no_refinement():
+    rows = [row(1e-3, 0.7), row(3e-3, 0.95), row(1e-2, 0.66)]
+    state = sweep_state(REFINING, rows)
+    assert state.complete and state.selected == 3e-3 and state.gap == pytest.approx(0.25)
+    assert sweep_state(GRID, [row(1e-3, 0.1), row(3e-3, 0.95), row(1e-2, 0.2)]).complete
+
+
+def test_midpoints_that_learn_too_make_the_verdict_robust():
+    rows = [row(1e-3, 0.1), row(3e-3, 0.95), row(1e-2, 0.2), row(LOW, 0.92), row(HIGH, 0.4)]
+    state = sweep_state(REFINING, rows)
+    assert state.complete and state.selected == 3e-3
+    assert state.robustness == 2 and state.gap == pytest.approx(0.03)
+
+
+def test_midpoints_that_do_not_learn_leave_a_knife_edge_and_one_round_is_all():
+    rows = [row(1e-3, 0.1), row(3e-3, 0.95), row(1e-2, 0.2), row(LOW, 0.1), row(HIGH, 0.15)]
+    state = sweep_state(REFINING, rows)
+    assert state.complete and state.pending == () and state.selected == 3e-3
+    assert state.robustness == 1 and state.gap == pytest.approx(0.75)
+
+
+def test_a_midpoint_that_beats_the_grid_is_selected():
+    rows = [row(1e-3, 0.1), row(3e-3, 0.9), row(1e-2, 0.2), row(LOW, 0.1), row(HIGH, 0.97)]
+    state = sweep_state(REFINING, rows)
+    assert state.complete and state.selected == HIGH and not state.edge
+
+
+def test_a_diverged_neighbour_scores_zero_and_is_refined_toward():
+    state = sweep_state(REFINING, [row(1e-3, 0.8), row(3e-3, 0.9), row(1e-2, status="diverged")])
+    assert state.pending == (HIGH,)
+
+
+def test_refinement_comes_after_the_grid_has_grown():
+    """An edge that leads grows the grid first; the knife-edge is refined once it stops."""
+    both = dataclasses.replace(SIGNAL, lr_extend=1, lr_refine=1)
+    rows = [charted(1e-3, 0.1), charted(3e-3, 0.1), charted(1e-2, 0.9)]
+    grown = lr_key(1e-2 * 1e-2 / 3e-3)
+    assert sweep_state(both, rows).pending == (grown,)
+    state = sweep_state(both, [*rows, charted(grown, 0.2)])
+    assert state.pending == (HIGH, lr_key((1e-2 * grown) ** 0.5))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"lr_refine": -1}, "lr_refine must be >= 0"),
+        ({"lr_refine": 1, "lrs": (1e-3,)}, r"needs at least 2 lrs \(a neighbour\)"),
+    ],
+)
+def test_an_invalid_refinement_is_refused_naming_it(changes, message):
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(GRID, **changes)
+
+
+def test_an_lr_that_raised_is_no_neighbour_to_refine_toward():
+    state = sweep_state(REFINING, [row(1e-3, 0.8), row(3e-3, 0.9), row(1e-2, status="error")])
+    assert state.complete and state.selected == 3e-3

@@ -30,7 +30,11 @@ def test_every_protocol_but_the_papers_mirror_has_a_block_twin():
         assert protocol_of_track(name, None).name == name
         core = PROTOCOLS.get(name)
         # the same protocol but for the block and twice the steps (docs/MECHANISMS.md says why)
-        twin_fields = {"arch": "block", "version": 4, "steps": 2 * core.steps}
+        twin_fields = {
+            "arch": "block",
+            "version": 5 if core.lr_refine else 4,
+            "steps": 2 * core.steps,
+        }
         if core.max_steps:  # and twice its cap and chunk
             twin_fields.update(max_steps=2 * core.max_steps, extend_steps=2 * core.extend_steps)
         assert {**core.config(), **twin_fields} == {

@@ -90,6 +90,7 @@ def _protocol_variants():
         "max_steps": 40,
         "extend_steps": 5,
         "rise_margin": 0.01,
+        "lr_refine": 1,
         "task_params": (("copy", (("n", 8),)),),  # through the run's resolved task params
     }
     seed_counts = {"seeds", "max_seeds", "seed_spread"}  # which runs a cell holds, not a run's

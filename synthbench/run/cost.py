@@ -181,8 +181,9 @@ def write_table(table: pd.DataFrame, path: Path) -> None:
 
 
 # earlier versions of a protocol whose steps cost what today's do (the same model, batch and
-# evaluation sets): recipe v2 changed which trainings quick runs and how long, not a step
-SAME_STEPS = {"quick": {5}}
+# evaluation sets): recipe v2 changed which trainings quick runs and how long, not a step, and
+# its knife-edge refinement (quick v7, standard v6, the block track's v5) which lrs train
+SAME_STEPS = {"quick": {5, 6}, "standard": {5}, "quick-block": {4}, "standard-block": {4}}
 
 
 def _current(table: pd.DataFrame) -> pd.Series:

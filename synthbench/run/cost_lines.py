@@ -66,8 +66,8 @@ def lines(est: Estimate, note: str = "", options: str = "") -> list[str]:
             wall = _wall(est, est.seconds, bound=True) if est.expected is None else ""
             said.append(
                 f"{TRAINING_TIME}: {duration(est.seconds)} at most for the first lr round "
-                f"({SUMMED}; {plan}; grown lrs add trainings, early stopping removes steps; "
-                f"{costs}){wall}"
+                f"({SUMMED}; {plan}; grown or refined lrs add trainings, early stopping "
+                f"removes steps; {costs}){wall}"
             )
             if est.expected is not None:
                 how = ""

@@ -15,6 +15,12 @@ protocol's grid has a row, the sweep either grows or ends:
   every other lr by at least ``lr_signal``. An lr that learned nothing never decides a
   direction, and a lead within noise leaves the grid as it is (and is no edge: the
   optimum beyond would be within noise of it too);
+- it is refined when ``protocol.lr_refine`` allows and the best lr beats a neighbour in the
+  grid by more than ``KNIFE_EDGE`` (a knife-edge): the geometric midpoint between the two is
+  added, on each side where that holds, and trains the whole schedule. Between two lrs a
+  grid step apart the verdict was read at one point; the midpoint shows whether the band
+  in which the mechanism learns is that narrow, or the grid too coarse to see it (recipe
+  v2: docs/PROTOCOLS.md). Each round halves the step (in log lr) around the best;
 - a run with a ``leaky`` training (synthbench/integrity/causality.py) ends there with no lr
   selected: the mechanism saw later positions, so none of its scores is a result;
 - otherwise it ends, and the best lr is *selected* (the lowest of equal bests): the test
@@ -55,6 +61,7 @@ at start-up on the stored rows (a killed sweep resumes where it stopped).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,7 +158,7 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
     """Where the sweep of one run stands, given its finished rows (any status)."""
     by_lr = {lr_key(r["lr"]): r for r in rows}
     grid = sorted(lr_key(lr) for lr in protocol.lrs)
-    extensions = 0
+    extensions = refinements = 0
     budgets: dict[float, Budget] = {}
     while True:
         missing = tuple(lr for lr in grid if lr not in by_lr)
@@ -178,11 +185,33 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
             if budget != Budget():
                 budgets[added] = budget
             continue
+        if refinements < protocol.lr_refine and len(winners) == 1:
+            added = _midpoints(grid, by_lr, scores, winners[0])
+            if added:
+                grid = sorted({*grid, *added})
+                refinements += 1
+                continue
         edge = alone_at is not None and alone_at in (grid[0], grid[-1])
         # among equal scores: the fewest steps (an early stop), then the lowest lr
         selected = min(winners, key=lambda lr: by_lr[lr].get("steps_done", 0), default=None)
         robustness, gap = _robustness(by_lr, scores)
         return SweepState((), True, selected, edge, robustness, gap)
+
+
+def _midpoints(
+    grid: list[float], rows: dict[float, dict[str, Any]], scores: dict[float, float], best: float
+) -> list[float]:
+    """The geometric midpoints between ``best`` and each grid neighbour that trained (a
+    diverged one scoring 0, as in ``lr_gap``) and that it beats by more than KNIFE_EDGE,
+    rounded as stored lrs are."""
+    at = grid.index(best)
+    neighbours = [grid[i] for i in (at - 1, at + 1) if 0 <= i < len(grid)]
+    return [
+        lr_key(math.sqrt(best * lr))
+        for lr in neighbours
+        if rows[lr]["status"] in ("ok", "diverged")
+        and scores[best] - scores.get(lr, 0.0) > KNIFE_EDGE
+    ]
 
 
 def _robustness(

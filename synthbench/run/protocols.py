@@ -20,7 +20,7 @@ CURVE_POINTS = 10  # validation evaluations along training (the learning curve)
 # fields left out of a config while 0 (off), so run ids from before each field still hold
 OFF_WHEN_ZERO = (
     "stop_at", "pace_margin", "lr_signal", "max_steps", "extend_steps", "rise_margin",
-    "max_seeds", "seed_spread",
+    "max_seeds", "seed_spread", "lr_refine",
 )  # fmt: skip
 
 
@@ -72,6 +72,10 @@ class Protocol:
     # signal above noise: the edge lr beats the task's chance and every other lr by at least
     # this (0: any lead, as before; synthbench/run/lr_selection.py)
     lr_signal: float = 0.0
+    # at most this many rounds of refinement: where the best lr beats a grid neighbour by
+    # more than the knife-edge margin, the geometric midpoint between them trains too
+    # (0: never; synthbench/run/lr_selection.py)
+    lr_refine: int = 0
     # a training still rising at the end of its schedule continues, extend_steps more at a
     # time (0: steps // 2), the cosine stretched over the new end, up to max_steps in all
     # (0: never); "rising": its validation token accuracy gained at least rise_margin over
@@ -116,6 +120,8 @@ class Protocol:
             problems.append("lrs must be a non-empty list of distinct positive learning rates")
         if self.lr_extend < 0 or (self.lr_extend and len(self.lrs) < 2):
             problems.append("lr_extend must be >= 0, and needs at least 2 lrs (the grid step)")
+        if self.lr_refine < 0 or (self.lr_refine and len(self.lrs) < 2):
+            problems.append("lr_refine must be >= 0, and needs at least 2 lrs (a neighbour)")
         if not 0 <= self.stop_at <= 1:
             problems.append("stop_at must be in [0, 1] (0: never stop early)")
         if not 0 <= self.pace_margin <= 1:
@@ -194,6 +200,7 @@ _add(
 RECIPE_V2 = {
     "lr_extend": 2,
     "lr_signal": 0.05,
+    "lr_refine": 1,
     "stop_at": 0.99,
     "pace_margin": 0.1,
     "rise_margin": 0.02,
@@ -203,11 +210,11 @@ RECIPE_V2 = {
 _add(
     Protocol(
         name="quick",
-        version=6,
+        version=7,
         description="the default, sized for a 2-core CPU: 1000 steps, longer (to 3000) while "
         "still rising, at each mechanism's own best lr (from 1e-3, 3e-3 and 1e-2, grown "
-        "past an edge only on a lead above noise), stopping a training once it has solved "
-        "the task; seeds that disagree get more seeds (up to 5)",
+        "past an edge only on a lead above noise, refined around a lone winner), stopping a "
+        "training once it has solved the task; seeds that disagree get more seeds (up to 5)",
         steps=1000,
         batch_size=32,
         lrs=(1e-3, 3e-3, 1e-2),
@@ -219,7 +226,7 @@ _add(
 _add(
     Protocol(
         name="standard",
-        version=5,
+        version=6,
         description="sized for one GPU: a larger model trained longer (to 12000 steps while "
         "still rising), with recipe v2's learning-rate sweep selected on the validation set",
         d_model=128,
@@ -302,8 +309,9 @@ for _core in ("smoke", "quick", "standard"):
             # 2: no LayerNorm before the mixer or the head; 3: twice the core's steps: with an
             # MLP, softmax learned default kv_recall only after about 1,000-2,000 steps, where
             # attention alone does by 800 (docs/MECHANISMS.md, "The block track's budget");
-            # 4: fla's block (its norms, gated MLP and initialisation) and recipe v2
-            version=4,
+            # 4: fla's block (its norms, gated MLP and initialisation) and recipe v2; 5: its
+            # knife-edge refinement (lr_refine; off in smoke, whose twin stays at 4)
+            version=5 if _base.lr_refine else 4,
             arch="block",
             steps=2 * _base.steps,
             max_steps=2 * _base.max_steps,
