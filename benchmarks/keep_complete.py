@@ -18,12 +18,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import shutil
 import sys
 import tarfile
 from pathlib import Path
 
-from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.protocols import Protocol
 from synthbench.run.runner import stored_done
 from synthbench.run.store import ResultStore
 
@@ -37,7 +38,10 @@ def complete_runs(root: Path) -> tuple[list[tuple[str, str, Path]], int]:
     complete = []
     for run_id, run in rows.groupby("run_id", sort=True):
         protocol, task, mech = run.iloc[0][["protocol", "task", "mechanism"]]
-        if protocol in PROTOCOLS and stored_done(PROTOCOLS.get(protocol), run.to_dict("records")):
+        # judged by the recipe it was trained under (a run of an older version is done by
+        # that version's sweep, not today's)
+        trained = Protocol.from_config(json.loads(run.iloc[0]["config"])["protocol"])
+        if stored_done(trained, run.to_dict("records")):
             complete.append((protocol, mech, store.file_of(protocol, task, mech, run_id)))
     return complete, rows["run_id"].nunique()
 

@@ -100,6 +100,20 @@ def test_config_leaves_out_what_does_not_change_results():
     assert isinstance(Protocol.__dataclass_fields__["lrs"].default, tuple)
 
 
+@pytest.mark.parametrize("name", PROTOCOLS.names())
+def test_a_stored_config_gives_its_protocol_back(name):
+    protocol = PROTOCOLS.get(name)
+    assert Protocol.from_config(protocol.config()).config() == protocol.config()
+
+
+def test_a_field_an_older_version_stored_without_was_off():
+    """quick v6's rows store no lr_refine (it did not exist): read back, it is off."""
+    older = {k: v for k, v in PROTOCOLS.get("quick").config().items() if k != "lr_refine"}
+    older["version"] = 6
+    protocol = Protocol.from_config(older)
+    assert protocol.version == 6 and protocol.lr_refine == 0 and protocol.lrs == (1e-3, 3e-3, 1e-2)
+
+
 @pytest.mark.parametrize("field", ["d_model", "n_heads", "n_layers"])
 @pytest.mark.parametrize("value", [0, -4])
 def test_every_model_dimension_is_checked_before_anything_trains(field, value):

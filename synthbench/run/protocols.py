@@ -155,6 +155,19 @@ class Protocol:
         or the rule in one of the model's own blocks)."""
         return "block" if self.arch in LAYER_ARCHS else "core"
 
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> Protocol:
+        """The protocol a stored run was trained under, from the ``config()`` its rows store
+        (an older version's too): a field left out there was off (``OFF_WHEN_ZERO``) or does
+        not change a run's outcome (the description, the seed counts, the task parameters,
+        which the run's own resolved ones carry)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, Any] = dict.fromkeys(OFF_WHEN_ZERO, 0)
+        for name, value in config.items():
+            if name in names:
+                values[name] = tuple(value) if isinstance(value, list) else value
+        return cls(description="as stored", **values)
+
     def pinned_task_params(self, task: str) -> dict[str, Any]:
         """The parameters this protocol fixes for ``task`` (canonical name); none by default."""
         return dict(dict(self.task_params).get(task, ()))
