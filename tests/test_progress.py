@@ -255,6 +255,20 @@ def test_without_a_terminal_each_finished_training_is_a_plain_line(tmp_path, mon
     assert len(lines) == 5
 
 
+def test_an_added_lr_says_why_it_was_added(tmp_path, monkeypatch):
+    """An lr grown past the grid's edge, and a knife-edge's midpoint, each said as what it is."""
+    recipe = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3, 1e-2), lr_extend=1, lr_refine=1)
+    spec = RunSpec.resolve("copy", "linear", recipe, 0, {"n": 8})
+    view, console, _ = plain_view(monkeypatch, tmp_path, [spec], lambda u: 30.0)
+    view.planned(1, 0, [Unit(spec, lr) for lr in recipe.lrs], 1)
+    view.grew([Unit(spec, 0.0333333), Unit(spec, 0.00547723)])
+    lines = console.file.getvalue().splitlines()[-2:]
+    assert lines[0].endswith(": best lr at the grid's edge, adding lr 0.0333333")
+    assert lines[1].endswith(
+        ": a knife-edge (best lr far ahead of a neighbour), refined, adding lr 0.00547723"
+    )
+
+
 def test_a_run_of_one_training_is_one_plain_line(tmp_path, monkeypatch):
     """smoke's runs train once: the run's line carries the count (no line twice)."""
     specs = [RunSpec.resolve(task, "linear", SMOKE, 0) for task in ("copy", "sort")]

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from synthbench.run.lr_selection import Budget, mark_selected, sweep_state
+from synthbench.run.lr_selection import Budget, grown_past_an_edge, mark_selected, sweep_state
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.schema import lr_key
 
@@ -413,3 +413,14 @@ def test_an_invalid_refinement_is_refused_naming_it(changes, message):
 def test_an_lr_that_raised_is_no_neighbour_to_refine_toward():
     state = sweep_state(REFINING, [row(1e-3, 0.8), row(3e-3, 0.9), row(1e-2, status="error")])
     assert state.complete and state.selected == 3e-3
+
+
+def test_an_added_lr_is_told_grown_past_an_edge_or_a_midpoint():
+    """What `run` says of an lr a sweep adds: the growth chain past either edge, or not."""
+    up = lr_key(1e-2 * 1e-2 / 3e-3)
+    up2, down = lr_key(up * up / 1e-2), lr_key(1e-3 * 1e-3 / 3e-3)
+    for lr in (up, up2, down):
+        assert grown_past_an_edge(GROWING, lr)
+    for lr in (LOW, HIGH, lr_key((1e-2 * up) ** 0.5), 1e-3):
+        assert not grown_past_an_edge(GROWING, lr)
+    assert not grown_past_an_edge(GRID, up)  # a grid that never grows

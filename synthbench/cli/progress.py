@@ -40,7 +40,7 @@ from rich.text import Text
 from synthbench.cli.common import out, warn
 from synthbench.core.text import plural
 from synthbench.run import grid, runner
-from synthbench.run.lr_selection import run_status
+from synthbench.run.lr_selection import grown_past_an_edge, run_status
 from synthbench.run.runner import Unit
 from synthbench.run.spec import RunSpec
 
@@ -367,10 +367,12 @@ class RunView(runner.Events):
         self.eta.add(units)
         self._grow(len(units))
         for unit in units:
-            self._say(
-                f"   {unit.spec.label()}: best lr at the grid's edge, adding lr {unit.lr:g}",
-                markup=True,
+            why = (
+                "best lr at the grid's edge"
+                if grown_past_an_edge(unit.spec.protocol, unit.lr)
+                else "a knife-edge (best lr far ahead of a neighbour), refined"
             )
+            self._say(f"   {unit.spec.label()}: {why}, adding lr {unit.lr:g}", markup=True)
 
     def _growth_note(self) -> str:
         """A dry run's word on the seeds it cannot foresee: those of cells not yet complete

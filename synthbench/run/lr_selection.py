@@ -198,6 +198,17 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
         return SweepState((), True, selected, edge, robustness, gap)
 
 
+def grown_past_an_edge(protocol: Protocol, lr: float) -> bool:
+    """Whether ``lr``, added to a sweep, is one its grid grows by past an edge (``lr_extend``
+    steps up or down, as ``sweep_state`` takes them); else a knife-edge's midpoint."""
+    grid = sorted(lr_key(x) for x in protocol.lrs)
+    up, down = grid[-2:], grid[:2]
+    for _ in range(protocol.lr_extend if len(grid) > 1 else 0):
+        up.append(lr_key(up[-1] * up[-1] / up[-2]))
+        down.insert(0, lr_key(down[0] * down[0] / down[1]))
+    return lr_key(lr) in {*up[2:], *down[:-2]}
+
+
 def _midpoints(
     grid: list[float], rows: dict[float, dict[str, Any]], scores: dict[float, float], best: float
 ) -> list[float]:
