@@ -110,7 +110,9 @@ def _decay_near_1(model: nn.Module) -> None:
                 param.fill_(math.log(1e-3))
 
 
-def _pytorch_init(model: nn.Module, kinds: tuple[type, ...] = (nn.Linear, nn.Conv1d, nn.Embedding)):
+def _pytorch_init(
+    model: nn.Module, kinds: tuple[type, ...] = (nn.Linear, nn.Conv1d, nn.Embedding)
+) -> None:
     for module in model.modules():
         if isinstance(module, kinds):
             module.reset_parameters()

@@ -67,7 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from synthbench.run.protocols import Protocol, curve_points
-from synthbench.run.schema import LEAKY, has_curve, lr_key
+from synthbench.run.schema import LEAKY, RESULT_STATUSES, has_curve, lr_key
 
 # The columns a sweep's state is computed from (what the runner loads to resume)
 SWEEP_COLUMNS = [
@@ -175,10 +175,10 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
             alone_at = None  # a lead within noise, or an lr that learned nothing
         if extensions < protocol.lr_extend and alone_at in (grid[0], grid[-1]):
             if alone_at == grid[-1]:
-                added = lr_key(grid[-1] * grid[-1] / grid[-2])
+                added = _step_past(grid[-1], grid[-2])
                 grid.append(added)
             else:
-                added = lr_key(grid[0] * grid[0] / grid[1])
+                added = _step_past(grid[0], grid[1])
                 grid.insert(0, added)
             extensions += 1
             budget = _budget(protocol, by_lr[alone_at], best, added > alone_at)
@@ -198,15 +198,21 @@ def sweep_state(protocol: Protocol, rows: Iterable[dict[str, Any]]) -> SweepStat
         return SweepState((), True, selected, edge, robustness, gap)
 
 
+def _step_past(edge: float, inner: float) -> float:
+    """The lr one grid step past ``edge``, away from its neighbour ``inner``."""
+    return lr_key(edge * edge / inner)
+
+
 def grown_past_an_edge(protocol: Protocol, lr: float) -> bool:
     """Whether ``lr``, added to a sweep, is one its grid grows by past an edge (``lr_extend``
-    steps up or down, as ``sweep_state`` takes them); else a knife-edge's midpoint."""
+    steps up or down, as ``sweep_state`` takes them; growth comes before any refinement, so
+    from the protocol's grid); else a knife-edge's midpoint."""
     grid = sorted(lr_key(x) for x in protocol.lrs)
-    up, down = grid[-2:], grid[:2]
+    up, down = grid[-2:], grid[1::-1]  # each side: its two outermost lrs, the edge last
     for _ in range(protocol.lr_extend if len(grid) > 1 else 0):
-        up.append(lr_key(up[-1] * up[-1] / up[-2]))
-        down.insert(0, lr_key(down[0] * down[0] / down[1]))
-    return lr_key(lr) in {*up[2:], *down[:-2]}
+        up.append(_step_past(up[-1], up[-2]))
+        down.append(_step_past(down[-1], down[-2]))
+    return lr_key(lr) in {*up[2:], *down[2:]}
 
 
 def _midpoints(
@@ -220,8 +226,7 @@ def _midpoints(
     return [
         lr_key(math.sqrt(best * lr))
         for lr in neighbours
-        if rows[lr]["status"] in ("ok", "diverged")
-        and scores[best] - scores.get(lr, 0.0) > KNIFE_EDGE
+        if rows[lr]["status"] in RESULT_STATUSES and scores[best] - scores.get(lr, 0.0) > KNIFE_EDGE
     ]
 
 
@@ -235,7 +240,7 @@ def _robustness(
         return None, None
     best = max(scores.values())
     robustness = sum(value >= best - ROBUST_MARGIN for value in scores.values())
-    tried = {lr: scores.get(lr, 0.0) for lr, r in rows.items() if r["status"] in ("ok", "diverged")}
+    tried = {lr: scores.get(lr, 0.0) for lr, r in rows.items() if r["status"] in RESULT_STATUSES}
     others = sorted(tried.values(), reverse=True)[1:]
     return robustness, (best - others[0] if others else None)
 
