@@ -32,6 +32,7 @@ from synthbench.integrity.causality import (
     check_leaks,
     check_model_causality,
     cuts,
+    seed_torch,
 )
 from synthbench.integrity.contract import check_mechanism, suite_lengths
 from synthbench.integrity.guard import leak_guard
@@ -241,6 +242,16 @@ def subject(name: str, **params) -> Subject:
 
 def failures(results: list[CheckResult]) -> dict[str, str]:
     return {r.name: r.detail for r in results if not r.passed}
+
+
+def test_the_checks_seed_draws_what_torchs_own_seed_draws():
+    """seed_torch is torch.manual_seed without its queue for devices not started."""
+    seed_torch(7)
+    ours = (torch.randn(5), torch.rand(3), torch.randint(10, (4,)))
+    torch.manual_seed(7)
+    torchs = (torch.randn(5), torch.rand(3), torch.randint(10, (4,)))
+    for a, b in zip(ours, torchs, strict=True):
+        assert torch.equal(a, b)
 
 
 # -- the built-ins --------------------------------------------------------------------------

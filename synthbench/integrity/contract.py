@@ -43,6 +43,7 @@ from synthbench.integrity.causality import (
     first_failure,
     layout_problem,
     own_random_state,
+    seed_torch,
     set_mode,
 )
 from synthbench.run.protocols import PROTOCOLS
@@ -230,7 +231,7 @@ def check_recurrent(subject: Subject, lengths: Sequence[int]) -> CheckResult:
         inputs = subject.inputs(length, torch.float64)
         with torch.no_grad():
             parallel = call(mechanism, inputs)
-            torch.manual_seed(SEED)
+            seed_torch(SEED)
             q, k, v, *rest = inputs
             stepped = recurrent_forward(
                 mechanism, q, k, v, **dict(zip(extra_inputs(mechanism), rest, strict=True))

@@ -27,7 +27,7 @@ import torch
 from synthbench.core.interrupts import caught, describe
 from synthbench.core.layer import Layer, recurrent_layer_forward
 from synthbench.core.mechanism import MECHANISMS, mixer
-from synthbench.integrity.causality import SEED, CheckResult, own_random_state
+from synthbench.integrity.causality import SEED, CheckResult, own_random_state, seed_torch
 
 RECURRENT_LENGTHS = (1, 5, 37)
 RECURRENT_TOLERANCE = 1e-9  # of the output's scale, in float64
@@ -35,7 +35,7 @@ CAUSAL_TOLERANCE = 1e-12
 
 
 def _build(name: str, params: dict, d_model: int, n_heads: int, dtype) -> Layer:
-    torch.manual_seed(SEED)
+    seed_torch(SEED)
     layer = mixer(name, d_model, n_heads, "block").build(params)
     return layer.to(dtype).eval()
 
@@ -115,7 +115,7 @@ def check_layer(
         outs = []
         for _ in range(2):
             layer = _build(name, params, d_model, n_heads, torch.float32)
-            torch.manual_seed(SEED)
+            seed_torch(SEED)
             with torch.no_grad():
                 outs.append(layer(_inputs(longest, d_model, torch.float32)))
         return None if torch.equal(*outs) else "two builds with one seed differ"
