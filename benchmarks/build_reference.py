@@ -8,9 +8,15 @@ stored there it keeps those of
 - a protocol of ``REFERENCE_PROTOCOLS`` (quick and quick-block: both tracks), each at this
   synthbench's version (synthbench.run.protocols.PROTOCOLS), and the current SUITE_VERSION
   (synthbench/run/spec.py);
-- a mechanism of ``REFERENCE_MECHANISMS`` (synthbench/report/reference.py), seeds 0-2;
-- a built-in task at its default parameters, with the protocol's defaults: the run id must
-  be the one ``RunSpec.resolve(task, mech, PROTOCOLS.get(protocol), seed)`` gives today;
+- a mechanism of ``REFERENCE_MECHANISMS`` (synthbench/report/reference.py);
+- a run that ``synthbench run --task extended --mech <those> --protocol P`` plans today
+  (``planned_runs``): every built-in task, the default suite's and the State tasks, each
+  laddered one at each level of its ladder with the protocol's seeds dealt to the levels
+  (docs/TASKS.md, "Ladders"), the others at their defaults and every seed; and the seeds
+  that recipe v2's seed rule (synthbench/run/seeds.py) adds to a cell whose planned runs
+  are complete and disagree, as ``run`` adds them (``expected_runs``). The run id must be
+  the one today's code gives: another version of a task, a mechanism, the protocol or the
+  suite is a run of something else;
 - a complete lr sweep (every lr the sweep needs has a row, none an error, the selected lr
   marked as synthbench/run/lr_selection.py selects it);
 
@@ -35,18 +41,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from synthbench.core.task import TASKS, in_default_suite
+from synthbench.core.task import TASKS, task_set
 from synthbench.core.text import plural
-from synthbench.report.reference import (
-    REFERENCE_MECHANISMS,
-    REFERENCE_PROTOCOLS,
-    SEEDS,
-    SHIPPED,
-    write,
-)
+from synthbench.report.reference import REFERENCE_MECHANISMS, REFERENCE_PROTOCOLS, SHIPPED, write
 from synthbench.run.lr_selection import sweep_state
+from synthbench.run.planning import plan, suite_difficulties
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.schema import SCHEMA, lr_key
+from synthbench.run.seeds import Cells
 from synthbench.run.spec import SUITE_VERSION, RunSpec
 from synthbench.run.store import ResultStore
 
@@ -56,21 +58,39 @@ DEFAULT_OUT = ROOT / "synthbench" / "data" / SHIPPED
 
 
 def builtin_tasks() -> list[str]:
-    """The built-in tasks of the default suite: the reference holds no State task."""
-    return sorted(e.name for e in TASKS.entries() if e.source == "builtin" and in_default_suite(e))
+    """The built-in tasks of ``--task extended``: the default suite's and the State tasks."""
+    return [name for name in task_set("extended") if TASKS.entry(name).source == "builtin"]
 
 
-def expected_run_ids() -> dict[str, tuple[str, str, str, int]]:
-    """run id -> (protocol, task, mechanism, seed) of every run the reference may hold."""
-    expected = {}
+def planned_runs(name: str) -> list[RunSpec]:
+    """The runs ``synthbench run --task extended --mech <REFERENCE_MECHANISMS> --protocol
+    NAME`` plans at the protocol's seeds, before the seed rule adds any (the rebuild's
+    streams run that command, a mechanism and a track at a time)."""
+    protocol = PROTOCOLS.get(name)
+    difficulties = suite_difficulties("extended", None, None, protocol.seeds)
+    return plan(
+        builtin_tasks(), list(REFERENCE_MECHANISMS), protocol, protocol.seeds,
+        difficulties=difficulties,
+    )  # fmt: skip
+
+
+def expected_runs(rows: pd.DataFrame) -> dict[str, RunSpec]:
+    """run id -> RunSpec of every run the reference may hold: the planned runs, and the
+    seeds the seed rule adds to each cell whose planned runs ``rows`` holds complete and
+    whose scores disagree, as the runner adds them (``Cells``)."""
+    runs = rows.groupby("run_id") if len(rows) else []
+    records = {run_id: run.to_dict("records") for run_id, run in runs}
+    expected: dict[str, RunSpec] = {}
     for name in REFERENCE_PROTOCOLS:
-        protocol = PROTOCOLS.get(name)
-        for task in builtin_tasks():
-            for mech in REFERENCE_MECHANISMS:
-                first = RunSpec.resolve(task, mech, protocol, SEEDS[0])
-                for seed in SEEDS:
-                    spec = first.with_seed(seed) if seed != SEEDS[0] else first
-                    expected[spec.run_id] = (name, task, mech, seed)
+        specs = planned_runs(name)
+        cells = Cells(enabled=True)
+        cells.plan(specs)
+        for spec in specs:
+            held = records.get(spec.run_id)
+            if held and sweep_state(spec.protocol, held).complete:
+                cells.complete(spec, held)
+        added = [spec for grown, _ in cells.grow(specs) for spec in grown]
+        expected.update((spec.run_id, spec) for spec in [*specs, *added])
     return expected
 
 
@@ -95,7 +115,7 @@ def load_trees(trees: list[Path]) -> tuple[pd.DataFrame, list[str]]:
     return rows, notes
 
 
-def why_dropped(run: pd.DataFrame, expected: dict[str, tuple[str, str, str, int]]) -> str | None:
+def why_dropped(run: pd.DataFrame, expected: dict[str, RunSpec]) -> str | None:
     """Why a run (its rows) does not belong in the reference, or None."""
     first = run.iloc[0]
     name = str(first["protocol"])
@@ -108,13 +128,13 @@ def why_dropped(run: pd.DataFrame, expected: dict[str, tuple[str, str, str, int]
         return f"suite v{first['suite_version']} (today: v{SUITE_VERSION})"
     if first["mechanism"] not in REFERENCE_MECHANISMS:
         return f"mechanism {first['mechanism']} (not a reference mechanism)"
-    if int(first["seed"]) not in SEEDS:
-        return f"seed {first['seed']} (the reference holds seeds {SEEDS[0]}-{SEEDS[-1]})"
     if first["task"] not in builtin_tasks():
         return f"task {first['task']} (not a built-in task)"
-    here = (name, first["task"], first["mechanism"], int(first["seed"]))
-    if expected.get(first["run_id"]) != here:
-        return "not the default config today (task or mechanism parameters, threads, pos, ...)"
+    if first["run_id"] not in expected:
+        return (
+            "not a run the rebuild plans (task or mechanism parameters, threads, pos, a level "
+            "of another ladder, or a seed that neither the protocol nor the seed rule gives)"
+        )
     records = run.to_dict("records")
     if any(r["status"] == "error" for r in records):
         return "an lr stored as an error (the sweep would train it again)"
@@ -127,28 +147,28 @@ def why_dropped(run: pd.DataFrame, expected: dict[str, tuple[str, str, str, int]
     return None
 
 
-def seed_ranges(seeds: list[int]) -> str:
-    return "all seeds" if seeds == list(SEEDS) else "seed " + ",".join(map(str, seeds))
-
-
-def report_cell(rows: pd.DataFrame, held: set, summary: dict, name: str, mech: str) -> dict:
-    """Print what the reference holds of (protocol ``name``, ``mech``) and what it lacks, add
-    the lacking runs to ``summary["missing"]``; its runs and tasks."""
-    mine = rows[(rows["protocol"] == name) & (rows["mechanism"] == mech)]
-    missing = {}
-    for task in builtin_tasks():
-        absent = [s for s in SEEDS if (name, task, mech, s) not in held]
-        if absent:
-            missing[task] = absent
-            summary["missing"] += [[name, task, mech, s] for s in absent]
-    runs, tasks = mine["run_id"].nunique(), mine["task"].nunique()
+def report_cell(
+    held: set[str], expected: dict[str, RunSpec], summary: dict, name: str, mech: str
+) -> dict:
+    """Print what the reference holds of (protocol ``name``, ``mech``) and what it lacks (the
+    expected runs it does not hold, by task and seed), add the lacking runs to
+    ``summary["missing"]``; its runs and tasks."""
+    mine = [s for s in expected.values() if s.protocol.name == name and s.mechanism == mech]
+    missing: dict[str, list[int]] = defaultdict(list)
+    for spec in sorted(mine, key=lambda s: (s.task, s.seed)):
+        if spec.run_id not in held:
+            missing[spec.task].append(spec.seed)
+            summary["missing"].append([name, spec.task, mech, spec.seed])
+    kept = [s for s in mine if s.run_id in held]
+    runs, tasks = len(kept), len({s.task for s in kept})
     line = f"{name:<11} {mech:<14} {runs:>3} runs on {tasks:>2} tasks"
-    if len(missing) == len(builtin_tasks()) and all(v == list(SEEDS) for v in missing.values()):
+    if not runs:
         line += "; missing: every task (no run)"
     elif missing:
-        line += "; missing: " + ", ".join(f"{t} ({seed_ranges(s)})" for t, s in missing.items())
+        seeds = ", ".join(f"{t} (seed {','.join(map(str, s))})" for t, s in missing.items())
+        line += f"; missing: {seeds}"
     print(line)
-    return {"runs": int(runs), "tasks": int(tasks)}
+    return {"runs": runs, "tasks": tasks}
 
 
 def track_costs(rows: pd.DataFrame) -> dict[str, dict[str, dict]]:
@@ -190,7 +210,7 @@ def build(trees: list[Path], out: Path) -> dict:
     rows, notes = load_trees(trees)
     for note in notes:
         print(note)
-    expected = expected_run_ids()
+    expected = expected_runs(rows)
     kept, dropped = [], defaultdict(list)
     for _, run in rows.groupby("run_id", sort=True):
         reason = why_dropped(run, expected)
@@ -216,18 +236,15 @@ def build(trees: list[Path], out: Path) -> dict:
         .sort_values(["_p", "_m", "task", "seed", "lr"], kind="stable")
         .drop(columns=["_p", "_m"])
     )
-    held = set(
-        zip(
-            table_rows["protocol"], table_rows["task"], table_rows["mechanism"],
-            table_rows["seed"].astype(int), strict=True,
-        )
-    )  # fmt: skip
+    held = set(table_rows["run_id"])
     summary = {
         "protocols": list(REFERENCE_PROTOCOLS),
         "protocol_versions": {p: PROTOCOLS.get(p).version for p in REFERENCE_PROTOCOLS},
         "suite_version": SUITE_VERSION,
         "schema_version": int(SCHEMA.metadata[b"synthbench_schema_version"]),
-        "seeds": list(SEEDS),
+        # per protocol: the seeds a cell starts with, and how many the seed rule may give it
+        "seeds": {p: PROTOCOLS.get(p).seeds for p in REFERENCE_PROTOCOLS},
+        "max_seeds": {p: PROTOCOLS.get(p).max_seeds for p in REFERENCE_PROTOCOLS},
         "mechanisms": {},
         "missing": [],
         "torch_version": sorted({str(v) for v in table_rows["torch_version"].dropna()}),
@@ -236,7 +253,7 @@ def build(trees: list[Path], out: Path) -> dict:
     for name in REFERENCE_PROTOCOLS:
         summary["mechanisms"][name] = {}
         for mech in REFERENCE_MECHANISMS:
-            summary["mechanisms"][name][mech] = report_cell(table_rows, held, summary, name, mech)
+            summary["mechanisms"][name][mech] = report_cell(held, expected, summary, name, mech)
     summary["track_cost"] = track_costs(table_rows)
     write(table_rows, out, summary)
     total = table_rows["run_id"].nunique()

@@ -1,5 +1,6 @@
 #!/bin/bash
-# The reference rebuild (issue 35) on this CPU, one stream: every default task of each
+# The reference rebuild (issues 35, 71) on this CPU, one stream: every built-in task (`--task
+# extended`: the default suite, each task at its ladder's levels, and the State tasks) of each
 # TRACK:MECH given (or only TASKS, a comma list, of a TRACK:MECH:TASKS), in order, one
 # training at a time on one thread, into RESULTS (kept outside the work tree; a stopped
 # stream resumes its training from RESULTS/.checkpoints).
@@ -13,8 +14,8 @@ RESULTS=${RESULTS:-/work/runs/results}; PROTO=${PROTO:-quick}; PY=${PY:-python3}
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 for pair in "$@"; do
   IFS=: read -r track mech tasks <<< "$pair"
-  echo "=== $(date -u +%FT%T) $track $mech ${tasks:-all}"
-  $PY -m synthbench.cli run --task "${tasks:-all}" --mech "$mech" --track "$track" --protocol "$PROTO" \
+  echo "=== $(date -u +%FT%T) $track $mech ${tasks:-extended}"
+  $PY -m synthbench.cli run --task "${tasks:-extended}" --mech "$mech" --track "$track" --protocol "$PROTO" \
     --device cpu --jobs 1 --threads 1 --results "$RESULTS" 2>&1 | grep --line-buffered -v "━"
   echo "=== $(date -u +%FT%T) $track $mech rc ${PIPESTATUS[0]}"
 done

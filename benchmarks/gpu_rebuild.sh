@@ -1,6 +1,7 @@
 #!/bin/bash
-# A slice of the reference rebuild (issue 35) on a lent GPU, in one short lease: every
-# default task of the mechanisms MECHS in the tracks TRACKS, packed (--pack 16, the GPU's
+# A slice of the reference rebuild (issues 35, 71) on a lent GPU, in one short lease: every
+# built-in task (`--task extended`: the default suite, each task at its ladder's levels, and
+# the State tasks) of the mechanisms MECHS in the tracks TRACKS, packed (--pack 16, the GPU's
 # default), until CAP seconds have passed; the rows it stored come back as one archive.
 #     python3 -m pip install --no-deps --no-build-isolation --no-index -e . && \
 #         MECHS=slay,none TRACKS="block core" CAP=480 bash benchmarks/gpu_rebuild.sh
@@ -11,9 +12,9 @@
 # block/core cost ratio compares one device with itself (build_reference.py's track_costs
 # pairs rows of one device only).
 # MECHS, TRACKS, CAP, JOBS (trainings at once, default 8 of the lease's 16 cores), TASKS
-# (default all), PROTO, DEV, ROWS, RESUME, SEED, PY and OUT change it; DEV=cpu PROTO=smoke
+# (default extended), PROTO, DEV, ROWS, RESUME, SEED, PY and OUT change it; DEV=cpu PROTO=smoke
 # MECHS=softmax CAP=60 PY=python tries it on a CPU (tests/test_gpu_rebuild.py does).
-DEV=${DEV:-cuda}; PROTO=${PROTO:-quick}; CAP=${CAP:-480}; JOBS=${JOBS:-8}; TASKS=${TASKS:-all}
+DEV=${DEV:-cuda}; PROTO=${PROTO:-quick}; CAP=${CAP:-480}; JOBS=${JOBS:-8}; TASKS=${TASKS:-extended}
 MECHS=${MECHS:?name the mechanisms, e.g. MECHS=slay,none}; TRACKS=${TRACKS:-block core}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 OUT=${OUT:-/tmp/gpuout}; mkdir -p $OUT

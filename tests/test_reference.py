@@ -18,12 +18,12 @@ import torch
 from clitools import assert_error, invoke
 
 from synthbench.cli.reproduce import _sample
-from synthbench.core.task import TASKS, in_default_suite
+from synthbench.core.task import TASKS
 from synthbench.report import reference
 from synthbench.report.leaderboard import ONE_SEED_NOTE
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.schema import COLUMNS
-from synthbench.run.spec import SUITE_VERSION, RunSpec
+from synthbench.run.spec import SUITE_VERSION
 from synthbench.run.store import ResultStore
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -521,25 +521,14 @@ def test_the_shipped_reference_is_current(monkeypatch):
     rows = loaded.rows
     assert set(rows["suite_version"]) == {SUITE_VERSION}
     assert set(rows["protocol"]) <= set(reference.REFERENCE_PROTOCOLS)
-    assert set(rows["mechanism"]) <= set(reference.REFERENCE_MECHANISMS)
-    seeds = rows.groupby(["protocol", "task", "mechanism"])["seed"].agg(lambda s: sorted(set(s)))
-    assert all(s == list(reference.SEEDS) for s in seeds)
-    builtin = {e.name for e in TASKS.entries() if e.source == "builtin" and in_default_suite(e)}
     for name, rows_of in rows.groupby("protocol"):
-        protocol = PROTOCOLS.get(name)
-        assert set(rows_of["protocol_version"]) == {protocol.version}, name
-        assert loaded.info["protocol_versions"][name] == protocol.version
-        # each run's id is the one its task and mechanism at their defaults give today
-        for (task, mech), part in rows_of.groupby(["task", "mechanism"]):
-            first = RunSpec.resolve(task, mech, protocol, 0)
-            expected = {first.with_seed(s).run_id for s in reference.SEEDS}
-            assert set(part["run_id"]) == expected, (name, task, mech)
-        held = {m for m, n in loaded.info["mechanisms"][name].items() if n["runs"]}
-        assert held == set(rows_of["mechanism"]), name
-        # complete: every reference mechanism on every built-in task in each protocol held
-        assert set(rows_of["mechanism"]) == set(reference.REFERENCE_MECHANISMS), name
-        for mech, part in rows_of.groupby("mechanism"):
-            assert set(part["task"]) == builtin, (name, mech)
+        assert set(rows_of["protocol_version"]) == {PROTOCOLS.get(name).version}, name
+        assert loaded.info["protocol_versions"][name] == PROTOCOLS.get(name).version
+    # complete: every run today's rebuild plans (each ladder level, the seed rule's seeds),
+    # and nothing else, each with its selected lr marked
+    expected = load_builder().expected_runs(rows)
+    assert set(rows["run_id"]) == set(expected)
+    assert loaded.info["missing"] == []
     assert rows.groupby("run_id")["selected"].sum().eq(1).all()
 
 
@@ -550,6 +539,29 @@ def load_builder():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def test_the_builder_expects_every_ladder_level_and_the_state_tasks():
+    """What `run --task extended --protocol quick` plans: a laddered task at each level of its
+    ladder, the protocol's seeds dealt to the levels; a task without one (bigram, the State
+    tasks) at its defaults, every seed."""
+    builder = load_builder()
+    quick = PROTOCOLS.get("quick")
+    specs = [s for s in builder.planned_runs("quick") if s.mechanism == "gla"]
+    by_task = {}
+    for spec in specs:
+        by_task.setdefault(spec.task, []).append(spec)
+    assert {"mod_counting", "permutation", "kv_recall", "bigram"} <= set(by_task)
+    for task, runs in by_task.items():
+        ladder = TASKS.get(task).ladder
+        assert sorted(s.seed for s in runs) == list(range(quick.seeds)), task
+        if ladder is None:
+            assert len({json.dumps(s.task_params, sort_keys=True) for s in runs}) == 1, task
+            continue
+        assert len(ladder.names) == quick.seeds  # one seed a level at quick's seeds
+        held = [{k: s.task_params[k] for k in ladder.axis} for s in runs]
+        levels = [{k: level[k] for k in ladder.axis} for level in ladder.levels.values()]
+        assert sorted(map(str, held)) == sorted(map(str, levels)), task
 
 
 def test_builder_keeps_only_current_reference_runs(two_track_tree, tmp_path, capsys):
@@ -566,10 +578,11 @@ def test_builder_keeps_only_current_reference_runs(two_track_tree, tmp_path, cap
         assert list(summary["mechanisms"][name]) == list(reference.REFERENCE_MECHANISMS)
         assert summary["mechanisms"][name]["softmax"] == {"runs": 0, "tasks": 0}
     assert summary["protocols"] == ["quick", "quick-block"]
-    tasks = builder.builtin_tasks()
-    assert len(summary["missing"]) == 2 * len(tasks) * 13 * 3
+    planned = [builder.planned_runs(name) for name in reference.REFERENCE_PROTOCOLS]
+    assert len(summary["missing"]) == sum(map(len, planned))  # nothing of quick's held
+    tasks = sorted(builder.builtin_tasks())
     assert summary["missing"][0] == ["quick", tasks[0], "softmax", 0]
-    assert summary["missing"][-1] == ["quick-block", tasks[-1], "based", 2]
+    assert summary["missing"][-1][:3] == ["quick-block", tasks[-1], "based"]
     first = out.read_bytes()
     builder.build([two_track_tree], out)
     assert out.read_bytes() == first  # deterministic
@@ -590,7 +603,7 @@ def test_builder_keeps_the_block_track(two_track_tree, tmp_path, capsys, monkeyp
     assert summary["mechanisms"]["smoke-block"]["linear"] == {"runs": 1, "tasks": 1}
     assert summary["mechanisms"]["quick"]["linear"] == {"runs": 0, "tasks": 0}
     assert ["smoke-block", "copy", "softmax", 0] not in summary["missing"]
-    assert ["smoke-block", "copy", "softmax", 1] in summary["missing"]
+    assert ["smoke-block", "sort", "softmax", 0] in summary["missing"]  # smoke-block: 1 seed
     loaded = reference.load(out)
     assert loaded.usable and loaded.protocols == {"smoke-block"}
     assert list(dict.fromkeys(loaded.rows["mechanism"])) == ["softmax", "linear"]
@@ -616,7 +629,7 @@ def test_builder_keeps_the_block_track(two_track_tree, tmp_path, capsys, monkeyp
     ]  # fmt: skip
     # a run of another protocol version is dropped, named by its protocol
     run = rows[rows["protocol"] == "smoke-block"].iloc[:1].assign(protocol_version=99)
-    why = builder.why_dropped(run, builder.expected_run_ids())
+    why = builder.why_dropped(run, builder.expected_runs(rows))
     assert why == f"protocol smoke-block v99 (today: v{PROTOCOLS.get('smoke-block').version})"
 
 

@@ -4,8 +4,10 @@
 
 The file is to hold every lr row of the runs of both tracks of ``quick``
 (``REFERENCE_PROTOCOLS``: ``quick`` and its block twin ``quick-block``) of the
-``REFERENCE_MECHANISMS``, seeds 0-2, on the built-in tasks at their default parameters, for
-the suite version and protocol versions of this synthbench; the file's own metadata says
+``REFERENCE_MECHANISMS`` that ``synthbench run --task extended`` plans (each laddered task at
+the levels of its ladder, the protocol's seeds dealt to them) with the seeds recipe v2's seed
+rule adds, for the suite version and protocol versions of this synthbench
+(benchmarks/build_reference.py says which runs exactly); the file's own metadata says
 what it holds and what it lacks (a file built before a layout change is stale, never shown,
 until it is rebuilt).
 ``SYNTHBENCH_REFERENCE=PATH`` reads another file instead (tests do).
@@ -50,7 +52,6 @@ REFERENCE_MECHANISMS = (
     "softmax", "linear", "performer", "cosformer", "slay", "none", "sliding-window", "retnet",
     "gla", "deltanet", "gated-deltanet", "mamba2", "based",
 )  # fmt: skip
-SEEDS = (0, 1, 2)
 METADATA_KEY = b"synthbench_reference"  # the file's summary: what it holds and lacks (JSON)
 # the tolerance of a run made on another torch build, thread count or device type:
 # max(SPREAD x the std over the reference's seeds of its (task, mechanism), 1 / test examples)
