@@ -269,6 +269,18 @@ def test_a_dry_run_says_cells_may_get_more_seeds(tmp_path):
     )
 
 
+def test_a_dry_run_promises_no_seeds_to_a_ladders_one_seed_levels(tmp_path):
+    """Under the ladder each level of kv_recall holds one of the 3 seeds: a cell of one seed
+    has no spread, so the seed rule can never add to it, and the dry run says so."""
+    result = invoke("run", "--task", "kv_recall", "--mech", "linear", "--protocol", GROWING.name,
+                    "--seeds", "3", "--difficulty", "ladder", "--dry-run",
+                    "--results", tmp_path)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    said = result.output.replace("\n", " ")
+    assert "may get up to" not in said
+    assert "3 cells of one seed (a ladder level at one seed each, as the suite deals them) " in said
+
+
 def test_more_seeds_than_max_seeds_is_one_line(tmp_path):
     result = invoke("run", "--task", "kv_recall", "--protocol", GROWING.name, "--seeds", "5",
                     "--results", tmp_path)  # fmt: skip

@@ -20,6 +20,7 @@ progress as it comes. Every time shown is wall seconds: a training's is its row'
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from synthbench.cli.common import out, warn
 from synthbench.core.text import plural
 from synthbench.run import grid, runner
 from synthbench.run.lr_selection import grown_past_an_edge, run_status
+from synthbench.run.packed import pack_key
 from synthbench.run.runner import Unit
 from synthbench.run.spec import RunSpec
 
@@ -376,15 +378,28 @@ class RunView(runner.Events):
 
     def _growth_note(self) -> str:
         """A dry run's word on the seeds it cannot foresee: those of cells not yet complete
-        whose seeds will disagree (synthbench/run/seeds.py)."""
-        rules = {(s.protocol.max_seeds, s.protocol.seed_spread) for s in self.specs}
-        rules = {rule for rule in rules if rule[0]}
-        if not (self.dry_run and self.more_seeds and rules):
+        whose seeds will disagree (synthbench/run/seeds.py). A cell of one planned seed (each
+        level of a ladder at one seed, the suite's default) has no spread: it never grows,
+        and the note says so rather than promise seeds to it."""
+        growing = [s for s in self.specs if s.protocol.max_seeds]
+        if not (self.dry_run and self.more_seeds and growing):
             return ""
-        most = max(most for most, _ in rules)
-        spreads = {spread for _, spread in rules}
-        apart = f" (scores more than {spreads.pop():g} apart)" if len(spreads) == 1 else ""
-        return f"; cells whose seeds disagree{apart} may get up to {plural(most, 'seed')}"
+        seeds_of = Counter(pack_key(s) for s in growing)
+        rules = {(s.protocol.max_seeds, s.protocol.seed_spread) for s in growing
+                 if seeds_of[pack_key(s)] > 1}  # fmt: skip
+        note = ""
+        if rules:
+            most = max(most for most, _ in rules)
+            spreads = {spread for _, spread in rules}
+            apart = f" (scores more than {spreads.pop():g} apart)" if len(spreads) == 1 else ""
+            note = f"; cells whose seeds disagree{apart} may get up to {plural(most, 'seed')}"
+        single = sum(n == 1 for n in seeds_of.values())
+        if single:
+            note += (
+                f"; {plural(single, 'cell')} of one seed (a ladder level at one seed each, as "
+                "the suite deals them) cannot disagree and never get more"
+            )
+        return note
 
     def seeded(self, added: list[RunSpec], scores: dict[int, float], units: list[Unit]) -> None:
         first = added[0]
