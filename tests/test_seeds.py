@@ -278,7 +278,7 @@ def test_a_dry_run_promises_no_seeds_to_a_ladders_one_seed_levels(tmp_path):
     assert result.exit_code == 0, result.output
     said = result.output.replace("\n", " ")
     assert "may get up to" not in said
-    assert "3 cells of one seed (a ladder level at one seed each, as the suite deals them) " in said
+    assert "3 cells of one seed (such as a ladder's levels at the suite's default seeds) " in said
 
 
 def test_more_seeds_than_max_seeds_is_one_line(tmp_path):

@@ -20,7 +20,6 @@ progress as it comes. Every time shown is wall seconds: a training's is its row'
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -42,8 +41,8 @@ from synthbench.cli.common import out, warn
 from synthbench.core.text import plural
 from synthbench.run import grid, runner
 from synthbench.run.lr_selection import grown_past_an_edge, run_status
-from synthbench.run.packed import pack_key
 from synthbench.run.runner import Unit
+from synthbench.run.seeds import Cells
 from synthbench.run.spec import RunSpec
 
 Prior = Callable[[Unit], "float | None"]  # what the plan's estimate says a training takes
@@ -378,26 +377,26 @@ class RunView(runner.Events):
 
     def _growth_note(self) -> str:
         """A dry run's word on the seeds it cannot foresee: those of cells not yet complete
-        whose seeds will disagree (synthbench/run/seeds.py). A cell of one planned seed (each
-        level of a ladder at one seed, the suite's default) has no spread: it never grows,
-        and the note says so rather than promise seeds to it."""
-        growing = [s for s in self.specs if s.protocol.max_seeds]
-        if not (self.dry_run and self.more_seeds and growing):
+        whose seeds will disagree (synthbench/run/seeds.py). A cell of one planned seed (such
+        as each level of a ladder at the suite's default seeds) has no spread: it never
+        grows, and the note says so rather than promise seeds to it."""
+        if not (self.dry_run and self.more_seeds):
             return ""
-        seeds_of = Counter(pack_key(s) for s in growing)
-        rules = {(s.protocol.max_seeds, s.protocol.seed_spread) for s in growing
-                 if seeds_of[pack_key(s)] > 1}  # fmt: skip
+        cells = Cells(enabled=True)
+        cells.plan(self.specs)  # the cells under a protocol whose rule is on
+        seeds = [list(runs.values()) for runs in cells.runs.values()]
+        rules = {(c[0].protocol.max_seeds, c[0].protocol.seed_spread) for c in seeds if len(c) > 1}
         note = ""
         if rules:
             most = max(most for most, _ in rules)
             spreads = {spread for _, spread in rules}
             apart = f" (scores more than {spreads.pop():g} apart)" if len(spreads) == 1 else ""
             note = f"; cells whose seeds disagree{apart} may get up to {plural(most, 'seed')}"
-        single = sum(n == 1 for n in seeds_of.values())
+        single = sum(len(c) == 1 for c in seeds)
         if single:
             note += (
-                f"; {plural(single, 'cell')} of one seed (a ladder level at one seed each, as "
-                "the suite deals them) cannot disagree and never get more"
+                f"; {plural(single, 'cell')} of one seed (such as a ladder's levels at the "
+                "suite's default seeds) cannot disagree and never get more"
             )
         return note
 
