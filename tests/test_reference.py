@@ -440,6 +440,57 @@ def test_tolerance_is_three_seed_stds_at_least_one_test_example():
     assert reference.tolerance([], 100) == 0.01
 
 
+def test_a_cell_of_one_seed_takes_the_pooled_spread():
+    assert reference.tolerance([0.9], 64, pooled=0.1) == pytest.approx(0.3)
+    assert reference.tolerance([0.5, 0.6, 0.7], 512, pooled=0.5) == pytest.approx(0.3)  # own
+    assert reference.tolerance([0.9], 64, pooled=0.001) == 1 / 64
+    # sqrt((2 x 0.1^2 + 1 x 0.05^2) / 3): cells weighted by their degrees of freedom
+    cells = [[0.5, 0.6, 0.7], [0.2, 0.25], [0.9], [], [float("nan"), 0.4]]
+    std, n = reference.pooled_std(cells)
+    assert n == 2 and std == pytest.approx(((2 * 0.01 + 0.05**2 / 2) / 3) ** 0.5)
+    assert reference.pooled_std([[0.3], [None, 0.2]]) is None
+
+
+def test_a_cell_is_the_runs_that_differ_only_in_their_seed():
+    """A ladder's levels (other task parameters) are cells apart: their spread is the
+    ladder's, not the seeds'."""
+    config = {"task": "copy", "task_params": {"n": 8}, "seed": 0, "threads": 1}
+
+    def key(**changes):
+        return reference.cell_key({"config": json.dumps({**config, **changes})})
+
+    assert key(seed=3) == key()
+    assert key(task_params={"n": 16}) != key()
+    assert key(threads=2) != key()
+
+
+def test_reproduce_pools_the_spread_for_a_cell_of_one_seed(reference_tree, tmp_path, monkeypatch):
+    """softmax's cell holds one seed: its tolerance is 3 x the pooled std of the cells of
+    several seeds, here linear's three (values v, v + 0.1, v + 0.2: std 0.1), and its line
+    says so."""
+    linear = reference_tree[reference_tree["mechanism"] == "linear"]
+    seeds = []
+    for seed in (1, 2):
+        config = json.loads(linear["config"].iloc[0]) | {"seed": seed}
+        seeds.append(linear.assign(
+            seed=seed, run_id=f"fake-linear-seed-{seed}", config=json.dumps(config),
+            token_acc=linear["token_acc"] + 0.1 * seed,
+        ))  # fmt: skip
+    moved = pd.concat([reference_tree, *seeds], ignore_index=True).assign(
+        torch_version="1.0.0-elsewhere"
+    )
+    softmax = moved["mechanism"] == "softmax"
+    moved.loc[softmax, "token_acc"] += 0.001
+    path = tmp_path / "pooled.parquet"
+    reference.write(moved, path)
+    monkeypatch.setenv(reference.ENV, str(path))
+    result = invoke("reproduce", "--mech", "softmax", "--results", tmp_path / "r", "--jobs", 1)
+    assert result.exit_code == 0, result.output
+    (line,) = [s for s in result.stdout.splitlines() if s.startswith("copy ")]
+    assert " within 0.3000: not bit-identical: " in line
+    assert line.endswith("(its cell has one seed: the spread of 1 cell of smoke, pooled)")
+
+
 def test_same_setting_must_be_identical_bit_for_bit():
     same = reference.compare(run_rows(0.3), run_rows(0.3), [0.3, 0.3, 0.3], 64)
     assert same.verdict == reference.IDENTICAL and same.ok and same.identical_expected

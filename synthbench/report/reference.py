@@ -54,7 +54,7 @@ REFERENCE_MECHANISMS = (
 )  # fmt: skip
 METADATA_KEY = b"synthbench_reference"  # the file's summary: what it holds and lacks (JSON)
 # the tolerance of a run made on another torch build, thread count or device type:
-# max(SPREAD x the std over the reference's seeds of its (task, mechanism), 1 / test examples)
+# max(SPREAD x the std over the reference's seeds of its cell, 1 / test examples) (tolerance)
 SPREAD = 3
 # what `synthbench report` adds to its error when there is nothing of the user's to report
 FIRST_RUN_HINT = (
@@ -445,14 +445,49 @@ class Verdict:
 IDENTICAL, WITHIN, NOT_REPRODUCED = "identical", "within", "NOT reproduced"
 
 
-def tolerance(seed_values: Sequence[float], test_examples: int) -> float:
+def _scored(values: Iterable[float | None]) -> list[float]:
+    return [float(v) for v in values if v is not None and not math.isnan(float(v))]
+
+
+def tolerance(
+    seed_values: Sequence[float], test_examples: int, pooled: float | None = None
+) -> float:
     """How far a run made on another torch build, thread count or device may land from the
     reference: ``SPREAD`` (3) times the standard deviation (ddof 1) of the reference's
-    selected target metric over its seeds of the same (task, mechanism), at least one test
-    example's worth (1 / test_examples)."""
-    values = [float(v) for v in seed_values if v is not None and not math.isnan(float(v))]
-    std = float(pd.Series(values).std(ddof=1)) if len(values) > 1 else 0.0
+    selected target metric over the seeds of the run's cell (its runs that differ only in
+    their seed: ``cell_key``), at least one test example's worth (1 / test_examples). A cell
+    of fewer than two scored seeds (a ladder's level at the suite's default seeds) has no
+    spread of its own: ``pooled`` (``pooled_std`` of its protocol's cells) stands in, where
+    given."""
+    values = _scored(seed_values)
+    if len(values) > 1:
+        std = float(np.std(values, ddof=1))
+    else:
+        std = pooled or 0.0
     return max(SPREAD * std, 1.0 / max(1, int(test_examples)))
+
+
+def pooled_std(cells: Iterable[Sequence[float]]) -> tuple[float, int] | None:
+    """The pooled standard deviation over cells of seeds, sqrt(sum (n_i - 1) s_i^2 / sum
+    (n_i - 1)), of the cells with at least two scored values, and how many cells it pools;
+    None where no cell has two."""
+    squares, freedom, pooled = 0.0, 0, 0
+    for cell in cells:
+        values = _scored(cell)
+        if len(values) > 1:
+            squares += float(np.var(values, ddof=1)) * (len(values) - 1)
+            freedom += len(values) - 1
+            pooled += 1
+    return (math.sqrt(squares / freedom), pooled) if freedom else None
+
+
+def cell_key(row: dict[str, Any]) -> str:
+    """What a reference run shares with the runs of its cell, those that differ from it only
+    in their seed: its stored config without the seed (``RunSpec.config``; the run id hashes
+    the whole of it). A laddered task's levels are cells of their own."""
+    config = json.loads(row["config"])
+    config.pop("seed", None)
+    return json.dumps(config, sort_keys=True)
 
 
 def selected_value(rows: Sequence[dict[str, Any]]) -> float | None:
@@ -544,15 +579,17 @@ def compare(
     reproduced: Sequence[dict[str, Any]],
     seed_values: Sequence[float],
     test_examples: int,
+    pooled: float | None = None,
 ) -> Verdict:
     """Whether ``reproduced`` (the rows of a run made again) reproduces ``reference`` (its
     stored rows). Bit-identical results (the same selected lr and every result column of
     every lr, ``IDENTICAL_COLUMNS``) always do; where both were made in the same setting
     (``setting_difference``: torch build, thread count, device type, CPU instruction set)
     only they do. Elsewhere the selected target metric must lie within
-    ``tolerance(seed_values, test_examples)`` of the reference's, ``seed_values`` being the
-    reference's results of the same (task, mechanism) over its seeds, and the verdict says
-    why bit-identity could not be asked for."""
+    ``tolerance(seed_values, test_examples, pooled)`` of the reference's, ``seed_values``
+    being the reference's results over the seeds of the run's cell (``pooled``: the spread
+    that stands in where the cell has one seed), and the verdict says why bit-identity could
+    not be asked for."""
     before, now = selected_value(reference), selected_value(reproduced)
     difference = _first_difference(reference, reproduced) if reference and reproduced else ""
     if difference is None:
@@ -560,7 +597,7 @@ def compare(
     why = setting_difference(reference[0], reproduced[0]) if difference else "no rows"
     if why is None:
         return Verdict(NOT_REPRODUCED, before, now, True, reason=f"not identical: {difference}")
-    limit = tolerance(seed_values, test_examples)
+    limit = tolerance(seed_values, test_examples, pooled)
     if before is None or now is None:
         if before is None and now is None:  # neither has a result: both failed alike
             reason = f"no successful lr, as the reference ({why})"
