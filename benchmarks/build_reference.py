@@ -77,7 +77,8 @@ def planned_runs(name: str) -> list[RunSpec]:
 def expected_runs(rows: pd.DataFrame) -> dict[str, RunSpec]:
     """run id -> RunSpec of every run the reference may hold: the planned runs, and the
     seeds the seed rule adds to each cell whose planned runs ``rows`` holds complete and
-    whose scores disagree, as the runner adds them (``Cells``)."""
+    whose scores disagree, or to the levels of a ladder out of order, as the runner adds
+    them (``Cells``)."""
     runs = rows.groupby("run_id") if len(rows) else []
     records = {run_id: run.to_dict("records") for run_id, run in runs}
     expected: dict[str, RunSpec] = {}
@@ -89,7 +90,15 @@ def expected_runs(rows: pd.DataFrame) -> dict[str, RunSpec]:
             held = records.get(spec.run_id)
             if held and sweep_state(spec.protocol, held).complete:
                 cells.complete(spec, held)
-        added = [spec for grown, _ in cells.grow(specs) for spec in grown]
+        added, grown = [], cells.grow(specs)
+        while grown:  # a ladder's added seeds, once held complete, may disagree in turn
+            new = [spec for growth in grown for spec in growth.added]
+            for spec in new:
+                held = records.get(spec.run_id)
+                if held and sweep_state(spec.protocol, held).complete:
+                    cells.complete(spec, held)
+            added += new
+            grown = cells.grow(new)
         expected.update((spec.run_id, spec) for spec in [*specs, *added])
     return expected
 

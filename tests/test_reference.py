@@ -19,7 +19,7 @@ from clitools import assert_error, invoke
 
 from synthbench.cli.reproduce import _sample
 from synthbench.core.task import TASKS
-from synthbench.report import reference
+from synthbench.report import reference, reproduction
 from synthbench.report.leaderboard import ONE_SEED_NOTE
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.schema import COLUMNS
@@ -434,21 +434,21 @@ def run_rows(
 
 
 def test_tolerance_is_three_seed_stds_at_least_one_test_example():
-    assert reference.tolerance([0.5, 0.6, 0.7], 512) == pytest.approx(0.3)  # 3 x 0.1
-    assert reference.tolerance([0.9, 0.9, 0.9], 512) == 1 / 512
-    assert reference.tolerance([0.9], 64) == 1 / 64
-    assert reference.tolerance([], 100) == 0.01
+    assert reproduction.tolerance([0.5, 0.6, 0.7], 512) == pytest.approx(0.3)  # 3 x 0.1
+    assert reproduction.tolerance([0.9, 0.9, 0.9], 512) == 1 / 512
+    assert reproduction.tolerance([0.9], 64) == 1 / 64
+    assert reproduction.tolerance([], 100) == 0.01
 
 
 def test_a_cell_of_one_seed_takes_the_pooled_spread():
-    assert reference.tolerance([0.9], 64, pooled=0.1) == pytest.approx(0.3)
-    assert reference.tolerance([0.5, 0.6, 0.7], 512, pooled=0.5) == pytest.approx(0.3)  # own
-    assert reference.tolerance([0.9], 64, pooled=0.001) == 1 / 64
+    assert reproduction.tolerance([0.9], 64, pooled=0.1) == pytest.approx(0.3)
+    assert reproduction.tolerance([0.5, 0.6, 0.7], 512, pooled=0.5) == pytest.approx(0.3)  # own
+    assert reproduction.tolerance([0.9], 64, pooled=0.001) == 1 / 64
     # sqrt((2 x 0.1^2 + 1 x 0.05^2) / 3): cells weighted by their degrees of freedom
     cells = [[0.5, 0.6, 0.7], [0.2, 0.25], [0.9], [], [float("nan"), 0.4]]
-    std, n = reference.pooled_std(cells)
+    std, n = reproduction.pooled_std(cells)
     assert n == 2 and std == pytest.approx(((2 * 0.01 + 0.05**2 / 2) / 3) ** 0.5)
-    assert reference.pooled_std([[0.3], [None, 0.2]]) is None
+    assert reproduction.pooled_std([[0.3], [None, 0.2]]) is None
 
 
 def test_a_cell_is_the_runs_that_differ_only_in_their_seed():
@@ -457,7 +457,7 @@ def test_a_cell_is_the_runs_that_differ_only_in_their_seed():
     config = {"task": "copy", "task_params": {"n": 8}, "seed": 0, "threads": 1}
 
     def key(**changes):
-        return reference.cell_key({"config": json.dumps({**config, **changes})})
+        return reproduction.cell_key({"config": json.dumps({**config, **changes})})
 
     assert key(seed=3) == key()
     assert key(task_params={"n": 16}) != key()
@@ -492,18 +492,18 @@ def test_reproduce_pools_the_spread_for_a_cell_of_one_seed(reference_tree, tmp_p
 
 
 def test_same_setting_must_be_identical_bit_for_bit():
-    same = reference.compare(run_rows(0.3), run_rows(0.3), [0.3, 0.3, 0.3], 64)
-    assert same.verdict == reference.IDENTICAL and same.ok and same.identical_expected
+    same = reproduction.compare(run_rows(0.3), run_rows(0.3), [0.3, 0.3, 0.3], 64)
+    assert same.verdict == reproduction.IDENTICAL and same.ok and same.identical_expected
     # 0.1 + 0.2 is not 0.3 in binary: far within any tolerance, still not identical
-    close = reference.compare(run_rows(0.3), run_rows(0.1 + 0.2), [0.0, 0.5, 1.0], 64)
-    assert close.verdict == reference.NOT_REPRODUCED and not close.ok
+    close = reproduction.compare(run_rows(0.3), run_rows(0.1 + 0.2), [0.0, 0.5, 1.0], 64)
+    assert close.verdict == reproduction.NOT_REPRODUCED and not close.ok
     assert close.reason.startswith("not identical: token_acc at lr 0.001")
-    other_lr = reference.compare(run_rows(0.3), run_rows(0.3, lr=3e-4), [0.3], 64)
+    other_lr = reproduction.compare(run_rows(0.3), run_rows(0.3, lr=3e-4), [0.3], 64)
     assert "lrs trained differ" in other_lr.reason
-    loss = reference.compare(run_rows(0.3), run_rows(0.3, final_loss=0.25), [0.3], 64)
+    loss = reproduction.compare(run_rows(0.3), run_rows(0.3, final_loss=0.25), [0.3], 64)
     assert "final_loss" in loss.reason
     # the device index does not matter, only its type; an int read back as a float is equal
-    assert reference.compare(
+    assert reproduction.compare(
         run_rows(0.3, device="cuda:0", n_params=10), run_rows(0.3, device="cuda:1", n_params=10.0),
         [0.3], 64,
     ).ok  # fmt: skip
@@ -525,33 +525,33 @@ def test_same_setting_must_be_identical_bit_for_bit():
 )
 def test_another_setting_must_be_within_the_tolerance(setting, why):
     seeds = [0.5, 0.6, 0.7]  # tolerance 0.3
-    within = reference.compare(run_rows(0.6), run_rows(0.85, **setting), seeds, 64)
-    assert within.verdict == reference.WITHIN and within.ok and not within.identical_expected
+    within = reproduction.compare(run_rows(0.6), run_rows(0.85, **setting), seeds, 64)
+    assert within.verdict == reproduction.WITHIN and within.ok and not within.identical_expected
     assert within.tolerance == pytest.approx(0.3)
     assert within.reason == f"not bit-identical: {why}"
-    off = reference.compare(run_rows(0.6), run_rows(0.95, **setting), seeds, 64)
-    assert off.verdict == reference.NOT_REPRODUCED
+    off = reproduction.compare(run_rows(0.6), run_rows(0.95, **setting), seeds, 64)
+    assert off.verdict == reproduction.NOT_REPRODUCED
     assert off.reason == f"off by 0.3500 > 0.3000 ({why})"
     failed = run_rows(None, **setting)
     failed[0]["status"] = "diverged"
-    assert not reference.compare(run_rows(0.6), failed, seeds, 64).ok
+    assert not reproduction.compare(run_rows(0.6), failed, seeds, 64).ok
     # bit for bit the same is a reproduction whatever the setting
-    assert reference.compare(run_rows(0.6), run_rows(0.6, **setting), seeds, 64).verdict == (
-        reference.IDENTICAL
+    assert reproduction.compare(run_rows(0.6), run_rows(0.6, **setting), seeds, 64).verdict == (
+        reproduction.IDENTICAL
     )
 
 
 def test_a_reference_without_its_cpu_is_compared_within_the_tolerance():
     """Rows made before the CPU's instruction set was recorded (schema < 6): on a CPU,
     bit-identity cannot be asked for."""
-    old = reference.compare(run_rows(0.6, cpu_isa=None), run_rows(0.61), [0.5, 0.6, 0.7], 64)
-    assert old.verdict == reference.WITHIN
+    old = reproduction.compare(run_rows(0.6, cpu_isa=None), run_rows(0.61), [0.5, 0.6, 0.7], 64)
+    assert old.verdict == reproduction.WITHIN
     assert (
         old.reason == "not bit-identical: the reference does not record its CPU's instruction set"
     )
     # rows of schema 6 record the instruction set but not the model
-    older = reference.compare(run_rows(0.6, cpu_model=None), run_rows(0.61), [0.5, 0.6], 64)
-    assert older.verdict == reference.WITHIN
+    older = reproduction.compare(run_rows(0.6, cpu_model=None), run_rows(0.61), [0.5, 0.6], 64)
+    assert older.verdict == reproduction.WITHIN
     assert older.reason == "not bit-identical: the reference does not record its CPU model"
 
 
@@ -716,10 +716,10 @@ def test_a_gpu_is_never_asked_for_bit_identity():
     same instruction set asks for identity."""
     made = {"torch_version": "2.11.0+cu130", "threads": 1, "device": "cuda:0", "cpu_isa": None}
     here = {**made, "device": "cuda:3"}
-    why = reference.setting_difference(made, here)
+    why = reproduction.setting_difference(made, here)
     assert why == "on cuda, kernels need not repeat bit for bit"
     cpu = {**made, "device": "cpu", "cpu_isa": "AVX2", "cpu_model": XEON}
-    assert reference.setting_difference(cpu, dict(cpu)) is None
+    assert reproduction.setting_difference(cpu, dict(cpu)) is None
 
 
 def test_a_reference_of_an_earlier_recipe_or_suite_predates_this_synthbench():

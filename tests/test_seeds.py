@@ -5,6 +5,7 @@ line says about it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -13,11 +14,13 @@ from clitools import assert_error, invoke
 
 from synthbench.cli.common import out
 from synthbench.cli.progress import RunView
+from synthbench.core.task import LADDER, TASKS
 from synthbench.run import provenance, runner, seeds
 from synthbench.run.executors import InProcess
+from synthbench.run.planning import plan
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.runner import Events, Unit
-from synthbench.run.seeds import run_score, seeds_to_add
+from synthbench.run.seeds import Growth, levels_out_of_order, run_score, seeds_to_add
 from synthbench.run.spec import RunSpec
 from synthbench.run.store import ResultStore
 from synthbench.run.train import blank_row
@@ -95,6 +98,24 @@ def test_a_run_scores_its_target_metric():
     assert seeds_to_add(protocol, agree) == []
 
 
+def test_levels_out_of_order_are_those_of_a_harder_level_above_an_easier_one():
+    protocol = dataclasses.replace(SMOKE, max_seeds=5, seed_spread=0.5)
+
+    def ladder(*values):
+        return [(f"L{i}", {i: None if v is None else row(v)}) for i, v in enumerate(values, 1)]
+
+    assert levels_out_of_order(protocol, ladder(0.9, 0.5, 0.1)) == {}  # in order
+    assert levels_out_of_order(protocol, ladder(0.1, 0.9, 0.2)) == {"L1": 0.1, "L2": 0.9}
+    assert levels_out_of_order(protocol, ladder(0.1, 0.5, 0.7)) == {"L1": 0.1, "L3": 0.7}
+    assert levels_out_of_order(protocol, ladder(0.1, 0.6, 0.6)) == {}  # 0.5 apart: not more
+    assert levels_out_of_order(protocol, ladder(None, 0.05, 0.9)) == {"L2": 0.05, "L3": 0.9}
+    # a level's mean over its seeds
+    two = [("L1", {0: row(0.0), 3: row(0.2)}), ("L2", {1: row(0.7)})]
+    assert levels_out_of_order(protocol, two) == {"L1": 0.1, "L2": 0.7}
+    off = dataclasses.replace(protocol, max_seeds=0)
+    assert levels_out_of_order(off, ladder(0.0, 1.0)) == {}
+
+
 # -- the runner -----------------------------------------------------------------------------
 
 
@@ -145,8 +166,8 @@ class Seen(Events):
     def __init__(self):
         self.said = []
 
-    def seeded(self, added, scores, units):
-        self.said.append(("seeded", [s.seed for s in added], scores, len(units)))
+    def seeded(self, growth, units):
+        self.said.append(("seeded", [s.seed for s in growth.added], growth.scores, len(units)))
 
     def planned(self, runs, stored, units, capacity):
         self.said.append(("planned", runs, stored, len(units)))
@@ -225,6 +246,82 @@ def test_seeds_already_stored_are_resumed_not_retrained(tmp_path):
     assert outcome.runs == 4 and outcome.stored == 1 and outcome.statuses == {"ok": 3}
 
 
+def ladder_specs(seeds=3) -> list[RunSpec]:
+    """kv_recall's ladder for linear under GROWING, its seeds dealt to the levels."""
+    return plan(["kv_recall"], ["linear"], GROWING, seeds, difficulties=[LADDER])
+
+
+def level(spec: RunSpec) -> str:
+    return TASKS.get("kv_recall").level_of(spec.task_params)
+
+
+def stored_levels(root: Path) -> dict[str, int]:
+    """Level -> how many runs of it the tree holds."""
+    rows = ResultStore(root).load(warn=False).rows.drop_duplicates("run_id")
+    found = [TASKS.get("kv_recall").level_of(json.loads(p)) for p in rows["task_params"]]
+    return {name: found.count(name) for name in sorted(set(found))}
+
+
+def out_of_order(spec: RunSpec) -> float:
+    """L1 fails at its first seed and learns at every other; L2 learns; L3 fails: L1 (0.0)
+    below L2 (0.9) by more than the spread, L3 (0.2) in order."""
+    first = TASKS.get("kv_recall").ladder.first_seed("kv_recall", level(spec))
+    return {"L1": 0.0 if spec.seed == first else 1.0, "L2": 0.9, "L3": 0.2}[level(spec)]
+
+
+def test_a_ladders_levels_out_of_order_get_a_second_seed_then_the_seed_rule(tmp_path):
+    """Each level one seed: L1 below L2 gives both a second seed; L1's two then disagree
+    (0.0 and 1.0) and the seed rule grows it to max_seeds, L2's agree; L3 is left alone."""
+    specs, seen, executor = ladder_specs(), Seen(), FakeExecutor(accuracy=out_of_order)
+    outcome = runner.execute(specs, ResultStore(tmp_path), lambda n: executor, events=seen,
+                             more_seeds=True)  # fmt: skip
+    assert stored_levels(tmp_path) == {"L1": 4, "L2": 2, "L3": 1}
+    first = {
+        name: TASKS.get("kv_recall").ladder.first_seed("kv_recall", name)
+        for name in "L1 L2".split()
+    }
+    second = {name: min({0, 1} - {seed}) for name, seed in first.items()}  # the lowest lacking
+    assert seen.said == [
+        ("planned", 3, 0, 3),
+        ("seeded", [second["L1"], second["L2"]], {"L1": 0.0, "L2": 0.9}, 2),
+        ("seeded", [2, 3], {first["L1"]: 0.0, second["L1"]: 1.0}, 2),
+    ]
+    assert outcome.runs == 7 and outcome.statuses == {"ok": 7}
+
+    made = []  # the same command again: judged from the store alike, everything stored
+    again = runner.execute(specs, ResultStore(tmp_path), made.append, more_seeds=True)
+    assert made == [] and again.runs == 7 and again.stored == 7
+
+
+def test_a_ladder_in_order_or_of_one_level_gets_nothing(tmp_path):
+    in_order = FakeExecutor(accuracy=lambda spec: {"L1": 0.9, "L2": 0.5, "L3": 0.1}[level(spec)])
+    runner.execute(ladder_specs(), ResultStore(tmp_path), lambda n: in_order, more_seeds=True)
+    assert len(in_order.trained) == 3
+    one = plan(["kv_recall"], ["linear"], GROWING, 1, difficulties=["L3"])
+    executor = FakeExecutor(accuracy=lambda spec: 1.0)
+    runner.execute(one, ResultStore(tmp_path / "one"), lambda n: executor, more_seeds=True)
+    assert len(executor.trained) == 1
+
+
+def test_cells_judge_a_stored_ladder_then_the_cells_it_grew(tmp_path):
+    """As benchmarks/build_reference.py counts what the runner adds: the same Cells."""
+    executor = FakeExecutor(accuracy=out_of_order)
+    runner.execute(ladder_specs(), ResultStore(tmp_path), lambda n: executor, more_seeds=True)
+    rows = ResultStore(tmp_path).load(warn=False).rows
+    cells = seeds.Cells(enabled=True)
+    specs = ladder_specs()
+    cells.plan(specs)
+    records = {run_id: part.to_dict("records") for run_id, part in rows.groupby("run_id")}
+    for spec in specs:
+        cells.complete(spec, records[spec.run_id])
+    grown = cells.grow(specs)
+    assert [g.ladder for g in grown] == [True] and len(grown[0].added) == 2
+    for spec in grown[0].added:
+        cells.complete(spec, records[spec.run_id])
+    (then,) = cells.grow(grown[0].added)
+    assert not then.ladder and len(then.added) == 2  # L1 to max_seeds 4
+
+
 def test_real_trainings_grow_the_cell_that_disagrees(tmp_path, monkeypatch):
     """Real smoke trainings in this process; the score of a run is forced: linear seed 0
     scores 1, every other run 0.5 or 0 (as ``split``)."""
@@ -252,12 +349,23 @@ def test_the_progress_says_when_a_cell_gets_more_seeds(tmp_path):
     added = [kv(2), kv(3)]
     with out.capture() as captured:
         # before the plan's line (the store held the cell complete): said at once
-        view.seeded(added, {0: 0.02, 1: 0.98}, [Unit(spec, 1e-3) for spec in added])
+        view.seeded(Growth(added, {0: 0.02, 1: 0.98}), [Unit(spec, 1e-3) for spec in added])
         view.planned(4, 2, [], 0)
     lines = captured.get().splitlines()
     said = "kv_recall / linear: seeds disagree (0.02 .. 0.98): 2 more seeds, up to 4"
     assert lines[0].strip() == said
     assert lines[1].startswith("4 runs (1 task x 1 mechanism x 4 seeds,")
+
+
+def test_the_progress_says_when_a_ladders_levels_are_out_of_order(tmp_path):
+    specs = ladder_specs()
+    view = RunView(specs, tmp_path, "device cpu", False)
+    added = [specs[0].with_seed(5), specs[2].with_seed(5)]
+    with out.capture() as captured:
+        units = [Unit(spec, 1e-3) for spec in added]
+        view.seeded(Growth(added, {"L1": 0.05, "L3": 0.91}, ladder=True), units)
+    said = "kv_recall / linear: levels out of order (L1 0.05, L3 0.91): a second seed at 2 of them"
+    assert captured.get().strip() == said
 
 
 def test_a_dry_run_says_cells_may_get_more_seeds(tmp_path):
@@ -269,16 +377,25 @@ def test_a_dry_run_says_cells_may_get_more_seeds(tmp_path):
     )
 
 
-def test_a_dry_run_promises_no_seeds_to_a_ladders_one_seed_levels(tmp_path):
-    """Under the ladder each level of kv_recall holds one of the 3 seeds: a cell of one seed
-    has no spread, so the seed rule can never add to it, and the dry run says so."""
+def test_a_dry_run_says_which_one_seed_cells_may_grow(tmp_path):
+    """Under the ladder each level of kv_recall holds one of the 3 seeds: the seed rule
+    cannot judge a cell of one seed, the ladder's order can; a task at one setting and one
+    seed (--seeds 1, no ladder) never grows."""
     result = invoke("run", "--task", "kv_recall", "--mech", "linear", "--protocol", GROWING.name,
                     "--seeds", "3", "--difficulty", "ladder", "--dry-run",
                     "--results", tmp_path)  # fmt: skip
     assert result.exit_code == 0, result.output
-    said = result.output.replace("\n", " ")
-    assert "may get up to" not in said
-    assert "3 cells of one seed (such as a ladder's levels at the suite's default seeds) " in said
+    said = " ".join(result.output.split())
+    assert "may get up to" not in said and "never get more" not in said
+    assert (
+        "3 ladder levels of one seed may get a second, where a harder level of their ladder "
+        "scores more than 0.5 above an easier one"
+    ) in said
+    result = invoke("run", "--task", "kv_recall", "--mech", "linear", "--protocol", GROWING.name,
+                    "--seeds", "1", "--dry-run", "--results", tmp_path)  # fmt: skip
+    said = " ".join(result.output.split())
+    assert "1 cell of one seed cannot disagree and never get more" in said
+    assert "ladder level" not in said
 
 
 def test_more_seeds_than_max_seeds_is_one_line(tmp_path):

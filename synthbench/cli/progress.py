@@ -42,7 +42,7 @@ from synthbench.core.text import plural
 from synthbench.run import grid, runner
 from synthbench.run.lr_selection import grown_past_an_edge, run_status
 from synthbench.run.runner import Unit
-from synthbench.run.seeds import Cells
+from synthbench.run.seeds import Cells, Growth
 from synthbench.run.spec import RunSpec
 
 Prior = Callable[[Unit], "float | None"]  # what the plan's estimate says a training takes
@@ -377,9 +377,10 @@ class RunView(runner.Events):
 
     def _growth_note(self) -> str:
         """A dry run's word on the seeds it cannot foresee: those of cells not yet complete
-        whose seeds will disagree (synthbench/run/seeds.py). A cell of one planned seed (such
-        as each level of a ladder at the suite's default seeds) has no spread: it never
-        grows, and the note says so rather than promise seeds to it."""
+        whose seeds will disagree, or of ladders whose levels will be out of order
+        (synthbench/run/seeds.py). A cell of one planned seed has no spread: only a ladder's
+        level (at the suite's default seeds, each level is one) may get a second, and the
+        note says which are which rather than promise seeds to every one."""
         if not (self.dry_run and self.more_seeds):
             return ""
         cells = Cells(enabled=True)
@@ -392,22 +393,40 @@ class RunView(runner.Events):
             spreads = {spread for _, spread in rules}
             apart = f" (scores more than {spreads.pop():g} apart)" if len(spreads) == 1 else ""
             note = f"; cells whose seeds disagree{apart} may get up to {plural(most, 'seed')}"
-        single = sum(len(c) == 1 for c in seeds)
-        if single:
+        laddered = {
+            key
+            for levels in cells.ladders.values()
+            if len(levels) > 1
+            for key in levels.values()
+            if len(cells.runs[key]) == 1
+        }
+        if laddered:
+            spreads = {cells.runs[k][min(cells.runs[k])].protocol.seed_spread for k in laddered}
+            above = f"more than {spreads.pop():g} " if len(spreads) == 1 else ""
             note += (
-                f"; {plural(single, 'cell')} of one seed (such as a ladder's levels at the "
-                "suite's default seeds) cannot disagree and never get more"
+                f"; {plural(len(laddered), 'ladder level')} of one seed may get a second, "
+                f"where a harder level of their ladder scores {above}above an easier one"
             )
+        single = sum(len(runs) == 1 for key, runs in cells.runs.items() if key not in laddered)
+        if single:
+            note += f"; {plural(single, 'cell')} of one seed cannot disagree and never get more"
         return note
 
-    def seeded(self, added: list[RunSpec], scores: dict[int, float], units: list[Unit]) -> None:
+    def seeded(self, growth: Growth, units: list[Unit]) -> None:
+        added, scores = growth.added, growth.scores
         first = added[0]
-        point = f" {grid.point_label(first, self.varying)}" if self.varying else ""
-        line = (
-            f"   {first.task} / {first.mechanism}{point}: seeds disagree "
-            f"({min(scores.values()):.2f} .. {max(scores.values()):.2f}): "
-            f"{plural(len(added), 'more seed')}, up to {first.protocol.max_seeds}"
-        )
+        # a ladder's line is about all its levels: not the task parameters of one of them
+        keys = tuple(k for k in self.varying if not (growth.ladder and k in first.task_params))
+        point = f" {grid.point_label(first, keys)}" if keys else ""
+        if growth.ladder:
+            levels = ", ".join(f"{level} {score:.2f}" for level, score in scores.items())
+            why = f"levels out of order ({levels}): a second seed at {len(added)} of them"
+        else:
+            why = (
+                f"seeds disagree ({min(scores.values()):.2f} .. {max(scores.values()):.2f}): "
+                f"{plural(len(added), 'more seed')}, up to {first.protocol.max_seeds}"
+            )
+        line = f"   {first.task} / {first.mechanism}{point}: {why}"
         self.specs = [*self.specs, *added]  # the header, when said after this, counts them
         if self.eta is None:  # before the plan's line: the store held the cell complete
             if units:  # else grown by an earlier command, its seeds stored: nothing new

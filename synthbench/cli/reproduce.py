@@ -30,7 +30,7 @@ from synthbench.cli.progress import RunView
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.task import TASKS
 from synthbench.core.text import plural
-from synthbench.report import reference
+from synthbench.report import reference, reproduction
 from synthbench.run import provenance, runner
 from synthbench.run.devices import default_jobs, resolve_device, worker_devices
 from synthbench.run.executors import InProcess, LocalPool
@@ -157,14 +157,14 @@ def reproduce_command(
     picked = _sample(candidates, runs, random.Random(seed))
     chosen = candidates.loc[picked].sort_values(["protocol", "task", "mechanism", "seed"])
     try:
-        specs = [reference.spec_of(r, threads) for r in chosen["first"]]
-    except reference.StaleReference as exc:
+        specs = [reproduction.spec_of(r, threads) for r in chosen["first"]]
+    except reproduction.StaleReference as exc:
         raise fail(str(exc), 1) from None
     made = chosen["first"].iloc[0]
     dev = resolve_device(device)
     here = {"torch_version": torch.__version__, "threads": specs[0].threads, "device": str(dev),
             "cpu_isa": provenance.cpu_isa(), "cpu_model": provenance.cpu_model()}  # fmt: skip
-    why = reference.setting_difference(made, here)
+    why = reproduction.setting_difference(made, here)
     expected = (
         "identical results expected"
         if why is None
@@ -188,15 +188,15 @@ def reproduce_command(
         for spec, run_id in zip(specs, chosen.index, strict=True):
             stored = _records(ref.rows[ref.rows["run_id"] == run_id])
             now = store.read_run(spec.protocol.name, spec.task, spec.mechanism, spec.run_id)
-            seeds = cells[spec.protocol.name][reference.cell_key(stored[0])]  # the spread
-            pooled = reference.pooled_std(cells[spec.protocol.name].values())
+            seeds = cells[spec.protocol.name][reproduction.cell_key(stored[0])]  # the spread
+            pooled = reproduction.pooled_std(cells[spec.protocol.name].values())
             stand_in = len(seeds) < 2 and pooled is not None
-            verdict = reference.compare(
+            verdict = reproduction.compare(
                 stored, now, seeds, spec.protocol.test_examples, pooled[0] if stand_in else None
             )
             verdicts.append(verdict)
             line = _line(spec, verdict)
-            if stand_in and verdict.verdict != reference.IDENTICAL:
+            if stand_in and verdict.verdict != reproduction.IDENTICAL:
                 line += (
                     f" (its cell has one seed: the spread of {plural(pooled[1], 'cell')} of "
                     f"{spec.protocol.name}, pooled)"
@@ -255,14 +255,14 @@ def _records(rows: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def _cells(rows: pd.DataFrame) -> dict[str, dict[str, list[float]]]:
-    """Protocol -> cell (``reference.cell_key``: the runs that differ only in their seed) ->
-    the reference's result (``reference.selected_value``) of each of its runs that has one."""
+    """Protocol -> cell (``reproduction.cell_key``: the runs that differ only in their seed) ->
+    the reference's result (``reproduction.selected_value``) of each of its runs that has one."""
     cells: dict[str, dict[str, list[float]]] = {}
     for _, run in rows.groupby("run_id"):
         records = _records(run)
         values = cells.setdefault(records[0]["protocol"], {})
-        found = values.setdefault(reference.cell_key(records[0]), [])
-        value = reference.selected_value(records)
+        found = values.setdefault(reproduction.cell_key(records[0]), [])
+        value = reproduction.selected_value(records)
         if value is not None:
             found.append(value)
     return cells
@@ -291,14 +291,14 @@ def _value(value: float | None) -> str:
     return "--" if value is None else f"{value:.4f}"
 
 
-def _line(spec, verdict: reference.Verdict) -> str:
+def _line(spec, verdict: reproduction.Verdict) -> str:
     head = (
         f"{spec.task:<16} {spec.mechanism:<14} seed {spec.seed}  {spec.protocol.name:<11}  "
         f"reference {_value(verdict.reference)}  reproduced {_value(verdict.reproduced)}  "
     )
-    if verdict.verdict == reference.IDENTICAL:
+    if verdict.verdict == reproduction.IDENTICAL:
         return head + "identical"
-    if verdict.verdict == reference.WITHIN:
+    if verdict.verdict == reproduction.WITHIN:
         note = f": {verdict.reason}" if verdict.reason else ""
         return head + f"within {verdict.tolerance:.4f}{note}"
-    return head + f"{reference.NOT_REPRODUCED}: {verdict.reason}"
+    return head + f"{reproduction.NOT_REPRODUCED}: {verdict.reason}"

@@ -46,7 +46,7 @@ from synthbench.run.phases import phase
 from synthbench.run.planning import plan, plan_size  # noqa: F401 (runner.plan: its API)
 from synthbench.run.protocols import Protocol
 from synthbench.run.schema import LEAKY, lr_key
-from synthbench.run.seeds import SCORE_COLUMNS, Cells
+from synthbench.run.seeds import SCORE_COLUMNS, Cells, Growth
 from synthbench.run.spec import RunSpec
 from synthbench.run.store import NewerSchemaError, ResultStore
 from synthbench.run.work import Pack
@@ -91,11 +91,11 @@ class Events:
     def grew(self, units: list[Unit]) -> None:
         """A sweep needs more trainings than planned (its best lr sat at the grid's edge)."""
 
-    def seeded(self, added: list[RunSpec], scores: dict[int, float], units: list[Unit]) -> None:
-        """A cell's seeds disagree (``scores``: seed -> its run's score): the runs ``added``
-        join the plan (synthbench/run/seeds.py), with ``units`` their trainings to do. Said
-        before ``planned`` for a cell the store holds complete (those trainings are among the
-        planned ones then), after it for one completed now."""
+    def seeded(self, growth: Growth, units: list[Unit]) -> None:
+        """A cell's seeds disagree, or a ladder's levels are out of order (``growth``,
+        synthbench/run/seeds.py): the runs ``growth.added`` join the plan, with ``units``
+        their trainings to do. Said before ``planned`` for a cell the store holds complete
+        (those trainings are among the planned ones then), after it for one completed now."""
 
     def run_done(self, spec: RunSpec, rows: list[dict[str, Any]]) -> None:
         """A run's sweep is complete; its rows are stored with the selected lr marked."""
@@ -260,21 +260,26 @@ def execute(
         return taken
 
     def completed(run: _Run) -> None:
-        """``run`` is complete: if it was the last of its cell and the cell's seeds disagree,
-        the seeds the rule adds join the plan, their trainings first (so the cell completes
-        soon)."""
+        """``run`` is complete: if it was the last of its cell (or ladder) and the cell's
+        seeds disagree (or the ladder's levels are out of order), the seeds the rules add join
+        the plan, their trainings first (so the cell completes soon)."""
         cells.complete(run.spec, run.rows.values())
-        for added, found in cells.grow([run.spec]):
-            outcome.runs += len(added)
-            todo: list[Unit] = []
-            for spec in added:  # a seed may be stored already, by an earlier command
-                kept = [] if force else _finished(store.read_run(*_place(spec)))
-                new, more = _admit(spec, kept, store, force, events, outcome, cells)
-                if new is not None:
-                    active[spec.run_id] = new
-                    todo += more
-            queue.extendleft(reversed(todo))
-            events.seeded(added, found, todo)
+        grown = cells.grow([run.spec])
+        while grown:  # a seed added stored already completes its cell now: judged next
+            again = []
+            for growth in grown:
+                outcome.runs += len(growth.added)
+                todo: list[Unit] = []
+                for spec in growth.added:  # a seed may be stored already, by an earlier command
+                    kept = [] if force else _finished(store.read_run(*_place(spec)))
+                    new, more = _admit(spec, kept, store, force, events, outcome, cells)
+                    if new is not None:
+                        active[spec.run_id] = new
+                        todo += more
+                queue.extendleft(reversed(todo))
+                events.seeded(growth, todo)
+                again += cells.grow(growth.added)
+            grown = again
 
     try:
         queue = deque(units)
@@ -474,8 +479,13 @@ def _pending(
         return todo
 
     admit(specs)
-    for added, found in cells.grow(specs):  # the cells the store holds complete
-        events.seeded(added, found, admit(added))  # grown to max_seeds: never again
+    grown = cells.grow(specs)  # the cells and ladders the store holds complete
+    while grown:  # a ladder's added seeds may be stored, their cells complete: judged next
+        more = []
+        for growth in grown:
+            events.seeded(growth, admit(growth.added))
+            more += cells.grow(growth.added)
+        grown = more
     return planned, active, units, cells
 
 

@@ -11,6 +11,16 @@ A run with no selected row (every lr failed, or it leaked) has no score: it does
 towards the spread, though its seed is the cell's. ``max_seeds`` 0 turns the rule off, and
 a cell with fewer than two scores has no spread.
 
+**A ladder's levels out of order.** At the suite's default seeds each level of a laddered
+task (docs/TASKS.md, "Ladders") is a cell of one seed, which the rule above cannot judge. But
+a ladder has an order of its own: each level is harder than the one before, so a harder
+level scoring more than ``seed_spread`` above an easier one (both levels' mean scores, of
+one task, mechanism and protocol) says that a seed fell on the wrong side of a transition
+at one of them. Once every level of such a ladder is complete, each level of each pair out
+of order that holds fewer than two seeds gets one more (the lowest it lacks), once per
+ladder; the rule above then judges those cells as any other, and grows those whose two
+seeds disagree to ``max_seeds``. A ladder whose levels agree with their order costs nothing.
+
 The rule is a pure function of the rows; ``Cells`` follows the planned runs of each cell
 for the runner (synthbench/run/runner.py), which applies the rule when a cell's last run
 completes and, at start-up, to the cells the store holds complete.
@@ -19,10 +29,12 @@ completes and, at start-up, to the cells the store holds complete.
 from __future__ import annotations
 
 import itertools
+import json
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
+from synthbench.core.task import TASKS
 from synthbench.run.lr_selection import sweep_state
 from synthbench.run.packed import pack_key
 from synthbench.run.protocols import Protocol
@@ -68,6 +80,52 @@ def seeds_to_add(protocol: Protocol, selected: Mapping[int, Mapping[str, Any] | 
     return list(itertools.islice(lacking, protocol.max_seeds - len(selected)))
 
 
+def levels_out_of_order(
+    protocol: Protocol, levels: Sequence[tuple[str, Mapping[int, Mapping[str, Any] | None]]]
+) -> dict[str, float]:
+    """Of a complete ladder's levels, easiest first, each (name, seed -> its run's selected
+    row): level -> mean score of every level in a pair out of order (a harder level's mean
+    more than ``seed_spread`` above an easier one's), easiest first; {} where none is, or
+    where the rule is off. A level without a score takes part in no pair."""
+    if not protocol.max_seeds:
+        return {}
+    means = {}
+    for name, selected in levels:
+        values = list(scores(selected).values())
+        if values:
+            means[name] = sum(values) / len(values)
+    order = list(means)
+    involved = {
+        name
+        for i, easier in enumerate(order)
+        for harder in order[i + 1 :]
+        if means[harder] - means[easier] > protocol.seed_spread
+        for name in (easier, harder)
+    }
+    return {name: means[name] for name in order if name in involved}
+
+
+def ladder_key(spec: RunSpec) -> tuple[str, str] | None:
+    """(the key a ladder's runs share, the run's level) for a run at exactly a level of its
+    task's ladder (``Task.level_of``), else None. Runs of one ladder differ only in their
+    level and seed: their config without those."""
+    level = TASKS.get(spec.task).level_of(spec.task_params)
+    if level is None:
+        return None
+    config = {k: v for k, v in spec.config().items() if k not in ("seed", "task_params")}
+    return json.dumps(config, sort_keys=True, default=str), level
+
+
+class Growth(NamedTuple):
+    """The runs one rule adds to the plan, and why: ``scores`` is seed -> score for a cell
+    whose seeds disagree, level -> mean score for a ladder whose levels are out of order
+    (``ladder`` True)."""
+
+    added: list[RunSpec]
+    scores: dict
+    ladder: bool = False
+
+
 class Cells:
     """The planned runs of each cell that can grow (runs that differ only in their seed,
     ``packed.pack_key``, under a protocol with ``max_seeds``) and the selected row of each
@@ -80,33 +138,69 @@ class Cells:
         self.runs: dict[str, dict[int, RunSpec]] = {}  # cell key -> seed -> run
         # run_id -> its selected row (None: none), once the run is complete
         self.selected: dict[str, dict[str, Any] | None] = {}
+        self.ladder_of: dict[str, str] = {}  # cell key -> its ladder's key (laddered cells)
+        self.ladders: dict[str, dict[str, str]] = {}  # ladder key -> level -> its cell key
+        self.judged: set[str] = set()  # the ladders judged once (levels out of order or not)
 
     def plan(self, specs: Iterable[RunSpec]) -> None:
         for spec in specs:
             if self.enabled and spec.protocol.max_seeds:
                 key = self.keys[spec.run_id] = pack_key(spec)
                 self.runs.setdefault(key, {})[spec.seed] = spec
+                if key not in self.ladder_of and (found := ladder_key(spec)) is not None:
+                    ladder, level = found
+                    self.ladder_of[key] = ladder
+                    self.ladders.setdefault(ladder, {})[level] = key
 
     def complete(self, spec: RunSpec, rows: Iterable[dict[str, Any]]) -> None:
         """``spec`` is complete, its rows ``rows`` (its selection marked or not)."""
         if spec.run_id in self.keys:
             self.selected[spec.run_id] = selected_row(spec.protocol, list(rows))
 
-    def grow(self, specs: Iterable[RunSpec]) -> list[tuple[list[RunSpec], dict[int, float]]]:
-        """For each cell of ``specs`` whose planned runs are all complete and whose seeds
-        disagree: the runs the rule adds (planned into the cell: it grows once) and its
-        scores (seed -> score)."""
+    def _complete(self, key: str) -> dict[int, dict[str, Any] | None] | None:
+        """Seed -> selected row of the cell ``key``, or None while a run of it is not complete."""
+        runs = self.runs[key]
+        if any(spec.run_id not in self.selected for spec in runs.values()):
+            return None
+        return {seed: self.selected[spec.run_id] for seed, spec in runs.items()}
+
+    def grow(self, specs: Iterable[RunSpec]) -> list[Growth]:
+        """What the rules add for the cells of ``specs``: each ladder (of two levels or
+        more) whose levels are all complete is judged once, and each level of a pair out of
+        order that holds one seed gets a second; then each complete cell whose seeds
+        disagree gets seeds up to ``max_seeds`` (planned into the cell: it grows once)."""
+        keys = dict.fromkeys(self.keys[s.run_id] for s in specs if s.run_id in self.keys)
         found = []
-        for key in dict.fromkeys(self.keys[s.run_id] for s in specs if s.run_id in self.keys):
-            runs = self.runs[key]
-            if any(spec.run_id not in self.selected for spec in runs.values()):
-                continue  # not complete yet
-            selected = {seed: self.selected[spec.run_id] for seed, spec in runs.items()}
-            first = runs[min(runs)]
+        for ladder in dict.fromkeys(self.ladder_of[k] for k in keys if k in self.ladder_of):
+            if ladder in self.judged or len(self.ladders[ladder]) < 2:
+                continue
+            cells = self.ladders[ladder]
+            some = next(iter(self.runs[next(iter(cells.values()))].values()))  # any of its runs
+            order = TASKS.get(some.task).ladder.names
+            levels = sorted(cells.items(), key=lambda item: order.index(item[0]))  # easiest first
+            complete = [(name, self._complete(key)) for name, key in levels]
+            if any(selected is None for _, selected in complete):
+                continue  # a level not complete yet
+            self.judged.add(ladder)
+            out_of_order = levels_out_of_order(some.protocol, complete)
+            added = []
+            for name, key in levels:
+                runs = self.runs[key]
+                if name in out_of_order and len(runs) < 2:
+                    lacking = next(itertools.filterfalse(runs.__contains__, itertools.count()))
+                    added.append(runs[min(runs)].with_seed(lacking))
+            if added:
+                self.plan(added)
+                found.append(Growth(added, out_of_order, ladder=True))
+        for key in keys:
+            selected = self._complete(key)
+            if selected is None:
+                continue  # not complete yet (or grown by the ladder just now)
+            first = self.runs[key][min(selected)]
             added = [first.with_seed(seed) for seed in seeds_to_add(first.protocol, selected)]
             if added:
                 self.plan(added)
-                found.append((added, scores(selected)))
+                found.append(Growth(added, scores(selected)))
         return found
 
 
