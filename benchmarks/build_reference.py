@@ -25,11 +25,13 @@ file (what ``synthbench report`` shows beside a user's rows and ``synthbench rep
 re-runs: synthbench/report/reference.py), ordered by protocol (as ``REFERENCE_PROTOCOLS``),
 mechanism (as ``REFERENCE_MECHANISMS``), task, seed and lr. It prints what it dropped and
 why, per (protocol, mechanism) how many runs and tasks it holds and which (task, seed) are
-missing, and per mechanism and device the block track's training seconds over the core
-track's on the runs both hold there; the file's metadata (``synthbench_reference``) says the
-same, per protocol its version, the missing runs as [protocol, task, mechanism, seed], the
-costs as ``track_cost``. A run id found in several trees is taken from the first tree given.
-The output is deterministic: the same trees give the same bytes.
+missing, per mechanism and device the block track's training seconds over the core
+track's on the runs both hold there, and the cells whose runs trained on more than one kind
+of device; the file's metadata (``synthbench_reference``) says the same, per protocol its
+version, the missing runs as [protocol, task, mechanism, seed], the costs as
+``track_cost``, the cells of mixed devices as ``mixed_devices``. A run id found in several
+trees is taken from the first tree given. The output is deterministic: the same trees give
+the same bytes.
 """
 
 from __future__ import annotations
@@ -215,6 +217,25 @@ def track_costs(rows: pd.DataFrame) -> dict[str, dict[str, dict]]:
     return costs
 
 
+def device_type(device: str) -> str:
+    """``cuda:1`` -> ``cuda``: the kind of device a row trained on, not which one."""
+    return str(device).split(":")[0]
+
+
+def mixed_devices(rows: pd.DataFrame) -> list[list]:
+    """The cells (protocol, task, mechanism: what a board averages over seeds and levels)
+    whose runs trained on more than one kind of device, each as [protocol, task, mechanism,
+    {device type: its runs}] (a run whose lrs trained on two kinds counts under both):
+    floating-point sums differ between devices, so such a cell's spread is partly theirs."""
+    found = []
+    for (protocol, task, mech), cell in rows.groupby(["protocol", "task", "mechanism"], sort=True):
+        kinds = cell["device"].map(device_type)
+        if kinds.nunique() > 1:
+            runs = cell.groupby(kinds)["run_id"].nunique()
+            found.append([protocol, task, mech, {k: int(n) for k, n in runs.items()}])
+    return found
+
+
 def build(trees: list[Path], out: Path) -> dict:
     rows, notes = load_trees(trees)
     for note in notes:
@@ -264,6 +285,10 @@ def build(trees: list[Path], out: Path) -> dict:
         for mech in REFERENCE_MECHANISMS:
             summary["mechanisms"][name][mech] = report_cell(held, expected, summary, name, mech)
     summary["track_cost"] = track_costs(table_rows)
+    summary["mixed_devices"] = mixed_devices(table_rows)
+    for protocol, task, mech, runs in summary["mixed_devices"]:
+        kinds = ", ".join(f"{kind} {plural(n, 'run')}" for kind, n in runs.items())
+        print(f"mixed devices: {protocol} {task} {mech} ({kinds})")
     write(table_rows, out, summary)
     total = table_rows["run_id"].nunique()
     print(f"wrote {out}: {total} runs, {len(table_rows)} rows, {out.stat().st_size:,} bytes")

@@ -684,6 +684,40 @@ def test_builder_keeps_the_block_track(two_track_tree, tmp_path, capsys, monkeyp
     assert why == f"protocol smoke-block v99 (today: v{PROTOCOLS.get('smoke-block').version})"
 
 
+def test_a_cell_of_runs_on_more_than_one_kind_of_device_is_listed(
+    two_track_tree, tmp_path, capsys, monkeypatch
+):
+    """Issue 71: the provenance of every row, and each cell (protocol, task, mechanism)
+    whose runs mixed a CPU and a GPU named, in the printout and the file's summary; two GPUs
+    of one kind (cuda:0, cuda:1) are not a mix."""
+    builder = load_builder()
+
+    def row(task, mech, run_id, device):
+        return {"protocol": "quick", "task": task, "mechanism": mech, "run_id": run_id,
+                "device": device}  # fmt: skip
+
+    rows = pd.DataFrame([
+        row("copy", "gla", "a", "cpu"), row("copy", "gla", "b", "cuda:0"),
+        row("copy", "gla", "c", "cuda:1"), row("copy", "gla", "c", "cuda:1"),
+        row("sort", "gla", "d", "cuda:0"), row("sort", "gla", "e", "cuda:1"),
+        row("sort", "softmax", "f", "cpu"), row("sort", "softmax", "f", "cuda"),
+    ])  # fmt: skip
+    assert builder.mixed_devices(rows) == [
+        ["quick", "copy", "gla", {"cpu": 1, "cuda": 2}],
+        ["quick", "sort", "softmax", {"cpu": 1, "cuda": 1}],  # one run's lrs on both
+    ]
+    monkeypatch.setattr(builder, "REFERENCE_PROTOCOLS", ("smoke", "smoke-block"))
+    summary = builder.build([two_track_tree], tmp_path / "one.parquet")  # every run a CPU's
+    assert summary["mixed_devices"] == []
+    assert reference.load(tmp_path / "one.parquet").info["mixed_devices"] == []
+    assert "mixed devices" not in capsys.readouterr().out
+    monkeypatch.setattr(
+        builder, "mixed_devices", lambda rows: [["smoke", "copy", "gla", {"cpu": 1, "cuda": 2}]]
+    )
+    builder.build([two_track_tree], tmp_path / "two.parquet")
+    assert "mixed devices: smoke copy gla (cpu 1 run, cuda 2 runs)" in capsys.readouterr().out
+
+
 def test_track_costs_pair_runs_of_one_device_only(capsys):
     """A run trained on a GPU is paired only with the other track's run on a GPU: a cost
     ratio across two machines would measure the machines."""
