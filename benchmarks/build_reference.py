@@ -46,6 +46,7 @@ import pandas as pd
 from synthbench.core.task import TASKS, task_set
 from synthbench.core.text import plural
 from synthbench.report.reference import REFERENCE_MECHANISMS, REFERENCE_PROTOCOLS, SHIPPED, write
+from synthbench.report.reproduction import device_type
 from synthbench.run.lr_selection import sweep_state
 from synthbench.run.planning import plan, suite_difficulties
 from synthbench.run.protocols import PROTOCOLS
@@ -193,7 +194,7 @@ def track_costs(rows: pd.DataFrame) -> dict[str, dict[str, dict]]:
     costs: dict[str, dict[str, dict]] = {}
     for mech in REFERENCE_MECHANISMS:
         mine = rows[rows["mechanism"] == mech]
-        for device, on_device in mine.groupby(mine["device"].str.split(":").str[0], sort=True):
+        for device, on_device in mine.groupby(mine["device"].map(device_type), sort=True):
             runs = pd.Series(
                 list(zip(on_device["task"], on_device["seed"], strict=True)), index=on_device.index
             )
@@ -215,11 +216,6 @@ def track_costs(rows: pd.DataFrame) -> dict[str, dict[str, dict]]:
                 "training)"
             )
     return costs
-
-
-def device_type(device: str) -> str:
-    """``cuda:1`` -> ``cuda``: the kind of device a row trained on, not which one."""
-    return str(device).split(":")[0]
 
 
 def mixed_devices(rows: pd.DataFrame) -> list[list]:

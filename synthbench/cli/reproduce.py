@@ -185,11 +185,12 @@ def reproduce_command(
         store = ResultStore(folder)
         verdicts = []
         cells = _cells(ref.rows[ref.rows["protocol"].isin({s.protocol.name for s in specs})])
+        pooled_of = {name: reproduction.pooled_std(held.values()) for name, held in cells.items()}
         for spec, run_id in zip(specs, chosen.index, strict=True):
             stored = _records(ref.rows[ref.rows["run_id"] == run_id])
             now = store.read_run(spec.protocol.name, spec.task, spec.mechanism, spec.run_id)
             seeds = cells[spec.protocol.name][reproduction.cell_key(stored[0])]  # the spread
-            pooled = reproduction.pooled_std(cells[spec.protocol.name].values())
+            pooled = pooled_of[spec.protocol.name]
             stand_in = len(seeds) < 2 and pooled is not None
             verdict = reproduction.compare(
                 stored, now, seeds, spec.protocol.test_examples, pooled[0] if stand_in else None

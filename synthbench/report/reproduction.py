@@ -165,14 +165,16 @@ def _missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+def device_type(device) -> str:
+    """``cuda:1`` -> ``cuda``: the kind of device a row trained on, not which one."""
+    return str(device).split(":", 1)[0]
+
+
 def setting_difference(reference: dict[str, Any], here: dict[str, Any]) -> str | None:
     """Why a run made ``here`` need not give the ``reference`` row's numbers bit for bit
     (another torch build, thread count, device type, a GPU, or on a CPU another vector
     instruction set or CPU model, or one the reference does not record), or None where it
     must."""
-
-    def device_type(value) -> str:
-        return str(value).split(":", 1)[0]
 
     def known(row, column: str) -> str | None:
         value = row.get(column)

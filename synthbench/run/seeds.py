@@ -76,8 +76,13 @@ def seeds_to_add(protocol: Protocol, selected: Mapping[int, Mapping[str, Any] | 
     values = scores(selected).values()
     if len(values) < 2 or max(values) - min(values) <= protocol.seed_spread:
         return []
-    lacking = itertools.filterfalse(selected.__contains__, itertools.count())
-    return list(itertools.islice(lacking, protocol.max_seeds - len(selected)))
+    return lacking_seeds(selected, protocol.max_seeds - len(selected))
+
+
+def lacking_seeds(held: Iterable[int], n: int) -> list[int]:
+    """The ``n`` lowest seeds not in ``held``: the seeds a cell grows by."""
+    held = set(held)
+    return list(itertools.islice(itertools.filterfalse(held.__contains__, itertools.count()), n))
 
 
 def levels_out_of_order(
@@ -146,8 +151,9 @@ class Cells:
         for spec in specs:
             if self.enabled and spec.protocol.max_seeds:
                 key = self.keys[spec.run_id] = pack_key(spec)
+                new_cell = key not in self.runs  # a cell's seeds share its ladder: once a cell
                 self.runs.setdefault(key, {})[spec.seed] = spec
-                if key not in self.ladder_of and (found := ladder_key(spec)) is not None:
+                if new_cell and (found := ladder_key(spec)) is not None:
                     ladder, level = found
                     self.ladder_of[key] = ladder
                     self.ladders.setdefault(ladder, {})[level] = key
@@ -187,7 +193,7 @@ class Cells:
             for name, key in levels:
                 runs = self.runs[key]
                 if name in out_of_order and len(runs) < 2:
-                    lacking = next(itertools.filterfalse(runs.__contains__, itertools.count()))
+                    (lacking,) = lacking_seeds(runs, 1)
                     added.append(runs[min(runs)].with_seed(lacking))
             if added:
                 self.plan(added)
