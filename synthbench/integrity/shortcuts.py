@@ -43,6 +43,7 @@ PAD = -1  # a token before the sequence start, in a window key
 MAX_COUNT = 63  # counts above this share a key
 CHUNK = 1 << 22  # answers x positions per block of the fixed-position tables (memory)
 LONG_WINDOWS = (8, 6, 4, 3, 2, 1)  # the back-off chain of the 8-token windows
+WIDEST = max(LONG_WINDOWS)
 MARGIN = 0.2  # a baseline above chance + MARGIN is a shortcut
 MIN_SEEN = 0.9  # below this share of seen test contexts a table cannot show a baseline weak
 
@@ -108,8 +109,25 @@ class Answers:
         return np.ascontiguousarray(self.inputs).reshape(-1), self.example * self.inputs.shape[1]
 
     def window(self, width: int) -> np.ndarray:
-        """(N, width): the last ``width`` tokens read at each answer, the latest first."""
-        return np.stack([self.token_at(self.position - back) for back in range(width)], axis=1)
+        """(N, width): the last ``width`` tokens read at each answer, the latest first (a
+        read-only view: a narrower window is the first columns of a wider one)."""
+        if width > self._widest.shape[1]:
+            return np.stack([self.token_at(self.position - back) for back in range(width)], 1)
+        return self._widest[:, :width]
+
+    @cached_property
+    def _widest(self) -> np.ndarray:
+        """The widest window the families read, built once per stream."""
+        widest = np.stack([self.token_at(self.position - back) for back in range(WIDEST)], 1)
+        widest.flags.writeable = False
+        return widest
+
+    @cached_property
+    def first_slots(self) -> np.ndarray:
+        """(N, WIDEST): for each slot of the widest window, the first slot (the latest token
+        first) that holds the same token: at most the slot itself."""
+        window = self._widest
+        return (window[:, None, :] == window[:, :, None]).argmax(axis=2)
 
     @cached_property
     def occurred(self) -> np.ndarray:
@@ -147,9 +165,12 @@ def fit(keys: np.ndarray, answers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         key_index.astype(np.int64) * span + answers - lowest, return_counts=True
     )
     pair_keys, pair_answers = pairs // span, pairs % span + lowest
-    best = np.lexsort((-counts, pair_keys))  # per key most counts first; stable: ties keep
-    pair_keys, pair_answers = pair_keys[best], pair_answers[best]  # the smallest answer
-    first = np.r_[True, pair_keys[1:] != pair_keys[:-1]]
+    # the pairs come sorted by key, then answer: each key's first pair of its highest count
+    # holds the most frequent answer, the smallest of a tie
+    starts = np.flatnonzero(np.r_[True, pair_keys[1:] != pair_keys[:-1]])
+    highest = np.repeat(np.maximum.reduceat(counts, starts), np.diff(np.r_[starts, len(pairs)]))
+    at_highest = np.flatnonzero(counts == highest)
+    first = at_highest[np.r_[True, pair_keys[at_highest][1:] != pair_keys[at_highest][:-1]]]
     return unique_keys[pair_keys[first]], pair_answers[first]
 
 
@@ -349,15 +370,13 @@ def counts(s: Streams) -> list[Baseline]:
     ]
 
 
-def _equality_pattern(window: np.ndarray, is_data: np.ndarray) -> np.ndarray:
-    """(N, w): each data token of the window renamed by the first slot that holds it (the
-    latest token first); every other token keeps its id, shifted past the slots."""
-    width = window.shape[1]
-    codes = np.empty_like(window)
-    for k in range(width):
-        first_slot = (window[:, : k + 1] == window[:, k : k + 1]).argmax(axis=1)
-        codes[:, k] = np.where(is_data[:, k], first_slot, width + window[:, k] + 3)
-    return codes
+def _equality_pattern(answers: Answers, width: int, is_data_token: np.ndarray) -> np.ndarray:
+    """(N, width): each data token of the last ``width`` tokens renamed by the first slot
+    that holds it (the latest token first); every other token keeps its id, shifted past the
+    slots."""
+    window = answers.window(width)
+    first_slot = answers.first_slots[:, :width]  # a slot's first holder is at or before it
+    return np.where(is_data_token[window], first_slot, width + window + 3)
 
 
 def relabelled(s: Streams, vocab: int) -> list[Baseline]:
@@ -368,8 +387,7 @@ def relabelled(s: Streams, vocab: int) -> list[Baseline]:
     answer_vocab = s.answer_vocab(vocab + 1)  # and a False for PAD, at index -1
 
     def pattern(a: Answers, width: int) -> np.ndarray:
-        window = a.window(width)
-        return _equality_pattern(window, answer_vocab[window])  # PAD reads answer_vocab[-1]
+        return _equality_pattern(a, width, answer_vocab)  # PAD reads answer_vocab[-1]
 
     # what a table predicts: the first slot of the last 8 tokens that holds the answer, or
     # 8 + the answer's id where none does
