@@ -145,6 +145,29 @@ def test_a_window_before_the_sequence_start_is_a_pad_not_a_token():
     assert answers.is_answer.tolist() == [[False, True, True]]  # 6 and 7 were answers
 
 
+def test_a_table_keeps_each_keys_most_frequent_answer_the_smallest_of_a_tie():
+    keys = np.array([5, 5, 5, 2, 2, 9, 2, 2], dtype=np.int64)
+    answers = np.array([1, 3, 3, 7, 4, 0, 4, 7])
+    table_keys, table_answers = shortcuts.fit(keys, answers)
+    assert table_keys.tolist() == [2, 5, 9] and table_answers.tolist() == [4, 3, 0]
+    empty = shortcuts.fit(np.array([], dtype=np.int64), np.array([], dtype=np.int64))
+    assert [len(a) for a in empty] == [0, 0]
+    assert not shortcuts.lookup(empty, np.array([2, 5]))[1].any()
+
+
+def test_every_window_width_reads_the_same_tokens():
+    """Windows up to the widest the families read are views of one; a wider one is built
+    apart; each reads the tokens back from the answer, a pad before the start."""
+    tokens = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]])
+    answers = shortcuts.Answers.of(Batch(tokens, torch.ones_like(tokens)))
+    pad, row = shortcuts.PAD, tokens[0].tolist()
+    for width in (1, 3, shortcuts.WIDEST, shortcuts.WIDEST + 3):
+        window = answers.window(width)
+        expected = [[row[p - b] if p >= b else pad for b in range(width)] for p in range(len(row))]
+        assert window.tolist() == expected, width
+    assert not answers.window(4).flags.writeable  # a view of the shared one: never written
+
+
 # -- the generic families, each on a toy built for it -----------------------------------------
 
 

@@ -165,6 +165,8 @@ def fit(keys: np.ndarray, answers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         key_index.astype(np.int64) * span + answers - lowest, return_counts=True
     )
     pair_keys, pair_answers = pairs // span, pairs % span + lowest
+    if not len(pairs):  # no answers: an empty table
+        return unique_keys, pair_answers
     # the pairs come sorted by key, then answer: each key's first pair of its highest count
     # holds the most frequent answer, the smallest of a tie
     starts = np.flatnonzero(np.r_[True, pair_keys[1:] != pair_keys[:-1]])
