@@ -51,7 +51,7 @@ from synthbench.run.lr_selection import sweep_state
 from synthbench.run.planning import plan, suite_difficulties
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.schema import SCHEMA, lr_key
-from synthbench.run.seeds import Cells
+from synthbench.run.seeds import Cells, Growth
 from synthbench.run.spec import SUITE_VERSION, RunSpec
 from synthbench.run.store import ResultStore
 
@@ -86,24 +86,31 @@ def expected_runs(rows: pd.DataFrame) -> dict[str, RunSpec]:
     records = {run_id: run.to_dict("records") for run_id, run in runs}
     expected: dict[str, RunSpec] = {}
     for name in REFERENCE_PROTOCOLS:
-        specs = planned_runs(name)
-        cells = Cells(enabled=True)
-        cells.plan(specs)
-        for spec in specs:
+        expected.update((spec.run_id, spec) for spec in _runs_with_added_seeds(name, records))
+    return expected
+
+
+def _runs_with_added_seeds(name: str, records: dict[str, list[dict]]) -> list[RunSpec]:
+    """The planned runs of protocol ``name`` and the seeds the rules add to them, judging
+    the runs ``records`` (run id -> its rows) holds complete."""
+    specs = planned_runs(name)
+    cells = Cells(enabled=True)
+    cells.plan(specs)
+    added: list[RunSpec] = []
+
+    def complete_held(runs: list[RunSpec]) -> None:
+        for spec in runs:
             held = records.get(spec.run_id)
             if held and sweep_state(spec.protocol, held).complete:
                 cells.complete(spec, held)
-        added, grown = [], cells.grow(specs)
-        while grown:  # a ladder's added seeds, once held complete, may disagree in turn
-            new = [spec for growth in grown for spec in growth.added]
-            for spec in new:
-                held = records.get(spec.run_id)
-                if held and sweep_state(spec.protocol, held).complete:
-                    cells.complete(spec, held)
-            added += new
-            grown = cells.grow(new)
-        expected.update((spec.run_id, spec) for spec in [*specs, *added])
-    return expected
+
+    def take(growth: Growth) -> None:
+        complete_held(growth.added)
+        added.extend(growth.added)
+
+    complete_held(specs)
+    cells.grow_until_settled(specs, take)
+    return [*specs, *added]
 
 
 def load_trees(trees: list[Path]) -> tuple[pd.DataFrame, list[str]]:

@@ -111,14 +111,15 @@ class Answers:
     def window(self, width: int) -> np.ndarray:
         """(N, width): the last ``width`` tokens read at each answer, the latest first (a
         read-only view: a narrower window is the first columns of a wider one)."""
-        if width > self._widest.shape[1]:
-            return np.stack([self.token_at(self.position - back) for back in range(width)], 1)
-        return self._widest[:, :width]
+        return self._widest[:, :width] if width <= WIDEST else self._stacked(width)
+
+    def _stacked(self, width: int) -> np.ndarray:
+        return np.stack([self.token_at(self.position - back) for back in range(width)], axis=1)
 
     @cached_property
     def _widest(self) -> np.ndarray:
         """The widest window the families read, built once per stream."""
-        widest = np.stack([self.token_at(self.position - back) for back in range(WIDEST)], 1)
+        widest = self._stacked(WIDEST)
         widest.flags.writeable = False
         return widest
 

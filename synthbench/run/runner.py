@@ -264,22 +264,20 @@ def execute(
         seeds disagree (or the ladder's levels are out of order), the seeds the rules add join
         the plan, their trainings first (so the cell completes soon)."""
         cells.complete(run.spec, run.rows.values())
-        grown = cells.grow([run.spec])
-        while grown:  # a seed added stored already completes its cell now: judged next
-            again = []
-            for growth in grown:
-                outcome.runs += len(growth.added)
-                todo: list[Unit] = []
-                for spec in growth.added:  # a seed may be stored already, by an earlier command
-                    kept = [] if force else _finished(store.read_run(*_place(spec)))
-                    new, more = _admit(spec, kept, store, force, events, outcome, cells)
-                    if new is not None:
-                        active[spec.run_id] = new
-                        todo += more
-                queue.extendleft(reversed(todo))
-                events.seeded(growth, todo)
-                again += cells.grow(growth.added)
-            grown = again
+
+        def take(growth: Growth) -> None:
+            outcome.runs += len(growth.added)
+            todo: list[Unit] = []
+            for spec in growth.added:  # a seed may be stored already, by an earlier command
+                kept = [] if force else _finished(store.read_run(*_place(spec)))
+                new, more = _admit(spec, kept, store, force, events, outcome, cells)
+                if new is not None:
+                    active[spec.run_id] = new
+                    todo += more
+            queue.extendleft(reversed(todo))
+            events.seeded(growth, todo)
+
+        cells.grow_until_settled([run.spec], take)
 
     try:
         queue = deque(units)
@@ -479,13 +477,8 @@ def _pending(
         return todo
 
     admit(specs)
-    grown = cells.grow(specs)  # the cells and ladders the store holds complete
-    while grown:  # a ladder's added seeds may be stored, their cells complete: judged next
-        more = []
-        for growth in grown:
-            events.seeded(growth, admit(growth.added))
-            more += cells.grow(growth.added)
-        grown = more
+    # the cells and ladders the store holds complete
+    cells.grow_until_settled(specs, lambda growth: events.seeded(growth, admit(growth.added)))
     return planned, active, units, cells
 
 

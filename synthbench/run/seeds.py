@@ -31,7 +31,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from synthbench.core.task import TASKS
@@ -208,6 +208,19 @@ class Cells:
                 self.plan(added)
                 found.append(Growth(added, scores(selected)))
         return found
+
+    def grow_until_settled(self, specs: Iterable[RunSpec], take: Callable[[Growth], None]) -> None:
+        """``grow`` for ``specs``, handing each growth to ``take`` (which plans its runs and
+        completes those already held: a seed may be stored by an earlier command), then
+        judging the runs it added in turn, until the rules add nothing: a ladder's added
+        seeds, once complete, may disagree in their cells."""
+        grown = self.grow(specs)
+        while grown:
+            more = []
+            for growth in grown:
+                take(growth)
+                more += self.grow(growth.added)
+            grown = more
 
 
 def selected_row(protocol: Protocol, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
