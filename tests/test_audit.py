@@ -26,15 +26,20 @@ SMALL = {"train_answers": 20_000, "test_answers": 4_000}
 
 
 @pytest.mark.parametrize(
-    "key_range, answer_range",
-    [((0, 30), (0, 4)), ((-(2**62), 2**62), (-1, 3))],  # hashed keys are any int64; PAD < 0
+    "key_range, answer_range, n_keys",
+    [
+        ((0, 30), (0, 4), None),
+        ((-(2**62), 2**62), (-1, 3), None),  # hashed keys are any int64; PAD < 0
+        ((0, 30), (-1, 3), 40),  # codes below n_keys (ContextKeys), counted in a table
+        ((0, 30), (0, 4), shortcuts.CHUNK),  # codes whose table would be too large: sorted
+    ],
 )
-def test_fit_is_the_most_frequent_answer_per_key_smallest_on_ties(key_range, answer_range):
+def test_fit_is_the_most_frequent_answer_per_key_smallest_on_ties(key_range, answer_range, n_keys):
     rng = random.Random(0)
     pool = [rng.randrange(*key_range) for _ in range(30)]
     keys = [rng.choice(pool) for _ in range(2000)]
     answers = [rng.randrange(*answer_range) for _ in range(2000)]
-    table_keys, table_answers = shortcuts.fit(np.array(keys), np.array(answers))
+    table_keys, table_answers = shortcuts.fit(np.array(keys), np.array(answers), n_keys)
     assert table_keys.tolist() == sorted(set(keys))
     counts: dict[int, Counter] = {}
     for k, a in zip(keys, answers, strict=True):
@@ -44,6 +49,28 @@ def test_fit_is_the_most_frequent_answer_per_key_smallest_on_ties(key_range, ans
     present, absent = keys[0], max(pool) + 1
     answer, found = shortcuts.lookup((table_keys, table_answers), np.array([present, absent]))
     assert found.tolist() == [True, False] and answer[0] == expected[present]
+
+
+@pytest.mark.parametrize("spread", [1, 10**6])  # exact codes; a hash past CHUNK combinations
+def test_context_keys_tell_rows_apart_and_mark_what_training_never_showed(spread):
+    rng = np.random.default_rng(0)
+    # PAD is -1; the last two rows are what the two unseen rows below would read as, in a
+    # mixed radix without the check of each digit
+    train = np.concatenate([rng.integers(-1, 5, size=(500, 3)), [[1, -1, 0], [-1, 4, 0]]])
+    train = train * spread
+    keys = shortcuts.ContextKeys(train)
+    assert (keys.n_keys is None) == (spread > 1)
+    train_keys = keys.train
+    rows = [tuple(row) for row in train.tolist()]
+    same = {}
+    for row, key in zip(rows, train_keys.tolist(), strict=True):
+        assert same.setdefault(row, key) == key  # a row has one key
+    assert len(set(same.values())) == len(same)  # and no two rows share one
+    if keys.n_keys is not None:
+        assert min(same.values()) >= 0 and max(same.values()) < keys.n_keys
+    test = np.array([train[0], [0, 5 * spread, 0], [0, -2 * spread, 0]])
+    test_keys = keys.of(test).tolist()
+    assert test_keys[0] == train_keys[0] and not set(test_keys[1:]) & set(same.values())
 
 
 @dataclass(frozen=True)
@@ -256,8 +283,8 @@ def test_the_best_fixed_lag_is_chosen_on_training_data():
 
 def test_occurrence_counts_against_python():
     rng = np.random.default_rng(0)
-    # PAD is negative; large ids; a span past 16 bits (no radix sort)
-    for low, high in ((0, 5), (-1, 3), (100, 400), (0, 70_000)):
+    # PAD is negative; large ids; ids further apart than a table of every id would hold
+    for low, high in ((0, 5), (-1, 3), (100, 400), (0, 70_000), (0, 2**40)):
         inputs = rng.integers(low, high, size=(7, 30))
         expected = [[list(row[: i + 1]).count(row[i]) for i in range(30)] for row in inputs]
         assert shortcuts.occurrences(inputs).tolist() == expected

@@ -41,7 +41,10 @@ from synthbench.core.task import IGNORE, Batch
 
 PAD = -1  # a token before the sequence start, in a window key
 MAX_COUNT = 63  # counts above this share a key
-CHUNK = 1 << 22  # answers x positions per block of the fixed-position tables (memory)
+# the most elements of one table or block (memory): answers x positions in the fixed-position
+# tables, rows x tokens in the running counts, keys x answers in a count table
+CHUNK = 1 << 22
+EXACT_KEYS = 1 << 40  # contexts of at most this many value combinations are coded exactly
 LONG_WINDOWS = (8, 6, 4, 3, 2, 1)  # the back-off chain of the 8-token windows
 WIDEST = max(LONG_WINDOWS)
 MARGIN = 0.2  # a baseline above chance + MARGIN is a shortcut
@@ -124,6 +127,16 @@ class Answers:
         return widest
 
     @cached_property
+    def narrow(self) -> tuple[np.ndarray, np.ndarray]:
+        """(inputs, answer) as int16 where every id fits: the fixed-position tables compare
+        each answer with its whole example, and read a quarter of the bytes so (1.5x to 5x
+        faster, the longer the examples the more)."""
+        ids = (self.inputs, self.answer)
+        if all(a.size == 0 or (a.min() >= -(2**15) and a.max() < 2**15) for a in ids):
+            return self.inputs.astype(np.int16), self.answer.astype(np.int16)
+        return ids
+
+    @cached_property
     def first_slots(self) -> np.ndarray:
         """(N, WIDEST): for each slot of the widest window, the first slot (the latest token
         first) that holds the same token: at most the slot itself."""
@@ -155,26 +168,39 @@ class Answers:
 # -- count tables ----------------------------------------------------------------------------
 
 
-def fit(keys: np.ndarray, answers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The most frequent answer of every key (ties: the smallest answer), keys sorted."""
-    unique_keys, key_index = np.unique(keys, return_inverse=True)
+def fit(
+    keys: np.ndarray, answers: np.ndarray, n_keys: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The most frequent answer of every key (ties: the smallest answer), keys sorted.
+    ``n_keys``: the keys are codes 0 to n_keys - 1 (``ContextKeys``): no renaming, and where
+    a table of every (code, answer) is no larger than the data, counted in it, unsorted."""
     answers = answers.astype(np.int64)
     lowest = int(answers.min()) if answers.size else 0
     span = int(answers.max()) - lowest + 1 if answers.size else 1
+    if n_keys is not None and n_keys * span <= len(keys):
+        table = np.bincount(keys * span + answers - lowest, minlength=n_keys * span)
+        table = table.reshape(n_keys, span)
+        present = np.flatnonzero(table.any(axis=1))
+        return present, table[present].argmax(axis=1) + lowest  # argmax: the first highest
+    if n_keys is not None and n_keys * span < 2**62:  # their pairs below fit in an int64
+        unique_keys, key_index = None, keys
+    else:
+        unique_keys, key_index = np.unique(keys, return_inverse=True)
     # each (key, answer) as one number, ordered by key then answer: one sort, not a lexsort
     pairs, counts = np.unique(
         key_index.astype(np.int64) * span + answers - lowest, return_counts=True
     )
     pair_keys, pair_answers = pairs // span, pairs % span + lowest
     if not len(pairs):  # no answers: an empty table
-        return unique_keys, pair_answers
+        return keys[:0], pair_answers
     # the pairs come sorted by key, then answer: each key's first pair of its highest count
     # holds the most frequent answer, the smallest of a tie
     starts = np.flatnonzero(np.r_[True, pair_keys[1:] != pair_keys[:-1]])
     highest = np.repeat(np.maximum.reduceat(counts, starts), np.diff(np.r_[starts, len(pairs)]))
     at_highest = np.flatnonzero(counts == highest)
     first = at_highest[np.r_[True, pair_keys[at_highest][1:] != pair_keys[at_highest][:-1]]]
-    return unique_keys[pair_keys[first]], pair_answers[first]
+    first_keys = pair_keys[first]
+    return first_keys if unique_keys is None else unique_keys[first_keys], pair_answers[first]
 
 
 def lookup(table: tuple[np.ndarray, np.ndarray], keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -184,6 +210,38 @@ def lookup(table: tuple[np.ndarray, np.ndarray], keys: np.ndarray) -> tuple[np.n
         return np.zeros_like(keys), np.zeros(len(keys), dtype=bool)
     index = np.minimum(np.searchsorted(table_keys, keys), len(table_keys) - 1)
     return table_answers[index], table_keys[index] == keys
+
+
+class ContextKeys:
+    """Int64 keys for the rows of (N, w) contexts, set by the training stream's contexts
+    (``train``: their keys). Where the columns take few enough values, a row's key is its
+    exact code in base ``radix`` (the span of the training contexts' values, all columns
+    alike: one pass over them), 0 to n_keys - 1, and -1 for a later row with a value outside
+    that span; otherwise a hash of the row (``row_keys``; n_keys None)."""
+
+    def __init__(self, train_columns: np.ndarray):
+        columns = train_columns.reshape(len(train_columns), -1)
+        self.n_keys: int | None = None
+        if len(columns):
+            self.low = int(columns.min())
+            self.radix = int(columns.max()) - self.low + 1
+            combinations = self.radix ** columns.shape[1]
+            self.n_keys = combinations if combinations <= EXACT_KEYS else None
+        self.train = row_keys(columns) if self.n_keys is None else self._code(columns)
+
+    def of(self, columns: np.ndarray) -> np.ndarray:
+        """The keys of another stream's contexts."""
+        columns = columns.reshape(len(columns), -1)
+        if self.n_keys is None:
+            return row_keys(columns)
+        inside = ((columns >= self.low) & (columns < self.low + self.radix)).all(axis=1)
+        return np.where(inside, self._code(columns), -1)
+
+    def _code(self, columns: np.ndarray) -> np.ndarray:
+        code = np.zeros(len(columns), dtype=np.int64)
+        for column in columns.T:
+            code = code * self.radix + (column - self.low)
+        return code
 
 
 def row_keys(columns: np.ndarray) -> np.ndarray:
@@ -238,8 +296,9 @@ class Streams:
         seen = 0.0
         for depth, (name, context) in enumerate(chain):
             if (name, codes) not in self.looked_up:
-                table = fit(row_keys(context(self.train)), train_codes)
-                self.looked_up[name, codes] = lookup(table, row_keys(context(self.test)))
+                keys = ContextKeys(context(self.train))
+                table = fit(keys.train, train_codes, keys.n_keys)
+                self.looked_up[name, codes] = lookup(table, keys.of(context(self.test)))
             answer, found = self.looked_up[name, codes]
             take = found & ~decided
             predicted[take] = answer[take]
@@ -274,10 +333,9 @@ def windows(s: Streams) -> list[Baseline]:
 def _hits_by_place(answers: Answers, rows: np.ndarray) -> np.ndarray:
     """(len(rows), L): where, at or before each answer's position, its example holds the
     answer token."""
-    L = answers.inputs.shape[1]
-    tokens = answers.inputs[answers.example[rows]]
-    before = np.arange(L) <= answers.position[rows, None]
-    return (tokens == answers.answer[rows, None]) & before
+    inputs, answer = answers.narrow
+    before = np.arange(inputs.shape[1]) <= answers.position[rows, None]
+    return (inputs[answers.example[rows]] == answer[rows, None]) & before
 
 
 def fixed_positions(s: Streams) -> list[Baseline]:
@@ -326,20 +384,34 @@ def occurrences(inputs: np.ndarray) -> np.ndarray:
     """(n, L): how often each position's token has occurred in its row up to there (1 at
     its first occurrence)."""
     n, L = inputs.shape
-    token = inputs.astype(np.int64)
-    lowest = int(token.min()) if token.size else 0
-    span = int(token.max()) - lowest + 1 if token.size else 1
-    # a stable sort by token keeps each token's places in (row, position) order, so a group
-    # (row, token) is a run of equal tokens and rows; 16-bit tokens sort by radix (2x a sort
-    # of one key per (row, token), itself 5x a lexsort over row, token and position)
-    shifted = (token - lowest).reshape(-1)
-    order = np.argsort(shifted.astype(np.uint16) if span <= 2**16 else shifted, kind="stable")
-    by_token, row = shifted[order], order // L
-    group_start = np.r_[True, (by_token[1:] != by_token[:-1]) | (row[1:] != row[:-1])]
-    start_of = np.maximum.accumulate(np.where(group_start, np.arange(n * L), 0))
-    counts = np.empty(n * L, dtype=np.int64)
-    counts[order] = np.arange(n * L) - start_of + 1
-    return counts.reshape(n, L)
+    token, distinct = _renamed(inputs)
+    # each row's running count of every token, a block of rows at a time, read along the
+    # positions: O(n L), 1.5x faster than a stable sort of every (row, token, position)
+    counts = np.empty((n, L), dtype=np.int64)
+    rows_per_block = max(1, CHUNK // max(distinct, 1))
+    for start in range(0, n, rows_per_block):
+        block = token[start : start + rows_per_block]
+        seen = np.zeros(len(block) * distinct, dtype=np.int64)
+        row_start = np.arange(len(block)) * distinct
+        for p in range(L):
+            at = row_start + block[:, p]
+            seen[at] += 1  # one token per row at p: no two additions meet
+            counts[start : start + len(block), p] = seen[at]
+    return counts
+
+
+def _renamed(tokens: np.ndarray) -> tuple[np.ndarray, int]:
+    """The tokens renamed 0, 1, ... in the order of their ids, and how many are distinct."""
+    if not tokens.size:
+        return tokens.astype(np.int64), 0
+    shifted = tokens.astype(np.int64) - int(tokens.min())
+    span = int(shifted.max()) + 1
+    if span > CHUNK:  # ids far apart: a sort, not a table of every id between
+        distinct_ids, renamed = np.unique(shifted, return_inverse=True)
+        return renamed.reshape(tokens.shape), len(distinct_ids)
+    present = np.zeros(span, dtype=bool)
+    present[shifted] = True
+    return (np.cumsum(present) - 1)[shifted], int(present.sum())
 
 
 def counts(s: Streams) -> list[Baseline]:
@@ -373,13 +445,12 @@ def counts(s: Streams) -> list[Baseline]:
     ]
 
 
-def _equality_pattern(answers: Answers, width: int, is_data_token: np.ndarray) -> np.ndarray:
-    """(N, width): each data token of the last ``width`` tokens renamed by the first slot
-    that holds it (the latest token first); every other token keeps its id, shifted past the
-    slots."""
-    window = answers.window(width)
-    first_slot = answers.first_slots[:, :width]  # a slot's first holder is at or before it
-    return np.where(is_data_token[window], first_slot, width + window + 3)
+def _equality_pattern(answers: Answers, is_data_token: np.ndarray) -> np.ndarray:
+    """(N, WIDEST): each data token of the widest window renamed by the first slot that holds
+    it (the latest token first); every other token keeps its id, shifted past the slots. A
+    narrower window's pattern is its first columns."""
+    window = answers.window(WIDEST)
+    return np.where(is_data_token[window], answers.first_slots, WIDEST + window + 3)
 
 
 def relabelled(s: Streams, vocab: int) -> list[Baseline]:
@@ -388,9 +459,11 @@ def relabelled(s: Streams, vocab: int) -> list[Baseline]:
     well sampled where raw windows are not. A table predicts the slot of the window that
     holds the answer, or an answer token outside the window (another token's id)."""
     answer_vocab = s.answer_vocab(vocab + 1)  # and a False for PAD, at index -1
+    # each stream's widest pattern, built once (a context reads the stream it is given)
+    widest = {id(a): _equality_pattern(a, answer_vocab) for a in (s.train, s.test)}
 
     def pattern(a: Answers, width: int) -> np.ndarray:
-        return _equality_pattern(a, width, answer_vocab)  # PAD reads answer_vocab[-1]
+        return widest[id(a)][:, :width]
 
     # what a table predicts: the first slot of the last 8 tokens that holds the answer, or
     # 8 + the answer's id where none does
