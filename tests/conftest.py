@@ -64,6 +64,21 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group(group), append=False)
         if ray or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
+        if ray:
+            item.fixturenames.insert(0, "ray_instance")
+
+
+@pytest.fixture(scope="session")
+def ray_instance():
+    """One local Ray instance for the tests marked ``ray``, started before the first: the
+    executor in a test's process joins it (a running instance, as on a cluster) instead of
+    starting and stopping its own (12 CPU-s each, with its workers' imports). A command that
+    a test runs as a process starts its own, as a user's does: Ray joins an instance started
+    by ``ray.init`` only when given its address."""
+    ray = pytest.importorskip("ray", reason='the Ray extra: pip install "synthbench[ray]"')
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
