@@ -19,7 +19,6 @@ from test_plugin_exits import ATTENTION, line, load, unload
 
 from synthbench.core import children
 from synthbench.core.mechanism import MECHANISMS
-from synthbench.integrity import isolation
 from synthbench.integrity.causality import Subject
 from synthbench.integrity.contract import run_check
 from synthbench.integrity.guard import leak_guard
@@ -125,7 +124,7 @@ def test_run_trains_the_others_when_a_leak_check_ends_its_process(plugin, tmp_pa
 @pytest.mark.parametrize("start", ["forkserver", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_check_stops_a_check_that_never_returns_naming_where(plugin, monkeypatch, start):
     """Its child forked by a fork server (where there is one) or spawned (elsewhere)."""
-    monkeypatch.setattr(isolation, "_START_METHOD", start)
+    monkeypatch.setattr(children, "START_METHOD", start)
     result = invoke("check", "hangs", "--plugin", plugin, "--length", 8, "--max-seconds", 3)
     assert result.exit_code == 1, result.output
     assert (

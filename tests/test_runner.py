@@ -555,13 +555,13 @@ def slow_suite(tmp_path: Path, executor: str = "local") -> tuple[list[str], Path
 
 
 def wait_for_files(proc: subprocess.Popen, root: Path, n: int = 2) -> list[int]:
-    """Wait until ``n`` runs are stored; return the driver's child processes then."""
+    """Wait until ``n`` runs are stored; return the driver's descendant processes then."""
     deadline = time.monotonic() + 180
     while len(ResultStore(root).files()) < n:
         assert proc.poll() is None, "the run ended before it could be stopped"
         assert time.monotonic() < deadline, "no results appeared"
         time.sleep(0.01)
-    return children(proc.pid)
+    return descendants(proc.pid)
 
 
 def resume_completes(command: list[str], root: Path, n_before: int) -> None:
@@ -583,16 +583,20 @@ def resume_completes(command: list[str], root: Path, n_before: int) -> None:
     assert sorted(zip(rows["task"], rows["seed"], strict=True)) == every_run
 
 
-def children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux /proc)."""
-    found = []
+def descendants(pid: int) -> list[int]:
+    """The processes descending from ``pid`` (Linux /proc): its children, theirs, and so on
+    (the local workers are the children of a fork server, itself the driver's child)."""
+    parent_of = {}
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            parent_of[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
+    found, frontier = [], [pid]
+    while frontier:
+        below = [child for child, parent in parent_of.items() if parent in frontier]
+        found += below
+        frontier = below
     return found
 
 

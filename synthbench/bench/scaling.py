@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import multiprocessing as mp
 import signal
 import statistics
 import time
@@ -46,6 +45,7 @@ from synthbench.bench.memory import (
     limit_data,
     peak_bytes,
 )
+from synthbench.core import children
 from synthbench.core.linear_attention import linear_attention
 from synthbench.core.mechanism import MECHANISMS, FeatureMapMechanism, mechanism_params
 from synthbench.core.model import MultiHeadAttention
@@ -287,15 +287,11 @@ def _child(connection, series: Series, setup: Setup, seq_len: int, what: str) ->
     connection.close()
 
 
-@functools.cache
 def _context():
     """Fresh processes without a fresh import of torch each: forked from a server that
-    imported this module (and torch) once but ran nothing. Spawn where there is no fork."""
-    if "forkserver" in mp.get_all_start_methods():
-        context = mp.get_context("forkserver")
-        context.set_forkserver_preload([__name__])
-        return context
-    return mp.get_context("spawn")
+    imported this module (and torch) once but ran nothing (core/children.py)."""
+    children.preload(__name__)
+    return children.context()
 
 
 def run_in_child(series: Series, setup: Setup, seq_len: int, what: str) -> dict[str, Any]:

@@ -23,7 +23,6 @@ process alone: a notebook, a test).
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import threading
 import time
@@ -96,8 +95,7 @@ def _serve(
     result; None (or its parent gone) ends it. ``parent_alive``: a pipe whose other end only
     the parent holds (its end-of-file says the parent is gone); ``environ``: the parent's
     environment when it started this child (a fork server's children inherit the server's)."""
-    os.environ.clear()
-    os.environ.update(environ)
+    children.take_environment(environ)
     children.leave_ctrl_c_to_the_parent()
     children.exit_when_closed(parent_alive)
     children.dump_stack_on_request(stacks)
@@ -133,14 +131,7 @@ def _serve(
         conn.send(("done", result))
 
 
-# How the child starts. A fork server, where the platform has one: a process started once
-# per command with torch and this module loaded, that forks each child (about 0.05 s where a
-# fresh interpreter takes about 2 s to load torch; a check that ends its child is followed by
-# a new one, and a long-lived process, such as a notebook, starts many). Never a plain fork of
-# this process: it would copy torch's threads. Elsewhere, spawn, as the local workers do.
-_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
-if _START_METHOD == "forkserver":
-    multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
+children.preload(__name__)  # the checks' child is forked with this module loaded
 
 
 class CheckProcess:
@@ -157,7 +148,7 @@ class CheckProcess:
     ) -> None:
         self.files = [os.path.abspath(p) for p in plugin_files or []]
         self.limit, self.notice, self.on_slow = limit, notice, on_slow
-        self._context = multiprocessing.get_context(_START_METHOD)
+        self._context = children.context()
         self._process = None
         self._conn: Connection | None = None
         self._alive: Connection | None = None  # its end-of-file in the child: this one is gone

@@ -6,11 +6,12 @@ training's at a time from ``wait``; only the driver process writes them to the s
 
 - ``InProcess``: one after another in this process (``--jobs 1``).
 - ``LocalPool``: worker processes on this machine (``--jobs N``), each with its own device
-  (round-robin over the GPUs: ``devices.worker_devices``). A worker loads the same plugin
-  files as the driver, ignores Ctrl-C (the driver stops it), and exits by itself when the
-  driver dies. A worker that dies mid-training is replaced and its training retried; one
-  still training after ``max_seconds`` (``run --max-seconds``) is stopped, and its training
-  stored as an error naming where it was (core/children.py), not retried.
+  (round-robin over the GPUs: ``devices.worker_devices``), forked by a fork server that has
+  torch and the engine loaded where the platform has one (core/children.py). A worker loads
+  the same plugin files as the driver, ignores Ctrl-C (the driver stops it), and exits by
+  itself when the driver dies. A worker that dies mid-training is replaced and its training
+  retried; one still training after ``max_seconds`` (``run --max-seconds``) is stopped, and
+  its training stored as an error naming where it was (core/children.py), not retried.
 - ``RayPool``: tasks on a Ray cluster (``--executor ray``): a local instance, or an existing
   cluster through ``--ray-address``. Rows travel back to the driver, so the workers need no
   shared filesystem; plugin files travel as their source. Its workers ignore Ctrl-C too. Ray
@@ -25,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import multiprocessing
 import os
 import tempfile
 import time
@@ -107,6 +107,8 @@ class InProcess(_Results):
 
 # -- local worker processes -------------------------------------------------------------------
 
+children.preload(__name__)  # a worker is forked with this module (torch, the engine) loaded
+
 
 def _worker_main(
     conn: Connection,
@@ -114,12 +116,15 @@ def _worker_main(
     plugin_files: list[str],
     parent_alive: Connection,
     stacks: str | None,
+    environ: dict[str, str],
     logs: Tracking | None = None,
 ) -> None:
     """A local worker: train each piece of work it receives, send back its rows; None ends
     it, as does its parent's end (``parent_alive``: a pipe whose other end only the driver
     holds). Its stack goes to ``stacks`` when asked (core/children.py: a time limit says
-    where it stopped a training)."""
+    where it stopped a training). ``environ``: the driver's environment when it started the
+    worker."""
+    children.take_environment(environ)
     children.leave_ctrl_c_to_the_parent()
     children.exit_when_closed(parent_alive)
     children.dump_stack_on_request(stacks)
@@ -150,19 +155,20 @@ class _Worker:
 
     def __init__(
         self,
-        context,
         device: torch.device,
         plugin_files: list[str],
         watched: bool = False,
         logs: Tracking | None = None,
     ) -> None:
         self.device = device
+        context = children.context()
         self.conn, child = context.Pipe()
         alive, self._alive = context.Pipe(duplex=False)  # never written: closed at the end
         self.stacks = children.StackFile() if watched else None
+        stacks = self.stacks and self.stacks.path
         self.process = context.Process(
             target=_worker_main,
-            args=(child, str(device), plugin_files, alive, self.stacks and self.stacks.path, logs),
+            args=(child, str(device), plugin_files, alive, stacks, dict(os.environ), logs),
             daemon=True,
             name=f"synthbench-worker-{device}",
         )
@@ -207,7 +213,6 @@ class LocalPool(_Results):
         self.capacity = len(devices)
         self.max_seconds = max_seconds
         self._files = [str(Path(p).resolve()) for p in plugin_files]
-        self._context = multiprocessing.get_context("spawn")  # fork would copy torch's threads
         self._threads = threads
         self._logs = logs
         self._attempts: dict = {}
@@ -216,12 +221,14 @@ class LocalPool(_Results):
         self._workers = [self._spawn(d) for d in devices]
 
     def _spawn(self, device: torch.device) -> _Worker:
-        # a worker's OpenMP pool is sized when torch loads in it, from the environment
+        # a worker's OpenMP pool is sized when torch loads in it, from the environment: a
+        # spawned worker's own, a forked one's the fork server's (each training then sets
+        # its threads)
         previous = os.environ.get("OMP_NUM_THREADS")
         os.environ["OMP_NUM_THREADS"] = str(self._threads)
         try:
             watched = self.max_seconds is not None
-            return _Worker(self._context, device, self._files, watched, self._logs)
+            return _Worker(device, self._files, watched, self._logs)
         finally:
             if previous is None:
                 del os.environ["OMP_NUM_THREADS"]

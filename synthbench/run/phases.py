@@ -1,7 +1,7 @@
 """Where a command's time goes, phase by phase, when somebody asks.
 
 With ``SYNTHBENCH_PHASES=DIR`` in the environment, every process of a ``synthbench`` command
-(the CLI and each worker it starts) adds up the seconds spent in each named ``phase`` and
+that works (the CLI and each worker it starts) adds up the seconds spent in each named ``phase`` and
 the times each was entered, and writes them to ``DIR/<pid>.json`` as it ends.
 benchmarks/cost_breakdown.py reads them. Without it, ``phase`` costs one dictionary lookup.
 
@@ -47,9 +47,10 @@ def phase(name: str) -> Iterator[None]:
 
 def write() -> None:
     """This process's totals to ``$SYNTHBENCH_PHASES/<pid>.json`` (when enabled); called at
-    exit, and by a worker before it returns (a worker's exit skips atexit)."""
+    exit, and by a worker before it returns (a worker's exit skips atexit). A process that
+    timed nothing writes nothing: the fork server that forks the workers (core/children.py)."""
     folder = os.environ.get(ENV)
-    if not folder:
+    if not folder or not _counts:
         return
     record = {
         "pid": os.getpid(),
@@ -62,4 +63,13 @@ def write() -> None:
     path.write_text(json.dumps(record))
 
 
+def _start_afresh() -> None:
+    global _started
+    _seconds.clear()
+    _counts.clear()
+    _started = time.perf_counter()
+
+
 atexit.register(write)
+if hasattr(os, "register_at_fork"):  # a forked process (a worker) counts from its own start
+    os.register_at_fork(after_in_child=_start_afresh)
