@@ -4,6 +4,7 @@ every executor (this process, local workers, Ray) stores the same rows."""
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import os
 import signal
 import subprocess
@@ -19,6 +20,7 @@ from test_plugin_exits import unload
 from typer.testing import CliRunner
 
 from synthbench.cli import app
+from synthbench.core import children
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.registry import load_plugin_file
 from synthbench.core.task import TASKS
@@ -291,7 +293,19 @@ def sequential_rows(plugin, tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_local_workers_store_the_same_rows_as_one_process(plugin, sequential_rows, tmp_path):
+@pytest.mark.parametrize(
+    "start",
+    [
+        pytest.param("forkserver", marks=pytest.mark.skipif(
+            "forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server"
+        )),
+        "spawn",  # where there is no fork server
+    ],
+)  # fmt: skip
+def test_local_workers_store_the_same_rows_as_one_process(
+    plugin, sequential_rows, tmp_path, monkeypatch, start
+):
+    monkeypatch.setattr(children, "START_METHOD", start)
     result = invoke("run", *MID, "--plugin", plugin, "--results", tmp_path, "--jobs", 2)
     assert result.exit_code == 0, result.output
     assert "2 at once" in result.output
