@@ -53,7 +53,8 @@ _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}"
 # local workers and checks, and a long-lived parent such as a notebook or a test session
 # starts many). Never a plain fork of the parent: it would copy torch's threads. Elsewhere,
 # spawn.
-START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+_FORK_SERVER = "forkserver" in multiprocessing.get_all_start_methods()
+START_METHOD = "forkserver" if _FORK_SERVER else "spawn"
 _PRELOADED: list[str] = []
 
 
@@ -63,7 +64,7 @@ def preload(module: str) -> None:
     what it loaded, and a child imports the rest)."""
     if module not in _PRELOADED:
         _PRELOADED.append(module)
-        if "forkserver" in multiprocessing.get_all_start_methods():
+        if _FORK_SERVER:  # whatever START_METHOD says now: a test may set spawn for a while
             multiprocessing.get_context("forkserver").set_forkserver_preload(list(_PRELOADED))
 
 

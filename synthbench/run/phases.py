@@ -1,9 +1,10 @@
 """Where a command's time goes, phase by phase, when somebody asks.
 
 With ``SYNTHBENCH_PHASES=DIR`` in the environment, every process of a ``synthbench`` command
-that works (the CLI and each worker it starts) adds up the seconds spent in each named ``phase`` and
-the times each was entered, and writes them to ``DIR/<pid>.json`` as it ends.
-benchmarks/cost_breakdown.py reads them. Without it, ``phase`` costs one dictionary lookup.
+that works (the CLI and each worker it starts) adds up the seconds spent in each named
+``phase`` and the times each was entered, and writes them to ``DIR/<pid>.json`` as it
+ends. benchmarks/cost_breakdown.py reads them. Without it, ``phase`` costs one dictionary
+lookup.
 
 Phases do not nest: each second is counted once, so the phases of a process add up to at
 most its lifetime, and the rest of that lifetime is untimed (process start and imports,
