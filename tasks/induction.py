@@ -169,7 +169,7 @@ class Induction(Task):
         same = inputs.unsqueeze(2) == inputs.unsqueeze(1)  # (batch, i, j)
         earlier = same & torch.ones(L, L, dtype=torch.bool, device=inputs.device).tril(-1)
         has_earlier = earlier.any(dim=2)
-        first = earlier.long().argmax(dim=2)
+        first = earlier.to(torch.uint8).argmax(dim=2)  # the first True (uint8: 1/8 of long)
         copied = inputs.gather(1, (first + 1).clamp(max=L - 1))
         if self.params.dense:  # every repeat of a key token is an answer
             asked = has_earlier & (inputs < self.params.keys)
@@ -192,14 +192,16 @@ class Induction(Task):
                 same = inputs.unsqueeze(2) == inputs.unsqueeze(1)  # (n, row, column)
                 later = same & (column > row)
                 first = ~(same & (column < row)).any(dim=2)
-                recur = torch.where(later.any(dim=2), later.long().argmax(dim=2), L)  # (n, p)
+                recur = torch.where(later.any(dim=2), later.to(torch.uint8).argmax(dim=2), L)
                 # at answer position i (a row), the candidates p (columns)
                 candidate = (
                     (first & (inputs < keys)).unsqueeze(1)
                     & (column < row)
                     & (recur.unsqueeze(1) >= row)
                 )
-                score = torch.where(candidate, column if latest else L - column, -1)
+                # int32 scores: the (n, L, L) tensor at half of int64's bytes
+                rank = (column if latest else L - column).to(torch.int32)
+                score = torch.where(candidate, rank, -1)
                 chosen = score.argmax(dim=2)
                 successor = inputs.gather(1, (chosen + 1).clamp(max=L - 1))
                 return torch.where(candidate.any(dim=2), successor, 0)

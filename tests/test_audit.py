@@ -10,7 +10,7 @@ import random
 import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -370,20 +370,31 @@ def test_suite_v2s_leaky_layouts_are_flagged_by_the_generic_families():
 
 # -- every built-in task ---------------------------------------------------------------------
 
-# every preset of every built-in task (ladder levels included), at full size: the slow
-# tier, each preset's cases on a worker of their own (pytest-xdist: an audit at full size
-# takes seconds, and there are 135); the fast tier audits at small sizes above
-BUILTIN_CASES = [
-    pytest.param(
-        name,
-        preset,
-        id=f"{name}-{preset}",
-        marks=(pytest.mark.slow, pytest.mark.xdist_group(f"audit-{preset}")),
-    )
-    for name in sorted(TASKS.names())
-    if TASKS.entry(name).source == "builtin"
-    for preset in TASKS.get(name).presets()
-]
+
+def builtin_cases() -> list:
+    """Every preset of every built-in task (ladder levels included), at full size: the slow
+    tier, each case on a worker of its own (pytest-xdist: an audit at full size takes
+    seconds). Presets that resolve to the same parameters (a difficulty that is also a ladder
+    level: 135 presets, 117 settings) are one case, audited once: an audit reads the task's
+    parameters, not its preset's name. The fast tier audits at small sizes above."""
+    settings: dict[tuple[str, str], list[str]] = {}
+    for name in sorted(TASKS.names()):
+        if TASKS.entry(name).source == "builtin":
+            task = TASKS.get(name)
+            for preset in task.presets():
+                params = json.dumps(task.from_difficulty(preset).param_dict(), sort_keys=True)
+                settings.setdefault((name, params), []).append(preset)
+    return [
+        pytest.param(
+            name,
+            tuple(presets),
+            id=f"{name}-{'='.join(presets)}",
+            marks=(pytest.mark.slow, pytest.mark.xdist_group(f"audit-{presets[0]}")),
+        )
+        for (name, _), presets in settings.items()
+    ]
+
+
 TASKS_DOC = Path(__file__).parents[1] / "docs" / "TASKS.md"
 REGENERATE = "regenerate: python -m synthbench.integrity.audit"
 
@@ -398,14 +409,15 @@ def docs_audit_rows() -> tuple[str, ...]:
     return tuple(lines[start:end])
 
 
-@pytest.mark.parametrize(("name", "preset"), BUILTIN_CASES)
-def test_no_builtin_task_has_a_shortcut_and_the_docs_show_its_audit(name, preset):
-    result = audit.audit(name, preset)  # at the sizes `synthbench audit` uses
+@pytest.mark.parametrize(("name", "presets"), builtin_cases())
+def test_no_builtin_task_has_a_shortcut_and_the_docs_show_its_audit(name, presets):
+    result = audit.audit(name, presets[0])  # at the sizes `synthbench audit` uses
     if not result.control:  # a control task is one by its shortcut
         assert not result.shortcuts, [(b.name, round(b.score, 3)) for b in result.shortcuts]
     assert result.passed
-    (row,) = audit.markdown_table([result]).splitlines()[2:]
-    assert row in docs_audit_rows(), REGENERATE
+    for preset in presets:
+        (row,) = audit.markdown_table([replace(result, difficulty=preset)]).splitlines()[2:]
+        assert row in docs_audit_rows(), REGENERATE
 
 
 def test_the_docs_audit_table_holds_every_builtin_preset_once_in_order():

@@ -3,6 +3,7 @@ tried on the CPU under smoke: it must not waste a lease, and only whole runs com
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -18,10 +19,15 @@ from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.store import ResultStore
 
 REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location(
+    "keep_complete", REPO / "benchmarks" / "keep_complete.py"
+)
+keep_complete = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(keep_complete)
 
 
 @pytest.mark.slow
-def test_a_slice_brings_back_only_complete_runs(tmp_path):
+def test_a_slice_brings_back_only_complete_runs(tmp_path, capsys):
     env = {**os.environ, "DEV": "cpu", "PROTO": "smoke", "MECHS": "none", "TRACKS": "core",
            "TASKS": "copy,parity,sort", "CAP": "120", "JOBS": "1", "PY": sys.executable,
            "OUT": str(tmp_path / "out"), "ROWS": str(tmp_path / "rows"), "SEED": ""}  # fmt: skip
@@ -53,22 +59,22 @@ def test_a_slice_brings_back_only_complete_runs(tmp_path):
     again = slice_(SEED=str(tree), ROWS=str(tmp_path / "rows-seeded"), OUT=str(tmp_path / "o2"))
     assert f"{archived} complete of {archived} runs started; 0 new in" in again.stdout
     assert "ok " not in (tmp_path / "o2" / "rebuild.log").read_text()
-    _into_a_tree_copies_the_same_runs_and_overwrites_none(tmp_path, tree)
+    _into_a_tree_copies_the_same_runs_and_overwrites_none(tmp_path, tree, capsys)
 
 
-def _into_a_tree_copies_the_same_runs_and_overwrites_none(tmp_path, archived_tree):
+def _into_a_tree_copies_the_same_runs_and_overwrites_none(tmp_path, archived_tree, capsys):
     """benchmarks/keep_complete.py --into (how the CPU streams' rows reach a committed tree)
-    keeps exactly the runs the archive kept, and leaves a file already there as it is."""
+    keeps exactly the runs the archive kept, and leaves a file already there as it is. (Its
+    main in this process: the script's command line is the slice's, above.)"""
     into = tmp_path / "kept"
 
-    def keep(into):
-        return subprocess.run(
-            [sys.executable, "benchmarks/keep_complete.py", str(tmp_path / "rows"),
-             "--into", str(into)], cwd=REPO, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+    def keep(into, src=tmp_path / "rows"):
+        capsys.readouterr()
+        code = keep_complete.main([str(src), "--into", str(into)])
+        return code, *capsys.readouterr()
 
-    first = keep(into)
-    assert first.returncode == 0, first.stderr
+    first, _, err = keep(into)
+    assert first == 0, err
 
     def relative_files(root):
         return sorted(p.relative_to(root) for p in root.rglob("*.parquet"))
@@ -76,20 +82,17 @@ def _into_a_tree_copies_the_same_runs_and_overwrites_none(tmp_path, archived_tre
     assert relative_files(into) == relative_files(archived_tree)
     held = into / relative_files(into)[0]
     held.write_bytes(b"already here")
-    again = keep(into)
-    assert again.returncode == 0 and "0 new in" in again.stdout, again.stdout
+    again, out, _ = keep(into)
+    assert again == 0 and "0 new in" in out, out
     assert held.read_bytes() == b"already here"
-    empty = subprocess.run(
-        [sys.executable, "benchmarks/keep_complete.py", str(tmp_path / "none"), "--into",
-         str(into)], cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert empty.returncode == 1 and empty.stderr.count("\n") == 1
+    empty, _, err = keep(into, src=tmp_path / "none")
+    assert empty == 1 and err.count("\n") == 1
     # a run with an lr stored as an error is not done (run trains that lr again): it stays
     raised = tmp_path / "rows" / relative_files(into)[0]
     table = pq.read_table(raised)
     status = ["error"] + table["status"].to_pylist()[1:]
     pq.write_table(table.set_column(table.schema.get_field_index("status"), "status",
                                     pa.array(status, pa.string())), raised)  # fmt: skip
-    assert keep(tmp_path / "kept-again").returncode == 0
+    assert keep(tmp_path / "kept-again")[0] == 0
     assert relative_files(tmp_path / "kept-again") == [f for f in relative_files(archived_tree)
                                     if f != raised.relative_to(tmp_path / "rows")]  # fmt: skip

@@ -2,6 +2,7 @@
 prints their ratio (one short length, one round: a smoke test of the script, not a timing);
 a length past the scores form is refused."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -30,6 +31,13 @@ def test_prints_the_ratio_of_the_two_forms():
     assert ratio and float(ratio.group(1)) > 0
 
 
-def test_a_length_past_the_scores_form_is_refused():
-    done = run("--lengths", "274")
-    assert done.returncode == 2 and "lengths are 1 to 273" in done.stderr
+def test_a_length_past_the_scores_form_is_refused(monkeypatch, capsys):
+    """Refused before anything is built (its main in this process: the process is the slow
+    test's above)."""
+    spec = importlib.util.spec_from_file_location("taylor_forms", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--lengths", "274"])
+    with pytest.raises(SystemExit) as exited:
+        script.main()
+    assert exited.value.code == 2 and "lengths are 1 to 273" in capsys.readouterr().err
