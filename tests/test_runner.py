@@ -313,6 +313,25 @@ def test_local_workers_store_the_same_rows_as_one_process(
     pd.testing.assert_frame_equal(rows[RESULT], sequential_rows[RESULT])
 
 
+def _loaded_in_a_worker(conn) -> None:
+    conn.send(sorted(m for m in ("torch", "torch._dynamo") if m in sys.modules))
+
+
+@pytest.mark.skipif(
+    "forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server"
+)
+def test_a_forked_worker_starts_with_what_a_training_loads(monkeypatch):
+    """torch and torch._dynamo (which a training's first optimizer imports, about 2.4 CPU-s)
+    are loaded once by the fork server, not by every worker it forks."""
+    monkeypatch.setattr(children, "START_METHOD", "forkserver")
+    context = children.context()
+    mine, theirs = context.Pipe()
+    child = context.Process(target=_loaded_in_a_worker, args=(theirs,))
+    child.start()
+    assert mine.recv() == ["torch", "torch._dynamo"]
+    child.join()
+
+
 @pytest.mark.ray
 def test_ray_stores_the_same_rows_as_one_process(plugin, sequential_rows, tmp_path):
     pytest.importorskip("ray", reason='the Ray extra: pip install "synthbench[ray]"')

@@ -108,6 +108,9 @@ class InProcess(_Results):
 # -- local worker processes -------------------------------------------------------------------
 
 children.preload(__name__)  # a worker is forked with this module (torch, the engine) loaded
+# and with what a training's first optimizer imports (torch/_compile.py's _disable_dynamo
+# loads torch._dynamo: about 2.4 CPU-s, which every new worker paid before its first step)
+children.preload("torch._dynamo")
 
 
 def _worker_main(
