@@ -1,10 +1,13 @@
 """Helpers of the command-line tests (tests/test_reliability.py, tests/test_cli_errors.py):
-the real CLI in this process or in a subprocess, a results tree's files by hash, the
-one-line error every user fault must end in. Fixtures: tests/conftest.py."""
+the real CLI in this process or in a subprocess, a script of benchmarks/ as a module, a
+results tree's files by hash, the one-line error every user fault must end in. Fixtures:
+tests/conftest.py."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -13,6 +16,7 @@ from typer.testing import CliRunner
 
 from synthbench.cli import app
 
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SMOKE = ["--protocol", "smoke", "--seeds", "1", "--jobs", "1"]
 ENV = {"COLUMNS": "250"}  # rich never wraps a message or a name
 SUBPROCESS_ENV = {**os.environ, **ENV, "OMP_NUM_THREADS": "1"}
@@ -26,6 +30,17 @@ def invoke(*args):
 def command_line(*args) -> list[str]:
     """``synthbench ARGS`` as a subprocess runs it."""
     return [sys.executable, "-m", "synthbench.cli", *map(str, args)]
+
+
+@functools.cache
+def load_script(name: str):
+    """benchmarks/<name>.py as a module (the folder is not a package), loaded once per test
+    process and registered under its name (a dataclass of it looks its module up)."""
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def tree(root: Path) -> dict[str, str]:

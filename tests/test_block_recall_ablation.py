@@ -1,22 +1,16 @@
 """benchmarks/block_recall_ablation.py: each variant changes the block-track model as it says."""
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
+from clitools import load_script
 
 from synthbench.run import train
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.spec import RunSpec
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "block_recall_ablation.py"
-spec = importlib.util.spec_from_file_location("block_recall_ablation", SCRIPT)
-ablation = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = ablation
-spec.loader.exec_module(ablation)
+ablation = load_script("block_recall_ablation")
 
 
 def model(variant: str, protocol: str = "smoke-block", mech: str = "softmax") -> torch.nn.Module:

@@ -3,7 +3,6 @@ tried on the CPU under smoke: it must not waste a lease, and only whole runs com
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -13,17 +12,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from clitools import load_script
 
 from synthbench.run.lr_selection import sweep_state
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.store import ResultStore
 
 REPO = Path(__file__).resolve().parents[1]
-spec = importlib.util.spec_from_file_location(
-    "keep_complete", REPO / "benchmarks" / "keep_complete.py"
-)
-keep_complete = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(keep_complete)
+keep_complete = load_script("keep_complete")
 
 
 @pytest.mark.slow

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from clitools import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "keep_complete.py"
-spec = importlib.util.spec_from_file_location("keep_complete", SCRIPT)
-keep_complete = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(keep_complete)
+keep_complete = load_script("keep_complete")
 
 
 def test_a_run_is_judged_by_the_recipe_its_rows_store(results):

@@ -1,18 +1,11 @@
 """benchmarks/lr_selection_check.py: the replay of a cheaper lr selection on the shipped
 reference, which the cost issue's pre-declared check is run with."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
+from clitools import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "lr_selection_check.py"
-spec = importlib.util.spec_from_file_location("lr_selection_check", SCRIPT)
-check = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = check  # its dataclasses look their module up
-spec.loader.exec_module(check)
+check = load_script("lr_selection_check")
 
 
 @pytest.fixture(scope="module")

@@ -1,17 +1,10 @@
 """benchmarks/recipe_panel.py: the panel's counts, on hand-made rows whose answers are known."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pandas as pd
 import pytest
+from clitools import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "recipe_panel.py"
-spec = importlib.util.spec_from_file_location("recipe_panel", SCRIPT)
-panel = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = panel
-spec.loader.exec_module(panel)
+panel = load_script("recipe_panel")
 
 
 def run(mech, seed, vals, selected, score, curve=(0.1, 0.2, 0.3), chance=0.1, se=0.01,

@@ -6,7 +6,6 @@ file itself and of benchmarks/build_reference.py."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import random
 import shutil
@@ -15,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
-from clitools import assert_error, invoke
+from clitools import assert_error, invoke, load_script
 
 from synthbench.cli.reproduce import _sample
 from synthbench.core.task import TASKS
@@ -584,12 +583,7 @@ def test_the_shipped_reference_is_current(monkeypatch):
 
 
 def load_builder():
-    spec = importlib.util.spec_from_file_location(
-        "build_reference", ROOT / "benchmarks" / "build_reference.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("build_reference")
 
 
 def test_the_builder_expects_every_ladder_level_and_the_state_tasks():

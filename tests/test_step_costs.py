@@ -2,7 +2,6 @@
 from cached measurements (--no-measure: nothing trains here)."""
 
 import contextlib
-import importlib.util
 import io
 import json
 import statistics
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from clitools import load_script
 
 from synthbench.run import cost, cost_table
 from synthbench.run.protocols import PROTOCOLS
@@ -20,10 +20,7 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_costs.py"
 
 def script_constant(name: str):
     """A constant or function of the script (it is not a package module)."""
-    spec = importlib.util.spec_from_file_location("step_costs", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+    return getattr(load_script("step_costs"), name)
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

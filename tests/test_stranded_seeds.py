@@ -1,17 +1,10 @@
 """benchmarks/stranded_seeds.py: which seeds a sweep left at chance while another seed of
 the same cell learned at an lr their sweep never trained."""
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pandas as pd
+from clitools import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "stranded_seeds.py"
-spec = importlib.util.spec_from_file_location("stranded_seeds", SCRIPT)
-stranded_seeds = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = stranded_seeds
-spec.loader.exec_module(stranded_seeds)
+stranded_seeds = load_script("stranded_seeds")
 
 
 def rows(*trainings):

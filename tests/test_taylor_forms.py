@@ -2,13 +2,13 @@
 prints their ratio (one short length, one round: a smoke test of the script, not a timing);
 a length past the scores form is refused."""
 
-import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from clitools import load_script
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "taylor_forms.py"
 
@@ -34,9 +34,7 @@ def test_prints_the_ratio_of_the_two_forms():
 def test_a_length_past_the_scores_form_is_refused(monkeypatch, capsys):
     """Refused before anything is built (its main in this process: the process is the slow
     test's above)."""
-    spec = importlib.util.spec_from_file_location("taylor_forms", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("taylor_forms")
     monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--lengths", "274"])
     with pytest.raises(SystemExit) as exited:
         script.main()
