@@ -64,8 +64,13 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.xdist_group(group), append=False)
         if ray or "browser" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
-        if ray:
-            item.fixturenames.insert(0, "ray_instance")
+        if ray:  # a new list: a parametrized test's items share one, and its other
+            # parameters (the in-process executor) must not start Ray
+            item.fixturenames = ["ray_instance", *item.fixturenames]
+    for item in items:  # only a test marked ray starts Ray
+        ray = item.get_closest_marker("ray") is not None
+        if ray != ("ray_instance" in getattr(item, "fixturenames", ())):
+            raise pytest.UsageError(f"{item.nodeid}: starts Ray without the ray mark, or not")
 
 
 @pytest.fixture(scope="session")

@@ -313,23 +313,48 @@ def test_local_workers_store_the_same_rows_as_one_process(
     pd.testing.assert_frame_equal(rows[RESULT], sequential_rows[RESULT])
 
 
-def _loaded_in_a_worker(conn) -> None:
+# a command's first child starts its fork server: a script per case, so that no server
+# started earlier (this test process's) decides what it loaded
+FORKED = """
+import sys
+from synthbench.core import children
+from synthbench.run import executors
+
+
+def loaded(conn):
     conn.send(sorted(m for m in ("torch", "torch._dynamo") if m in sys.modules))
 
 
+if __name__ == "__main__":
+    if sys.argv[1] == "trains":
+        executors.expect_local_workers()
+    mine, theirs = children.context().Pipe()
+    child = children.context().Process(target=loaded, args=(theirs,))
+    child.start()
+    print(mine.recv())
+    child.join()
+"""
+
+
+@pytest.mark.slow
 @pytest.mark.skipif(
     "forkserver" not in multiprocessing.get_all_start_methods(), reason="no fork server"
 )
-def test_a_forked_worker_starts_with_what_a_training_loads(monkeypatch):
-    """torch and torch._dynamo (which a training's first optimizer imports, about 2.4 CPU-s)
-    are loaded once by the fork server, not by every worker it forks."""
-    monkeypatch.setattr(children, "START_METHOD", "forkserver")
-    context = children.context()
-    mine, theirs = context.Pipe()
-    child = context.Process(target=_loaded_in_a_worker, args=(theirs,))
-    child.start()
-    assert mine.recv() == ["torch", "torch._dynamo"]
-    child.join()
+@pytest.mark.parametrize(
+    ("children_do", "loaded"),
+    [("trains", ["torch", "torch._dynamo"]), ("checks", ["torch"])],
+)
+def test_a_forked_worker_starts_with_what_a_training_loads(tmp_path, children_do, loaded):
+    """torch._dynamo, which a training's first optimizer imports (about 2.4 CPU-s), is
+    loaded once by the fork server of a command that trains in workers, not by every worker
+    it forks; a command whose children only run checks never loads it."""
+    script = tmp_path / "forked.py"
+    script.write_text(FORKED)
+    done = subprocess.run(
+        [sys.executable, script, children_do], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(loaded)
 
 
 @pytest.mark.ray

@@ -36,7 +36,7 @@ from synthbench.core.params import parse_assignments
 from synthbench.core.text import did_you_mean, plural
 from synthbench.integrity.guard import Guarded, leak_guard
 from synthbench.integrity.isolation import CHECK_SECONDS, CheckProcess, Interrupted
-from synthbench.run import cost, cost_lines, runner, tracking
+from synthbench.run import cost, cost_lines, executors, runner, tracking
 from synthbench.run.devices import default_jobs, resolve_device, worker_devices
 from synthbench.run.executors import EXECUTORS, InProcess, LocalPool, RayPool
 from synthbench.run.grid import load_sweep_file
@@ -467,8 +467,12 @@ def train_specs(
     if pack is None:  # where it is measured to help (synthbench/run/packed.py)
         pack = default_pack(dev or torch.device("cuda" if gpus_per_run else "cpu"))
     guarded = Guarded()
-    # a plugin's leak checks run in a child process (its code may end or hang it:
-    # integrity/isolation.py), started now so that it loads while the plan is checked
+    # trainings at once: the local executor's; Ray's --jobs (else unknown here: 1)
+    at_once = jobs or (default_jobs(dev, threads) if executor == "local" else 1)
+    if executor == "local" and (max_seconds or at_once > 1):
+        executors.expect_local_workers()  # said before the checks' child starts
+    # a plugin's leak checks run in a child (its code may end or hang it: isolation.py),
+    # started now so that it loads while the plan is checked
     checks = None if dry_run else CheckProcess(plugin, on_slow=say_slow_check(CHECK_SECONDS))
     try:
         if checks is not None:
@@ -501,10 +505,6 @@ def train_specs(
         if not specs:
             raise fail(stopped, 1)
 
-    def local_workers(n_units: int) -> int:
-        """How many of ``n_units`` trainings the local executor runs at once."""
-        return min(n_units, jobs or default_jobs(dev, threads))
-
     def make_executor(n_units: int):
         """Built once the plan knows how many trainings there are (none: none built)."""
         if logs is not None:  # the log folders (and MLflow's experiment), made once, here
@@ -512,7 +512,7 @@ def train_specs(
         if executor == "ray":
             cpus = cpus_per_run or threads
             return RayPool(ray_address, plugin or [], cpus, gpus_per_run, jobs, logs=logs)
-        n = local_workers(n_units)
+        n = min(n_units, at_once)
         if n <= 1 and max_seconds is None:  # a time limit needs a process it can stop
             return InProcess(dev, own_process=True, logs=logs)
         return LocalPool(worker_devices(dev, n), plugin or [], threads, max_seconds, logs)
@@ -545,10 +545,9 @@ def train_specs(
         specs, results, where, positions, estimate=estimate, dry_run=dry_run,
         more_seeds=more_seeds,
     )  # fmt: skip
-    if dry_run:  # as many at once as the executor would run (Ray's: --jobs, else unknown)
-        capacity = local_workers if executor == "local" else lambda n: min(n, jobs or 1)
+    if dry_run:  # as many at once as the executor would run
         runner.dry_run(
-            specs, ResultStore(results), capacity, events=view, force=force,
+            specs, ResultStore(results), lambda n: min(n, at_once), events=view, force=force,
             more_seeds=more_seeds,
         )  # fmt: skip
         out.print("dry run: nothing trained or written", highlight=False)

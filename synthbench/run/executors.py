@@ -108,9 +108,15 @@ class InProcess(_Results):
 # -- local worker processes -------------------------------------------------------------------
 
 children.preload(__name__)  # a worker is forked with this module (torch, the engine) loaded
-# and with what a training's first optimizer imports (torch/_compile.py's _disable_dynamo
-# loads torch._dynamo: about 2.4 CPU-s, which every new worker paid before its first step)
-children.preload("torch._dynamo")
+
+
+def expect_local_workers() -> None:
+    """Said before a command's first child starts (a plugin's checks may start the fork
+    server before the workers): its fork server will fork trainings, so it loads what a
+    training's first optimizer imports too (torch/_compile.py's _disable_dynamo loads
+    torch._dynamo: about 2.4 CPU-s that every new worker would pay before its first step).
+    A server that forks only checks, which never train, skips it."""
+    children.preload("torch._dynamo")
 
 
 def _worker_main(
@@ -221,6 +227,7 @@ class LocalPool(_Results):
         self._attempts: dict = {}
         self._waiting: deque = deque()
         super().__init__()
+        expect_local_workers()
         self._workers = [self._spawn(d) for d in devices]
 
     def _spawn(self, device: torch.device) -> _Worker:
