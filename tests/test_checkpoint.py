@@ -67,10 +67,11 @@ def interrupt_after(monkeypatch, saves: int) -> list[int]:
 
 @pytest.mark.parametrize(
     ("task", "mech", "protocol"),
-    [
+    [  # the fast tier resumes one training; the slow tier the block track's and performer's
         ("copy", "softmax", "smoke"),
-        ("kv_recall", "deltanet", "smoke-block"),
-        ("copy", "performer", "smoke"),  # random features, drawn as the model is built
+        pytest.param("kv_recall", "deltanet", "smoke-block", marks=pytest.mark.slow),
+        # random features, drawn as the model is built
+        pytest.param("copy", "performer", "smoke", marks=pytest.mark.slow),
     ],
 )
 def test_an_interrupted_training_resumes_to_the_row_it_would_have_had(
@@ -105,7 +106,11 @@ def scripted_rise(monkeypatch) -> None:
 
 @pytest.mark.parametrize(
     ("saves", "horizon"),
-    [(15, 20), (25, 30), (35, 40)],  # killed before the first extension, in the 1st, the 2nd
+    [  # killed before the first extension, in the 1st (the slow tier), the 2nd
+        (15, 20),
+        pytest.param(25, 30, marks=pytest.mark.slow),
+        (35, 40),
+    ],
 )
 def test_a_training_killed_in_an_extension_resumes_on_its_own_schedule(
     saves, horizon, tmp_path, monkeypatch
