@@ -19,8 +19,10 @@ from synthbench.cli import app
 
 # typer's CliRunner builds the click command from the app at every invoke (about 0.08 CPU-s,
 # some 600 times a fast tier, 6% of it); the app never changes, so each test process builds
-# it once. Every test's CliRunner goes through this (this module is loaded by conftest.py).
-typer.testing._get_command = functools.cache(typer.testing._get_command)
+# it once. Every test's CliRunner goes through this (this module is loaded by conftest.py);
+# a typer without this private name builds it each time, as before.
+if hasattr(typer.testing, "_get_command"):
+    typer.testing._get_command = functools.cache(typer.testing._get_command)
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SMOKE = ["--protocol", "smoke", "--seeds", "1", "--jobs", "1"]
