@@ -4,13 +4,13 @@ benchmarks/cost_breakdown.py on a real, tiny run, in process and with two worker
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from clitools import BENCHMARKS
 
 from synthbench.run import phases
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "cost_breakdown.py"
+SCRIPT = BENCHMARKS / "cost_breakdown.py"
 TRAINING_PHASES = {
     "model build", "evaluation data", "training batches", "training steps", "curve points",
     "causality after training", "test evaluation", "chance",

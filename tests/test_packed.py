@@ -18,10 +18,10 @@ import subprocess
 import sys
 import textwrap
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
+from clitools import BENCHMARKS
 
 import synthbench.mechanisms  # noqa: F401  (the built-ins registered)
 from synthbench.core.mechanism import MECHANISMS
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 SMOKE = PROTOCOLS.get("smoke")
 CPU = torch.device("cpu")
-BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "packed_throughput.py"
+BENCHMARK = BENCHMARKS / "packed_throughput.py"
 DIVERGES = 1e30  # an lr whose first step sends every weight past float32's range
 
 # Mechanisms whose trainings fall back to one at a time on a CPU, and the reason the note

@@ -27,7 +27,6 @@ from synthbench.run.store import ResultStore
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-ROOT = Path(__file__).resolve().parent.parent
 
 SMOKE_V = PROTOCOLS.get("smoke").version
 

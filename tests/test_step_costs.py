@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from clitools import load_script
+from clitools import BENCHMARKS, load_script
 
 from synthbench.run import cost, cost_table
 from synthbench.run.protocols import PROTOCOLS
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_costs.py"
+SCRIPT = BENCHMARKS / "step_costs.py"
 
 
 def script_constant(name: str):

@@ -6,11 +6,11 @@ published layer."""
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from clitools import BENCHMARKS
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "step_speedup.py"
+SCRIPT = BENCHMARKS / "step_speedup.py"
 
 
 def run(*args):

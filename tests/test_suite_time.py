@@ -7,8 +7,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from clitools import BENCHMARKS
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "suite_time.py"
+SCRIPT = BENCHMARKS / "suite_time.py"
 
 
 def fake_synthbench(path: Path, name: str, calls: Path, exit_code: int = 0) -> str:

@@ -5,12 +5,11 @@ a length past the scores form is refused."""
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-from clitools import load_script
+from clitools import BENCHMARKS, load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "taylor_forms.py"
+SCRIPT = BENCHMARKS / "taylor_forms.py"
 
 
 def run(*args):
