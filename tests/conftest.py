@@ -25,17 +25,13 @@ from synthbench.core.registry import DISABLE_AUTOLOAD  # noqa: E402
 os.environ[DISABLE_AUTOLOAD] = "1"  # before anything looks a name up, here and in subprocesses
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
-from clitools import SMOKE, invoke  # noqa: E402  (tests/clitools.py, beside this file)
 
-from synthbench.core.mechanism import MECHANISMS  # noqa: E402
-from synthbench.core.task import TASKS  # noqa: E402
-from synthbench.facts.fact import FACTS  # noqa: E402
 
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    # pytest-xdist runs one worker per core (pyproject.toml's addopts): torch's intra-op
-    # threads would only compete with the other workers' tests
-    torch.set_num_threads(1)
+def runs_tests(config) -> bool:
+    """Whether this process runs tests: an xdist worker, or pytest without workers. The
+    xdist controller only hands tests out and prints; it never imports torch or the package
+    (4 CPU-s, and the workers start that much later)."""
+    return hasattr(config, "workerinput") or not getattr(config.option, "numprocesses", None)
 
 
 def pytest_configure(config):
@@ -44,6 +40,15 @@ def pytest_configure(config):
     (`nohup pytest &`), and a test process's workers inherit that."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if not runs_tests(config):
+        return
+    import clitools  # noqa: F401  (tests/clitools.py: the CLI runner's command, built once)
+    import torch
+
+    if hasattr(config, "workerinput"):
+        # pytest-xdist runs one worker per core (pyproject.toml's addopts): torch's intra-op
+        # threads would only compete with the other workers' tests
+        torch.set_num_threads(1)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it names each item by one)
@@ -90,6 +95,8 @@ def ray_instance():
 def single_thread():
     """One torch thread: the models under test are tiny, and on a busy 2-core machine
     intra-op threads spend far longer waiting for each other than computing."""
+    import torch
+
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
@@ -100,6 +107,9 @@ def single_thread():
 def smoke_tree(tmp_path_factory):
     """copy x (softmax, linear), smoke, seed 0: two runs stored through the real CLI, once
     for every test that needs a results tree; never written to (copy it: ``results``)."""
+    import torch
+    from clitools import SMOKE, invoke
+
     previous = torch.get_num_threads()
     torch.set_num_threads(1)  # as single_thread: tiny models
     root = tmp_path_factory.mktemp("smoke_tree") / "results"
@@ -129,6 +139,10 @@ def afile(tmp_path):
 def forget_plugins():
     """What a test's plugin files register in this process is forgotten afterwards (the
     registries have no public way to unregister: their dicts are restored)."""
+    from synthbench.core.mechanism import MECHANISMS
+    from synthbench.core.task import TASKS
+    from synthbench.facts.fact import FACTS
+
     registries = (TASKS, MECHANISMS, FACTS)
     for r in registries:
         r.names()  # the built-ins first: what is restored must hold them

@@ -329,42 +329,46 @@ def test_local_file_taking_a_builtin_name_exits_2_naming_both(
     assert snapshot(stored_results) == before
 
 
-@pytest.mark.parametrize(
-    ("module", "failure"),
-    [
-        (
-            'raise RuntimeError("boom in broken_plugin_mod")\n',
-            "failed to load: RuntimeError: boom in broken_plugin_mod",
-        ),
-        # SystemExit is no Exception: it used to end every command, silently, with status 0
-        ("import sys\nsys.exit(0)\n", "called sys.exit(0) while being imported"),
-    ],
-    ids=["raises", "sys.exit"],
-)
-def test_broken_entry_point_is_one_warning_and_builtins_still_work(
-    tmp_path: Path, module: str, failure: str
-) -> None:
-    # An installed distribution is only its *.dist-info on sys.path: write one by hand whose
-    # entry point names a module that fails on import.
+# (distribution, entry point, module, what its warning says); both in one command
+BROKEN = [
+    (
+        "broken-plugin",
+        "broken-mech",
+        'raise RuntimeError("boom in broken_plugin_mod")\n',
+        "failed to load: RuntimeError: boom in broken_plugin_mod",
+    ),
+    # SystemExit is no Exception: it used to end every command, silently, with status 0
+    (
+        "exiting-plugin",
+        "exiting-mech",
+        "import sys\nsys.exit(0)\n",
+        "called sys.exit(0) while being imported",
+    ),
+]
+
+
+def test_broken_entry_points_are_one_warning_each_and_builtins_still_work(tmp_path: Path) -> None:
+    # An installed distribution is only its *.dist-info on sys.path: write, by hand, one per
+    # broken plugin whose entry point names a module that fails on import.
     site = tmp_path / "site"
-    dist_info = site / "broken_plugin-0.1.dist-info"
-    dist_info.mkdir(parents=True)
-    (dist_info / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n"
-    )
-    (dist_info / "entry_points.txt").write_text(
-        "[synthbench.mechanisms]\nbroken-mech = broken_plugin_mod:Attention\n"
-    )
-    (site / "broken_plugin_mod.py").write_text(module)
+    for dist, entry, module, _ in BROKEN:
+        dist_info = site / f"{dist.replace('-', '_')}-0.1.dist-info"
+        dist_info.mkdir(parents=True)
+        (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
+        module_name = f"{dist.replace('-', '_')}_mod"
+        (dist_info / "entry_points.txt").write_text(
+            f"[synthbench.mechanisms]\n{entry} = {module_name}:Attention\n"
+        )
+        (site / f"{module_name}.py").write_text(module)
 
     proc, rows = list_mechanisms(cwd=tmp_path, pythonpath=site)
     assert set(BUILTINS) <= set(rows)
-    assert "broken-mech" not in rows
     lines = stderr_lines(proc)
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("warning:")
-    assert "'broken-mech'" in lines[0] and "broken-plugin" in lines[0]
-    assert failure in lines[0]
+    assert len(lines) == len(BROKEN), proc.stderr
+    for dist, entry, _, failure in BROKEN:
+        assert entry not in rows
+        (line,) = [li for li in lines if f"'{entry}'" in li]
+        assert line.startswith("warning:") and dist in line and failure in line, line
 
 
 def test_a_plugins_code_before_and_after_an_edit_are_separate_variants_in_reports() -> None:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -557,18 +558,40 @@ def test_packed_runs_store_the_rows_of_separate_trainings(
     pd.testing.assert_frame_equal(rows[close], unpacked_rows[close], rtol=1e-3, atol=2e-3)
 
 
-@pytest.mark.parametrize("jobs", ["1", pytest.param("2", marks=pytest.mark.slow)])
+def shown_on_stderr(message, category, filename, lineno, file=None, line=None):
+    """Python's own way of showing a warning, which pytest replaces to record them."""
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+# the command in this process (the fast tier), or in a process of its own, where --jobs 2's
+# worker says it (the slow tier)
+@pytest.mark.parametrize(
+    "jobs",
+    [
+        "in-process",
+        pytest.param("1", marks=pytest.mark.slow),
+        pytest.param("2", marks=pytest.mark.slow),
+    ],
+)
 def test_a_mechanism_that_cannot_pack_is_said_in_one_line(tmp_path, jobs):
     """linear's CPU scan has no vmap rule: its trainings run one at a time, and the command
     (or its worker) says so in one line, not Python's file, line and source line."""
-    command = [sys.executable, "-m", "synthbench.cli", "run", "--task", "copy", "--mech",
-               "linear", "--protocol", "smoke", "--seeds", "2", "--task-param", "n=64",
-               "--pack", "2", "--jobs", jobs, "--results", str(tmp_path)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV)
-    assert done.returncode == 0, done.stderr
-    said = [line for line in done.stderr.splitlines() if "cannot be packed" in line]
+    args = ["run", "--task", "copy", "--mech", "linear", "--protocol", "smoke", "--seeds", "2",
+            "--task-param", "n=64", "--pack", "2", "--results", str(tmp_path)]  # fmt: skip
+    if jobs == "in-process":
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")  # a second warning would show as a second line
+            warnings.showwarning = shown_on_stderr
+            result = invoke(*args, "--jobs", "1")
+        code, stderr = result.exit_code, result.stderr
+    else:
+        command = [sys.executable, "-m", "synthbench.cli", *args, "--jobs", jobs]
+        done = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV)
+        code, stderr = done.returncode, done.stderr
+    assert code == 0, stderr
+    said = [line for line in stderr.splitlines() if "cannot be packed" in line]
     assert len(said) == 1 and said[0].startswith("warning: packed training: linear"), said
-    assert "train_packed(" not in done.stderr
+    assert "train_packed(" not in stderr
     assert len(stored_rows(tmp_path)) == 2
 
 
