@@ -10,12 +10,15 @@
 - ``--version``, shell completion, and the documented plugin walkthroughs, run as written.
 
 Every subprocess gets a fresh interpreter, so nothing registered here leaks into the
-registries of the other tests; the commands run in this process load only plugin files
-that register nothing.
+registries of the other tests. The broken-plugin commands also run in this process (the
+fast tier; their process cases are slow ones), each restoring the registries afterwards
+(forget_plugins); the other commands run in this process load only plugin files that
+register nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -97,6 +100,21 @@ def list_mechanisms(
     return proc, {row["name"]: row for row in json.loads(proc.stdout)}
 
 
+# where a broken-plugin case runs its command: in this process, through the CLI's own entry
+# (the fast tier; the registries restored afterwards: forget_plugins), or in a process of
+# its own, as a user's shell runs it (the slow tier)
+HOW = ["in-process", pytest.param("process", marks=pytest.mark.slow)]
+
+
+def command(how: str, *args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """``synthbench ARGS`` (``HOW``), as a finished process: exit status, stdout, stderr."""
+    if how == "process":
+        return cli(*args, cwd=cwd)
+    with contextlib.chdir(cwd):
+        result = CliRunner().invoke(app, [str(a) for a in args], env=ENV)
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
 def assert_one_run_stored(results: Path, mechanism: str) -> pd.DataFrame:
     """Exactly one file under results/ (no temporaries left), in the mechanism's partition."""
     files = [p.relative_to(results) for p in results.rglob("*") if p.is_file()]
@@ -162,8 +180,10 @@ def test_local_file_plugin_runs_end_to_end_and_again_once_edited(tmp_path: Path)
     assert all(snapshot(results)[path] == value for path, value in first.items())  # kept
 
 
-def test_local_file_plugin_is_listed_with_its_source(tmp_path: Path) -> None:
-    proc, rows = list_mechanisms("--plugin", LOCAL_PLUGIN, cwd=tmp_path)
+@pytest.mark.parametrize("how", HOW)
+def test_local_file_plugin_is_listed_with_its_source(tmp_path: Path, how, forget_plugins) -> None:
+    proc = ok(command(how, "list", "mechs", "--json", "--plugin", LOCAL_PLUGIN, cwd=tmp_path))
+    rows = {row["name"]: row for row in json.loads(proc.stdout)}
     assert set(BUILTINS) <= set(rows)
     plugin = rows["scaled-softmax"]
     assert (plugin["complexity"], plugin["family"]) == ("quadratic", "softmax")
@@ -279,13 +299,16 @@ def test_example_relu_feature_map_keeps_the_denominator_positive() -> None:
 # -- broken plugins --------------------------------------------------------------------------
 
 
-def test_local_file_that_raises_exits_2_with_one_line(tmp_path: Path, stored_results: Path):
+@pytest.mark.parametrize("how", HOW)
+def test_local_file_that_raises_exits_2_with_one_line(
+    tmp_path: Path, stored_results: Path, how: str, forget_plugins
+) -> None:
     bad = tmp_path / "exploding_plugin.py"
     bad.write_text('raise RuntimeError("kaboom from the plugin")\n')
     before = snapshot(stored_results)
     # --force: had the plugin loaded, the stored run would be rewritten
-    proc = cli(
-        "run", "--plugin", bad, "--mech", "softmax", "--force", *SMOKE,
+    proc = command(
+        how, "run", "--plugin", bad, "--mech", "softmax", "--force", *SMOKE,
         "--results", stored_results, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -302,8 +325,15 @@ def test_local_file_that_raises_exits_2_with_one_line(tmp_path: Path, stored_res
     [("softmax", (), "softmax"), ("my-attention", ("sdpa",), "sdpa")],
     ids=["name", "alias"],
 )
+@pytest.mark.parametrize("how", HOW)
 def test_local_file_taking_a_builtin_name_exits_2_naming_both(
-    tmp_path: Path, stored_results: Path, name: str, aliases: tuple[str, ...], taken: str
+    tmp_path: Path,
+    stored_results: Path,
+    name: str,
+    aliases: tuple[str, ...],
+    taken: str,
+    how: str,
+    forget_plugins,
 ) -> None:
     clash = tmp_path / "clash_plugin.py"
     clash.write_text(
@@ -316,8 +346,8 @@ def test_local_file_taking_a_builtin_name_exits_2_naming_both(
         "        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
     )
     before = snapshot(stored_results)
-    proc = cli(
-        "run", "--plugin", clash, "--mech", "softmax", "--force", *SMOKE,
+    proc = command(
+        how, "run", "--plugin", clash, "--mech", "softmax", "--force", *SMOKE,
         "--results", stored_results, cwd=tmp_path,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stdout + proc.stderr
