@@ -467,7 +467,9 @@ def test_report_filters_and_formats(stored, tmp_path):
     ]
     full = (out / "smoke" / "target" / "full.md").read_text()
     assert "softmax" in full and "linear" not in full and "copy" not in full
-    basic = invoke("report", "--results", stored[0], "--out", out, "--category", "basic")
+    basic = invoke(
+        "report", "--results", stored[0], "--out", out, "--category", "basic", "--format", "md"
+    )
     assert basic.exit_code == 0 and "kv_recall" not in (out / "smoke/target/full.md").read_text()
 
 
