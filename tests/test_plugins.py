@@ -90,29 +90,40 @@ def stderr_lines(proc: subprocess.CompletedProcess[str]) -> list[str]:
     return [line for line in proc.stderr.splitlines() if line.strip()]
 
 
-def list_mechanisms(
-    *args: object, cwd: Path, pythonpath: Path | None = None, autoload: bool | None = None
-) -> tuple[subprocess.CompletedProcess[str], dict[str, dict]]:
-    """``synthbench list mechs --json ARGS``: the finished command and its rows by name."""
-    proc = ok(
-        cli("list", "mechs", "--json", *args, cwd=cwd, pythonpath=pythonpath, autoload=autoload)
-    )
-    return proc, {row["name"]: row for row in json.loads(proc.stdout)}
-
-
 # where a broken-plugin case runs its command: in this process, through the CLI's own entry
 # (the fast tier; the registries restored afterwards: forget_plugins), or in a process of
 # its own, as a user's shell runs it (the slow tier)
 HOW = ["in-process", pytest.param("process", marks=pytest.mark.slow)]
 
 
-def command(how: str, *args: object, cwd: Path) -> subprocess.CompletedProcess[str]:
-    """``synthbench ARGS`` (``HOW``), as a finished process: exit status, stdout, stderr."""
+def command(
+    how: str,
+    *args: object,
+    cwd: Path,
+    pythonpath: Path | None = None,
+    autoload: bool | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``synthbench ARGS`` (``HOW``), as a finished process: exit status, stdout, stderr.
+    ``pythonpath`` and ``autoload`` set up a process of its own (``cli``)."""
     if how == "process":
-        return cli(*args, cwd=cwd)
+        return cli(*args, cwd=cwd, pythonpath=pythonpath, autoload=autoload)
+    assert pythonpath is None and autoload is None, "a process of its own sets those up"
     with contextlib.chdir(cwd):
         result = CliRunner().invoke(app, [str(a) for a in args], env=ENV)
     return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
+
+
+def list_mechanisms(
+    *args: object,
+    cwd: Path,
+    pythonpath: Path | None = None,
+    autoload: bool | None = None,
+    how: str = "process",
+) -> tuple[subprocess.CompletedProcess[str], dict[str, dict]]:
+    """``synthbench list mechs --json ARGS``: the finished command and its rows by name."""
+    options = {"cwd": cwd, "pythonpath": pythonpath, "autoload": autoload}
+    proc = ok(command(how, "list", "mechs", "--json", *args, **options))
+    return proc, {row["name"]: row for row in json.loads(proc.stdout)}
 
 
 def assert_one_run_stored(results: Path, mechanism: str) -> pd.DataFrame:
@@ -182,8 +193,7 @@ def test_local_file_plugin_runs_end_to_end_and_again_once_edited(tmp_path: Path)
 
 @pytest.mark.parametrize("how", HOW)
 def test_local_file_plugin_is_listed_with_its_source(tmp_path: Path, how, forget_plugins) -> None:
-    proc = ok(command(how, "list", "mechs", "--json", "--plugin", LOCAL_PLUGIN, cwd=tmp_path))
-    rows = {row["name"]: row for row in json.loads(proc.stdout)}
+    proc, rows = list_mechanisms("--plugin", LOCAL_PLUGIN, cwd=tmp_path, how=how)
     assert set(BUILTINS) <= set(rows)
     plugin = rows["scaled-softmax"]
     assert (plugin["complexity"], plugin["family"]) == ("quadratic", "softmax")

@@ -17,6 +17,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 import torch
+from clitools import ENV, SUBPROCESS_ENV, command_line
 from test_plugin_exits import unload
 from typer.testing import CliRunner
 
@@ -39,8 +40,6 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 CPU = torch.device("cpu")
 SMOKE = PROTOCOLS.get("smoke")
 GRID = dataclasses.replace(SMOKE, lrs=(1e-3, 3e-3, 1e-2))
-ENV = {"COLUMNS": "250"}
-SUBPROCESS_ENV = {**os.environ, **ENV, "OMP_NUM_THREADS": "1"}
 # compared across executors: columns a training computes (wall time and stamps differ)
 RESULT = ["status", "token_acc", "exact_match", "val_token_acc", "val_exact_match",
           "final_loss", "n_params", "selected", "threads"]  # fmt: skip
@@ -585,7 +584,7 @@ def test_a_mechanism_that_cannot_pack_is_said_in_one_line(tmp_path, jobs):
             result = invoke(*args, "--jobs", "1")
         code, stderr = result.exit_code, result.stderr
     else:
-        command = [sys.executable, "-m", "synthbench.cli", *args, "--jobs", jobs]
+        command = command_line(*args, "--jobs", jobs)
         done = subprocess.run(command, capture_output=True, text=True, env=SUBPROCESS_ENV)
         code, stderr = done.returncode, done.stderr
     assert code == 0, stderr
@@ -628,10 +627,10 @@ def slow_suite(tmp_path: Path, executor: str = "local") -> tuple[list[str], Path
     """The command of 8 slow smoke runs on 2 workers, and its results tree."""
     plugin, root = tmp_path / "slow.py", tmp_path / "results"
     plugin.write_text(SLOW)
-    command = [sys.executable, "-m", "synthbench.cli", "run", "--task", "copy,sort",
-               "--task-param", "n=4", "--mech", "slow-runner-test", "--protocol", "smoke",
-               "--seeds", "4", "--plugin", str(plugin), "--results", str(root),
-               "--executor", executor, "--jobs", "2"]  # fmt: skip
+    command = command_line("run", "--task", "copy,sort", "--task-param", "n=4",
+                           "--mech", "slow-runner-test", "--protocol", "smoke", "--seeds", "4",
+                           "--plugin", plugin, "--results", root, "--executor", executor,
+                           "--jobs", "2")  # fmt: skip
     return command, root
 
 
