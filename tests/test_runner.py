@@ -316,13 +316,15 @@ def test_local_workers_store_the_same_rows_as_one_process(
 # a command's first child starts its fork server: a script per case, so that no server
 # started earlier (this test process's) decides what it loaded
 FORKED = """
+import gc
 import sys
 from synthbench.core import children
 from synthbench.run import executors
 
 
 def loaded(conn):
-    conn.send(sorted(m for m in ("torch", "torch._dynamo") if m in sys.modules))
+    modules = sorted(m for m in ("torch", "torch._dynamo") if m in sys.modules)
+    conn.send((modules, gc.get_freeze_count() > 0))
 
 
 if __name__ == "__main__":
@@ -347,14 +349,16 @@ if __name__ == "__main__":
 def test_a_forked_worker_starts_with_what_a_training_loads(tmp_path, children_do, loaded):
     """torch._dynamo, which a training's first optimizer imports (about 2.4 CPU-s), is
     loaded once by the fork server of a command that trains in workers, not by every worker
-    it forks; a command whose children only run checks never loads it."""
+    it forks; a command whose children only run checks never loads it. Either way the child
+    starts with what the server loaded frozen out of the garbage collector's sight
+    (synthbench/core/fork_server_ready.py)."""
     script = tmp_path / "forked.py"
     script.write_text(FORKED)
     done = subprocess.run(
         [sys.executable, script, children_do], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == str(loaded)
+    assert done.stdout.strip() == str((loaded, True))
 
 
 @pytest.mark.ray

@@ -26,6 +26,7 @@ def _interrupted(kind, value, traceback, previous=sys.excepthook) -> None:
 
 sys.excepthook = _interrupted  # first, before the imports below
 
+import gc  # noqa: E402
 import importlib.metadata  # noqa: E402
 from typing import Annotated  # noqa: E402
 
@@ -129,10 +130,15 @@ app.add_typer(facts.facts_app, name="facts")  # synthbench/facts: the literature
 
 
 def main() -> None:
+    # What is loaded by now (torch, pandas, the registries: about a million objects) lives as
+    # long as the command: out of the collector's sight, a collection during the command does
+    # not walk it
+    gc.freeze()
     try:
         try:
             app()
         finally:
+            gc.freeze()  # nor do the interpreter's collections at exit (1-3 s of each command)
             if sys.stdout is not None:  # None: started with stdout closed (`>&-`)
                 sys.stdout.flush()  # a reader gone (`| head`) shows here, not at exit
     except BrokenPipeError:

@@ -56,6 +56,7 @@ _INSTALLED = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}"
 _FORK_SERVER = "forkserver" in multiprocessing.get_all_start_methods()
 START_METHOD = "forkserver" if _FORK_SERVER else "spawn"
 _PRELOADED: list[str] = []
+_READY = "synthbench.core.fork_server_ready"  # last: freezes what the server has loaded
 
 
 def preload(module: str) -> None:
@@ -65,7 +66,8 @@ def preload(module: str) -> None:
     if module not in _PRELOADED:
         _PRELOADED.append(module)
         if _FORK_SERVER:  # whatever START_METHOD says now: a test may set spawn for a while
-            multiprocessing.get_context("forkserver").set_forkserver_preload(list(_PRELOADED))
+            forkserver = multiprocessing.get_context("forkserver")
+            forkserver.set_forkserver_preload([*_PRELOADED, _READY])
 
 
 def context():
