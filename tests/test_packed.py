@@ -97,7 +97,7 @@ def packed_and_separate(members, budgets=None):
 
 
 # smoke's whole schedule, its evaluation cut to 16 + 16 examples: every column is still
-# compared, at a third less of the cost (evaluation was up to 40% of a comparison)
+# compared, at 10-40% less of the cost (evaluation's share of a comparison; gla's 40%)
 COMPARED = dataclasses.replace(SMOKE, val_examples=16, test_examples=16)
 
 
