@@ -130,7 +130,7 @@ app.add_typer(facts.facts_app, name="facts")  # synthbench/facts: the literature
 
 
 def main() -> None:
-    # What is loaded by now (torch, pandas, the registries: about a million objects) lives as
+    # What is loaded by now (torch, pandas, the registries: 200,000+ tracked objects) lives as
     # long as the command: out of the collector's sight, a collection during the command does
     # not walk it
     gc.freeze()
