@@ -21,7 +21,9 @@ and mechanisms at their defaults. Per (protocol, version) it counts, over the pa
   (each run's stored standard error): the rule of synthbench/report/informative.py, which
   `synthbench audit --informative` applies to every task;
 - **CPU seconds**: the training seconds of rows trained on a CPU (a GPU's are listed apart);
-  and, since those are wall seconds that a loaded machine inflates, **steps** (the optimizer
+  **CPU time**, the rows' own ``cpu_seconds`` (the CPU time each training's process spent,
+  schema 10), summed over the runs whose CPU rows all have it (``cpu_time_runs`` of them);
+  and, since wall seconds are what a loaded machine inflates, **steps** (the optimizer
   steps trained, every lr of every run) and, with ``--step-costs``, **modelled CPU seconds**:
   each row's steps times its (protocol, task, mechanism)'s seconds per step in the given
   tables (synthbench/data/step_costs.csv, of this version and of the one the earlier rows
@@ -127,6 +129,9 @@ def run_table(rows: pd.DataFrame, per_step: dict | None = None) -> pd.DataFrame:
         if chosen.empty:
             continue
         best = chosen.iloc[0]
+        on_cpu = part[part["device"].eq("cpu")]
+        if "cpu_seconds" not in on_cpu:  # a Parquet file of rows before schema 10
+            on_cpu = on_cpu.assign(cpu_seconds=math.nan)
         scores = sorted((validation_score(r) for _, r in part.iterrows()), reverse=True)
         others = scores[1:]  # the best is the selected lr's (or ties with it)
         chance = float(best["chance_token_acc"])
@@ -148,7 +153,10 @@ def run_table(rows: pd.DataFrame, per_step: dict | None = None) -> pd.DataFrame:
                 and curve[-1] - curve[-1 - RISE_POINTS] >= RISING
                 and validation_score(best) < SOLVED,
                 "lrs": len(part),
-                "cpu_seconds": float(part.loc[part["device"].eq("cpu"), "wall_seconds"].sum()),
+                "cpu_seconds": float(on_cpu["wall_seconds"].sum()),
+                "cpu_time": float(on_cpu["cpu_seconds"].sum(min_count=len(on_cpu)))
+                if len(on_cpu)
+                else math.nan,
                 "steps": int(part["steps_done"].sum()),
                 "modelled_seconds": float(part["steps_done"].sum())
                 * (per_step or {}).get((protocol, int(version), task, mech), math.nan),
@@ -171,6 +179,8 @@ def counts(runs: pd.DataFrame) -> dict:
         "bimodal": int((spread > BIMODAL).sum()),
         "separated": separated_pairs(runs, value="score"),
         "cpu_seconds": round(runs["cpu_seconds"].sum()),
+        "cpu_time": round(runs["cpu_time"].sum()),
+        "cpu_time_runs": int(runs["cpu_time"].notna().sum()),
         "gpu_seconds": round(runs["gpu_seconds"].sum()),
         "steps": int(runs["steps"].sum()),
         "modelled_seconds": round(runs["modelled_seconds"].sum(min_count=len(runs)))
@@ -183,7 +193,8 @@ def markdown(results: dict[tuple[str, int], dict]) -> str:
     names = [f"{p} v{v}" for p, v in results]
     lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
     for key in ("runs", "cells", "knife_edge", "learned_nothing", "undertrained", "bimodal",
-                "cpu_seconds", "gpu_seconds", "steps", "modelled_seconds"):  # fmt: skip
+                "cpu_seconds", "cpu_time", "cpu_time_runs", "gpu_seconds", "steps",
+                "modelled_seconds"):  # fmt: skip
         lines.append(f"| {key} | " + " | ".join(str(r[key]) for r in results.values()) + " |")
     for task in PANEL_TASKS:
         values = [str(r["separated"].get(task, "--")) for r in results.values()]
@@ -211,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: {source}: {exc}", file=sys.stderr)
             return 2
+        if runs.empty:
+            print(f"warning: {source}: no complete run of the panel", file=sys.stderr)
+            continue
         for (protocol, version), part in runs.groupby(["protocol", "version"], sort=True):
             results[(protocol, int(version))] = counts(part)
     if args.markdown:

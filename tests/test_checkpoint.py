@@ -1,6 +1,6 @@
 """Checkpoints of a training in progress (synthbench/run/checkpoint.py): a training killed
 half-way resumes from its last checkpoint and stores the row it would have stored without
-the interruption, every metric equal, its wall time counting both parts."""
+the interruption, every metric equal, its wall and CPU time counting both parts."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from synthbench.core import interrupts
-from synthbench.run import checkpoint, runner, train
+from synthbench.run import checkpoint, clock, runner, train
 from synthbench.run.executors import InProcess
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.spec import RunSpec
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 CPU = torch.device("cpu")
 LR = 3e-3
 # columns that differ between two trainings of the same run whatever they computed
-STAMPS = {"wall_seconds", "created_at"}
+STAMPS = {*clock.COLUMNS, "created_at"}
 
 
 def spec_of(task: str, mech: str, protocol: str, steps: int = 30) -> RunSpec:
@@ -84,12 +84,32 @@ def test_an_interrupted_training_resumes_to_the_row_it_would_have_had(
     with pytest.raises(KeyboardInterrupt):
         train.train_eval(spec, LR, CPU, saved=path)
     state = torch.load(path, weights_only=True)
-    assert state["step"] == 17 and state["seconds"] > 0
+    assert state["step"] == 17 and state["seconds"] > 0 and state["cpu_seconds"] > 0
     monkeypatch.undo()
     resumed = train.train_eval(spec, LR, CPU, saved=path)
     assert resumed["status"] == "ok"
     same_result(whole, resumed)
-    assert resumed["wall_seconds"] >= state["seconds"]  # the time before the stop counts
+    # the time before the stop counts, on both clocks
+    assert resumed["wall_seconds"] >= state["seconds"]
+    assert resumed["cpu_seconds"] >= state["cpu_seconds"]
+
+
+def test_a_checkpoint_without_cpu_time_leaves_the_rows_cpu_seconds_unknown(tmp_path, monkeypatch):
+    """A checkpoint written before rows had cpu_seconds holds the wall seconds only: the
+    resumed row counts them, and its CPU time, half unmeasured, is null, not the half."""
+    spec = spec_of("copy", "softmax", "smoke")
+    path = tmp_path / "training.pt"
+    interrupt_after(monkeypatch, saves=10)
+    with pytest.raises(KeyboardInterrupt):
+        train.train_eval(spec, LR, CPU, saved=path)
+    monkeypatch.undo()
+    state = torch.load(path, weights_only=True)
+    del state["cpu_seconds"]
+    state["seconds"] = 1e4  # as if the first part had taken hours: it counts
+    torch.save(state, path)
+    resumed = train.train_eval(spec, LR, CPU, saved=path)
+    assert resumed["status"] == "ok" and resumed["wall_seconds"] > 1e4
+    assert resumed["cpu_seconds"] is None
 
 
 def scripted_rise(monkeypatch) -> None:

@@ -26,7 +26,7 @@ from clitools import BENCHMARKS
 import synthbench.mechanisms  # noqa: F401  (the built-ins registered)
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.registry import _loaded_files, load_plugin_file
-from synthbench.run import packed, stacked_models, train
+from synthbench.run import clock, packed, stacked_models, train
 from synthbench.run.lr_selection import Budget
 from synthbench.run.packed import NotPacked, train_packed
 from synthbench.run.protocols import PROTOCOLS, curve_points
@@ -61,7 +61,7 @@ ILL_CONDITIONED = {"rff": 1e-5, "slay-tensorsketch": 1e-5, "slay-maclaurin": 1e-
 # feature-map core, a delta rule, a scan); the slow tier every built-in one, and with it
 # checks which fall back, and why, for each
 FAST = {"softmax", "linear", "deltanet", "mamba2"}
-NOT_COMPARED = {"wall_seconds", "created_at"}
+NOT_COMPARED = {*clock.COLUMNS, "created_at"}
 
 
 def builtin_mechanisms() -> list[str]:

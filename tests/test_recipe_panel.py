@@ -61,6 +61,23 @@ def test_the_counts_follow_their_definitions():
     assert panel.counts(panel.run_table(rows, per_step))["modelled_seconds"] == 12
     # softmax (0.94 +- small) against linear (0.115 +- small): one pair, separated
     assert result["separated"] == {"kv_recall": 1}
+    # rows before schema 10 have no CPU time: none counted
+    assert result["cpu_time"] == 0 and result["cpu_time_runs"] == 0
+
+
+def test_cpu_time_counts_the_runs_whose_cpu_rows_all_have_it():
+    rows = pd.DataFrame(
+        run("softmax", 0, [0.4, 0.95], 1, 0.95)
+        + run("softmax", 1, [0.9, 0.93], 1, 0.93)
+        + run("linear", 0, [0.11, 0.12], 1, 0.12)
+        + run("linear", 1, [0.11, 0.11], 0, 0.11, device="gpu")
+    )
+    rows["cpu_seconds"] = 4.0
+    rows.loc[(rows["run_id"] == "softmax-1") & (rows["lr"] > 0.0015), "cpu_seconds"] = None
+    result = panel.counts(panel.run_table(panel.panel_rows(rows)))
+    # softmax seed 0 (8) and linear seed 0 (8); softmax seed 1 is half unknown; a GPU's none
+    assert result["cpu_time"] == 16 and result["cpu_time_runs"] == 2
+    assert result["cpu_seconds"] == 60  # the wall seconds of the CPU rows, as before
 
 
 def test_the_panel_separates_pairs_by_the_packages_rule():
@@ -93,3 +110,13 @@ def test_a_step_cost_table_prices_the_versions_whose_steps_cost_the_same(tmp_pat
     assert (found.get(("quick", here, "copy", "softmax")) == 0.01) == (5 in SAME_STEPS["quick"])
     # the block changed in quick-block v4: its v3 steps price nothing of today's
     assert ("quick-block", PROTOCOLS.get("quick-block").version, "copy", "softmax") not in found
+
+
+def test_a_source_without_a_panel_run_is_said_and_skipped(tmp_path, capsys):
+    rows = pd.DataFrame(run("softmax", 0, [0.5], 0, 0.5)).assign(task="copy")
+    source = tmp_path / "rows.parquet"
+    rows.to_parquet(source)
+    assert panel.main([str(source)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == f"warning: {source}: no complete run of the panel\n"

@@ -25,7 +25,7 @@ from clitools import SMOKE, assert_error, invoke
 
 from synthbench import DATASET_SCHEMA
 from synthbench.core import interrupts
-from synthbench.run import runner, tracking
+from synthbench.run import clock, runner, tracking
 from synthbench.run.packed import train_packed
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.spec import RunSpec
@@ -38,7 +38,7 @@ CPU = torch.device("cpu")
 TINY = dataclasses.replace(PROTOCOLS.get("smoke"), steps=6, val_examples=16, test_examples=16)
 LR = 1e-3
 # what the row and a log of it may differ in: when and how long
-UNSTABLE = {"wall_seconds", "created_at"}
+UNSTABLE = {*clock.COLUMNS, "created_at"}
 FINAL = ("token_acc", "exact_match", "val_token_acc", "val_exact_match", "final_loss")
 
 

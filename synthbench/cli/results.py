@@ -118,8 +118,9 @@ def results_command(
         return
     headers = ["task", "mechanism", "protocol", "seed", "lr", "status", "target", "token_acc"]
     # wall_s: the training's wall seconds (its row's wall_seconds), what `run` adds up per
-    # run and estimates; params last, so that the columns before it keep their places
-    headers += ["exact_match", "wall_s", "run_id", "params"]
+    # run and estimates; cpu_s: the CPU seconds it cost (cpu_seconds, -- in rows before it);
+    # params last, so that the columns before it keep their places
+    headers += ["exact_match", "wall_s", "cpu_s", "run_id", "params"]
     rows = rows.sort_values(["protocol", "task", "mechanism", "seed", "lr"])
     targets = metric_values(rows, "target")  # each task's own metric: token_acc or free_token_acc
     changed = ChangedParams()
@@ -135,6 +136,7 @@ def results_command(
             _metric(r.token_acc),
             _metric(r.exact_match),
             f"{r.wall_seconds:.1f}",
+            _seconds(r.cpu_seconds),
             r.run_id,
             changed.text(r.task, r.task_params, r.mechanism, r.mechanism_params, r.config),
         ]
@@ -247,6 +249,10 @@ def _same(stored, value) -> bool:
 
 def _metric(value: float | None) -> str:
     return "--" if value is None or pd.isna(value) else f"{value:.3f}"
+
+
+def _seconds(value: float | None) -> str:
+    return "--" if value is None or pd.isna(value) else f"{value:.1f}"
 
 
 def report_command(

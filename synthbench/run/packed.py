@@ -28,9 +28,9 @@ training.
 
 Not bit-identical to separate trainings: a batched kernel sums in another order than the
 single one, and the optimizer is not torch's fused kernel, so weights differ in their last
-bits, as between two machines. ``wall_seconds`` is each member's share of the packed work:
-the setup and every step divided among the members still in the pack, plus its own
-evaluation after training.
+bits, as between two machines. ``wall_seconds`` and ``cpu_seconds`` are each member's share
+of the packed work: the setup and every step divided among the members still in the pack,
+plus its own evaluation after training.
 
 A mechanism that sets ``packable = False``, or whose forward or backward cannot be vmapped
 (an ``autograd.Function`` without a vmap rule, randomness drawn in ``forward``,
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -57,6 +56,7 @@ from synthbench.core.interrupts import caught, describe, raise_pending
 from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.model import Model
 from synthbench.run import provenance, tracking
+from synthbench.run.clock import Seconds, Stopwatch
 from synthbench.run.evaluation import Diverged
 from synthbench.run.lr_selection import Budget
 from synthbench.run.phases import phase
@@ -158,7 +158,7 @@ class _Member:
     model: Model | None = None
     recent: list[float] = field(default_factory=list)
     val_metrics: dict[str, float] | None = None
-    seconds: float = 0.0  # its share of the packed work
+    spent: Seconds = Seconds()  # its share of the packed work (wall and CPU)
     done: bool = False  # the row is final (ok, diverged, leaky or error)
     tracker: tracking.Tracker = tracking.NOT_TRACKED  # its log with --log, once packed
 
@@ -175,7 +175,7 @@ class _Member:
         self.done, self.model = True, None
 
     def final_row(self, device: torch.device) -> dict[str, Any]:
-        self.row["wall_seconds"] = self.seconds
+        self.row.update(self.spent.row_fields())
         row = {**self.row, **provenance.stamp(device)}
         self.tracker.finish(row)
         return row
@@ -213,7 +213,7 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
     its member stops. Raises what stops the pack itself (vmap's refusal, a mechanism's
     error): the members not done then train alone."""
     p = members[0].spec.protocol
-    start = time.perf_counter()
+    watch = Stopwatch()
     task, long_task = run_tasks(members[0].spec)
     with phase("model build"):
         for m in members:
@@ -227,13 +227,13 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
     for m in members:
         start_curve(m.row)
         m.tracker = tracking.start(m.spec, m.lr)
-    _share(members, time.perf_counter() - start)
+    _share(members, watch.elapsed())
 
     active = list(members)  # the pack's rows, in order
     # every member stops at its last step at the latest (a curve point): the pack empties
     for step in itertools.count():
         raise_pending()  # a Ctrl-C Python dropped (synthbench/core/interrupts.py)
-        start = time.perf_counter()
+        watch = Stopwatch()
         with phase("training batches"):
             batches = [task.generate(p.batch_size, m.generator, device) for m in active]
             inputs = torch.stack([b.inputs for b in batches])
@@ -270,7 +270,7 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
                     m.horizon.extend(step + 1, m.row["curve_val_token_acc"])
                 if stops or step + 1 == m.horizon.last_step:
                     stopped.append(i)
-        _share(active, time.perf_counter() - start)
+        _share(active, watch.elapsed())
         for i in stopped:
             _finish_member(active[i], pack, i, data, step + 1)
         keep = [i for i, m in enumerate(active) if not m.done]
@@ -281,18 +281,18 @@ def _train_together(members: list[_Member], device: torch.device) -> None:
             active = [active[i] for i in keep]
 
 
-def _share(members: list[_Member], seconds: float) -> None:
+def _share(members: list[_Member], spent: Seconds) -> None:
     for m in members:
-        m.seconds += seconds / len(members)
+        m.spent += spent / len(members)
 
 
 def _finish_member(
     m: _Member, pack: StackedModels, index: int, data: RunData, steps_done: int
 ) -> None:
     """``train.finish`` on the member's trained weights, in its own model."""
-    start = time.perf_counter()
+    watch = Stopwatch()
     pack.unstack_into(index, m.model)
     with failures_recorded(m.row):
         finish(m.spec, m.model, data, m.row, steps_done, m.recent, m.val_metrics)
-    m.seconds += time.perf_counter() - start
+    m.spent += watch.elapsed()
     m.done, m.model = True, None

@@ -57,6 +57,7 @@ RANGES: dict[str, tuple[float, float, bool]] = {
     "n_params": (0, math.inf, False),
     "state_size": (0, math.inf, False),
     "wall_seconds": (0, math.inf, False),
+    "cpu_seconds": (0, math.inf, False),
     "threads": (1, math.inf, False),
     "lr_robustness": (1, math.inf, False),
     "lr_gap": (0.0, 1.0, False),

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # Columns each schema version added; a file of an older version is read with them null.
 ADDED_IN = {
     2: ("eval_length_mult", "long_token_acc", "long_exact_match"),
@@ -32,6 +32,7 @@ ADDED_IN = {
     7: ("cpu_model",),
     8: ("lr_robustness", "lr_gap"),
     9: ("state_size",),
+    10: ("cpu_seconds",),
 }
 # The levels of a results path, outermost first: <root>/protocol=.../task=.../mechanism=...
 PARTITIONS = ("protocol", "task", "mechanism")
@@ -102,6 +103,9 @@ SCHEMA = pa.schema(
         # null where the mechanism declares none or it raised. The leaderboard's state column
         ("state_size", pa.int64()),
         ("wall_seconds", pa.float64()),
+        # the CPU time its process spent meanwhile, every thread (synthbench/run/clock.py):
+        # what the training cost, which a loaded machine does not inflate; null where unknown
+        ("cpu_seconds", pa.float64()),
         ("threads", pa.int64()),  # torch's intra-op threads of the training (in the run id)
         # provenance (synthbench/provenance.py)
         ("device", pa.string()),

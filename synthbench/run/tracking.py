@@ -45,7 +45,7 @@ from synthbench.run.schema import RESULT_METRICS
 LOGS = ".logs"
 PROJECT = "synthbench"  # W&B's project and MLflow's experiment, unless the environment names one
 # a row's numbers logged at the end, beside the curve's: what the training measured
-FINAL_COLUMNS = (*RESULT_METRICS, "steps_done", "wall_seconds")
+FINAL_COLUMNS = (*RESULT_METRICS, "steps_done", "wall_seconds", "cpu_seconds")
 
 
 class TrackingError(ValueError):

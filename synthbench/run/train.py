@@ -29,6 +29,7 @@ from synthbench.integrity.audit import Chance, chance
 from synthbench.integrity.causality import BATCH as CHECK_BATCH
 from synthbench.integrity.causality import Leaky, check_model_causality
 from synthbench.run import checkpoint, provenance, tracking
+from synthbench.run.clock import Seconds, Stopwatch
 from synthbench.run.evaluation import Diverged, evaluate, held_out_metrics
 from synthbench.run.lr_selection import ROW_MARKS, Budget
 from synthbench.run.phases import phase
@@ -262,13 +263,13 @@ def _train_and_evaluate(
     row: dict,
     budget: Budget,
     saved: Path | None,
-    started: float,
+    watch: Stopwatch,
     tracker: tracking.Tracker = tracking.NOT_TRACKED,
 ) -> float:
     """Train and evaluate into ``row``; with ``saved`` (a checkpoint path) resume from the
     checkpoint there and keep one (synthbench/run/checkpoint.py); its curve goes to
     ``tracker`` as it trains (``--log``). Returns the seconds the training had run before it
-    resumed (0 when it did not)."""
+    resumed (none when it did not); ``watch`` was started with the training."""
     p = spec.protocol
     horizon = Horizon(p, budget)
     task, long_task = run_tasks(spec)
@@ -291,7 +292,7 @@ def _train_and_evaluate(
     recent: list[float] = []
     val_metrics: dict[str, float] | None = None  # the last curve point's
     start_curve(row)
-    first_step, before, state = 0, 0.0, None
+    first_step, before, state = 0, Seconds(), None
     if saved:
         ident = checkpoint.identity(spec.run_id, lr, budget, device)
         state = checkpoint.load(saved, ident)
@@ -299,7 +300,9 @@ def _train_and_evaluate(
         checkpoint.restore(state, model, optimizer, scheduler, train_gen)
         recent, val_metrics = state["recent"], state["val_metrics"]
         row["curve_steps"], row["curve_val_token_acc"] = state["curve"]
-        first_step, before = state["step"], state["seconds"]
+        first_step = state["step"]
+        # a checkpoint of a version before cpu_seconds: that part's CPU time is unknown
+        before = Seconds(state["seconds"], state.get("cpu_seconds"))
         # where an extended training's schedule ends (its optimizer's lr was saved as is)
         horizon.move_to(state.get("horizon", p.steps))
     last_save = time.perf_counter()
@@ -343,8 +346,9 @@ def _train_and_evaluate(
                     val_metrics=val_metrics,
                     curve=(row["curve_steps"], row["curve_val_token_acc"]),
                     horizon=horizon.end,  # an extended training resumes on its own schedule
-                    seconds=before + time.perf_counter() - started,
                 )
+                spent = before + watch.elapsed()
+                state.update(seconds=spent.wall, cpu_seconds=spent.cpu)
                 if not checkpoint.save(saved, ident, state):
                     saved = None  # nowhere to keep one: train on without
             last_save = time.perf_counter()
@@ -401,6 +405,7 @@ def blank_row(spec: RunSpec, lr: float) -> dict[str, Any]:
         "error": None,
         **dict.fromkeys(RESULT_METRICS),
         "wall_seconds": 0.0,
+        "cpu_seconds": None,  # not measured: train_eval measures it (synthbench/run/clock.py)
     }
 
 
@@ -422,21 +427,22 @@ def train_eval(
     schedule's end goes on, the schedule stretched (``Horizon``): ``steps_done`` says how
     far it went. With ``saved``, a checkpoint path, it resumes from the checkpoint
     there (if that is this training's) and keeps one as it goes (synthbench/run/
-    checkpoint.py): the row is the same, its wall_seconds counting the time before too.
+    checkpoint.py): the row is the same, its wall_seconds and cpu_seconds counting the time
+    before too (synthbench/run/clock.py).
 
     Runs with ``spec.threads`` torch threads (restored afterwards): the count is part of the
     run's config because it changes the floating-point sums.
     """
     row = blank_row(spec, lr)
-    before = 0.0
+    before = Seconds()
     # its log with --log (synthbench/run/tracking.py), ended if a Ctrl-C stops it
     with tracking.start(spec, lr) as tracker, torch_threads(spec.threads):
-        start = time.perf_counter()
+        watch = Stopwatch()
         with failures_recorded(row):
             path = Path(saved) if saved is not None else None
             budget = budget or Budget()
-            before = _train_and_evaluate(spec, lr, device, row, budget, path, start, tracker)
-    row["wall_seconds"] = before + time.perf_counter() - start
+            before = _train_and_evaluate(spec, lr, device, row, budget, path, watch, tracker)
+    row.update((before + watch.elapsed()).row_fields())
     row = {**row, **provenance.stamp(device)}
     tracker.finish(row)
     return row
