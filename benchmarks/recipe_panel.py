@@ -1,6 +1,7 @@
 """Recipe v2's panel: how much of each verdict the training recipe decides, counted on rows.
 
-    python benchmarks/recipe_panel.py [SOURCE ...] [--markdown]
+    python benchmarks/recipe_panel.py [SOURCE ...] [--markdown] [--step-costs TABLE ...]
+        [--cells-of PROTOCOL:VERSION]
 
 SOURCE: a results tree or a Parquet file of rows (default: the shipped reference,
 synthbench/data/reference/quick.parquet). Of its rows it keeps the panel, declared before
@@ -28,6 +29,9 @@ and mechanisms at their defaults. Per (protocol, version) it counts, over the pa
   each row's steps times its (protocol, task, mechanism)'s seconds per step in the given
   tables (synthbench/data/step_costs.csv, of this version and of the one the earlier rows
   were trained under), the same figure for a step of the same model whatever the recipe.
+
+``--cells-of quick:7`` counts every recipe on the (task, mechanism) cells that recipe has
+runs in: a panel under way, against the same cells of the recipe before it.
 
 These definitions (but the separation rule, the package's) are the panel's own, written
 here once, and applied alike to every recipe: they do not read the rows' own
@@ -202,6 +206,19 @@ def markdown(results: dict[tuple[str, int], dict]) -> str:
     return "\n".join(lines)
 
 
+def on_cells_of(runs: pd.DataFrame, recipe: str) -> pd.DataFrame:
+    """``runs`` of every recipe, kept to the (task, mechanism) cells that ``recipe``
+    (``protocol:version``, e.g. quick:7) has runs in."""
+    protocol, _, version = recipe.partition(":")
+    if not version.isdigit():
+        raise ValueError(f"{recipe!r} is not PROTOCOL:VERSION (quick:7, say)")
+    own = runs[runs["protocol"].eq(protocol) & runs["version"].eq(int(version))]
+    if own.empty:
+        raise ValueError(f"no run of {protocol} v{version} in the sources")
+    cells = pd.MultiIndex.from_frame(own[["task", "mechanism"]].drop_duplicates())
+    return runs[pd.MultiIndex.from_frame(runs[["task", "mechanism"]]).isin(cells)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("sources", nargs="*", type=Path, default=[DEFAULT_SOURCE])
@@ -210,9 +227,14 @@ def main(argv: list[str] | None = None) -> int:
         "--step-costs", nargs="*", type=Path, default=[],
         help="step-cost tables (synthbench/data/step_costs.csv, of each version compared)",
     )  # fmt: skip
+    parser.add_argument(
+        "--cells-of", metavar="PROTOCOL:VERSION",
+        help="count every recipe on the cells (task, mechanism) this one has runs in: a "
+        "panel under way against the same cells of another recipe",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     per_step = step_costs(args.step_costs)
-    results = {}
+    tables = []
     for source in args.sources:
         if not source.exists():
             print(f"error: {source} does not exist", file=sys.stderr)
@@ -225,6 +247,16 @@ def main(argv: list[str] | None = None) -> int:
         if runs.empty:
             print(f"warning: {source}: no complete run of the panel", file=sys.stderr)
             continue
+        tables.append(runs)
+    runs = pd.concat(tables, ignore_index=True) if tables else pd.DataFrame()
+    if args.cells_of and not runs.empty:
+        try:
+            runs = on_cells_of(runs, args.cells_of)
+        except ValueError as exc:
+            print(f"error: --cells-of: {exc}", file=sys.stderr)
+            return 2
+    results = {}
+    if not runs.empty:
         for (protocol, version), part in runs.groupby(["protocol", "version"], sort=True):
             results[(protocol, int(version))] = counts(part)
     if args.markdown:

@@ -1,5 +1,7 @@
 """benchmarks/recipe_panel.py: the panel's counts, on hand-made rows whose answers are known."""
 
+import json
+
 import pandas as pd
 import pytest
 from clitools import load_script
@@ -120,3 +122,21 @@ def test_a_source_without_a_panel_run_is_said_and_skipped(tmp_path, capsys):
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err == f"warning: {source}: no complete run of the panel\n"
+
+
+def test_cells_of_counts_every_recipe_on_one_recipes_cells(tmp_path, capsys):
+    """A panel under way (v7: softmax alone so far) against the same cells of another (v6:
+    softmax and linear): --cells-of quick:7 leaves v6's linear out."""
+    v6 = run("softmax", 0, [0.9], 0, 0.9) + run("linear", 0, [0.5], 0, 0.5)
+    v7 = [{**r, "protocol_version": 7, "run_id": "v7"} for r in run("softmax", 0, [0.9], 0, 0.9)]
+    source = tmp_path / "rows.parquet"
+    pd.DataFrame(v6 + v7).to_parquet(source)
+    assert panel.main([str(source), "--cells-of", "quick:7"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["version"], r["runs"], r["cells"]) for r in lines] == [(6, 1, 1), (7, 1, 1)]
+    assert panel.main([str(source)]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["version"], r["runs"]) for r in lines] == [(6, 2), (7, 1)]
+    for wrong, said in (("quick:8", "no run of quick v8"), ("quick", "is not PROTOCOL:VERSION")):
+        assert panel.main([str(source), "--cells-of", wrong]) == 2
+        assert said in capsys.readouterr().err
