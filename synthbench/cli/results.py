@@ -34,7 +34,7 @@ from synthbench.core.atomic import write_atomically
 from synthbench.core.mechanism import MECHANISMS, mixer
 from synthbench.core.task import TASKS
 from synthbench.core.text import did_you_mean, plural
-from synthbench.report import published_lm
+from synthbench.report import published_lm, spent
 from synthbench.report import reference as shipped
 from synthbench.report.aggregate import (
     DEFAULT_METRIC,
@@ -74,12 +74,21 @@ def results_command(
             "--json", help="Print the rows as a JSON array of objects, every stored column."
         ),
     ] = False,
+    cost: Annotated[
+        bool,
+        typer.Option(
+            "--cost",
+            help="What the rows cost, per protocol and mechanism: trainings, steps, CPU hours "
+            "(wall and CPU time), accelerator hours and their share (every lr's row counts).",
+        ),
+    ] = False,
     results: ResultsOption = Path("results"),
     plugin: PluginOption = None,
 ) -> None:
     """Filter the stored rows; print a summary or export them as CSV or JSON. The summary's
     params column names each run's task and mechanism parameters that differ from the
-    registered defaults (a plugin's: with --plugin, else all of them)."""
+    registered defaults (a plugin's: with --plugin, else all of them). With --cost, what
+    the rows cost instead of the rows themselves."""
     if csv is not None and as_json:
         raise UsageError("--csv and --json both say where the rows go: give one")
     if csv is not None and str(csv) != "-":
@@ -99,22 +108,26 @@ def results_command(
     if status is not None:
         known = {*STATUSES, *stored["status"]}
         rows = rows[rows["status"].isin(filter_names(status, "--status", known, kind="status"))]
-    if not all_lrs:  # failed runs have no selected row: keep them so they stay visible
+    if cost:  # every training cost its time, selected or not
+        rows = spent.cost_table(rows)
+    elif not all_lrs:  # failed runs have no selected row: keep them so they stay visible
         rows = rows[rows["selected"].astype(bool) | (rows["status"] != "ok")]
     if as_json:
         write_stdout(_to_json(rows) + "\n")
         return
     if csv is not None:
         # list columns (the learning curve) as JSON, one CSV field each
-        rows = rows.assign(
-            **{c: rows[c].map(_as_json) for c in ("curve_steps", "curve_val_token_acc")}
-        )
+        lists = [c for c in ("curve_steps", "curve_val_token_acc") if c in rows]
+        rows = rows.assign(**{c: rows[c].map(_as_json) for c in lists})
         if str(csv) == "-":
             write_stdout(rows.to_csv(index=False))
         else:
             csv.parent.mkdir(parents=True, exist_ok=True)
             write_atomically(csv, rows.to_csv(index=False))
             out.print(f"{plural(len(rows), 'row')} -> {csv}", highlight=False)
+        return
+    if cost:
+        _print_costs(rows)
         return
     headers = ["task", "mechanism", "protocol", "seed", "lr", "status", "target", "token_acc"]
     # wall_s: the training's wall seconds (its row's wall_seconds), what `run` adds up per
@@ -144,6 +157,27 @@ def results_command(
     ]
     print_rows(out, headers, cells)  # names whole, in a terminal or piped
     out.print(plural(len(rows), "row"), highlight=False)
+
+
+def _print_costs(table: pd.DataFrame) -> None:
+    headers = ["protocol", "version", "mechanism", "runs", "trainings", "steps", "cpu_wall_h",
+               "cpu_time_h", "accelerator_h", "accelerator_share"]  # fmt: skip
+    cells = []
+    for r in table.itertuples():
+        cpu_time = f"{r.cpu_time_hours:.2f}" if r.cpu_time_trainings else "--"
+        if r.cpu_time_trainings < r.cpu_trainings:  # rows before schema 10 have none
+            cpu_time += f" ({r.cpu_time_trainings} of {r.cpu_trainings} trainings)"
+        cells.append([
+            r.protocol, str(r.version), r.mechanism, str(r.runs), str(r.trainings), f"{r.steps:,}",
+            f"{r.cpu_wall_hours:.2f}", cpu_time, f"{r.accelerator_hours:.2f}",
+            f"{r.accelerator_share:.0%}",
+        ])  # fmt: skip
+    print_rows(out, headers, cells)
+    out.print(
+        "hours of every training (any lr, any status); CPU time: the CPU its process spent "
+        "(synthbench/run/clock.py); accelerator_share: of the trainings",
+        highlight=False,
+    )
 
 
 class ChangedParams:
