@@ -27,6 +27,7 @@ from synthbench.core.mechanism import MECHANISMS
 from synthbench.core.registry import load_plugin_file
 from synthbench.core.task import TASKS
 from synthbench.run import provenance, runner
+from synthbench.run.clock import Seconds
 from synthbench.run.executors import MAX_ATTEMPTS, LocalPool, RayPool
 from synthbench.run.protocols import PROTOCOLS
 from synthbench.run.runner import Events, Unit
@@ -166,7 +167,7 @@ def test_training_uses_the_specs_thread_count_and_restores_the_callers(monkeypat
     seen = []
     monkeypatch.setattr(
         "synthbench.run.train._train_and_evaluate",
-        lambda *args: seen.append(torch.get_num_threads()) or 0.0,  # 0 s trained before
+        lambda *args: seen.append(torch.get_num_threads()) or Seconds(),  # none before
     )
     spec = RunSpec.resolve("copy", "linear", SMOKE, 0, threads=3)
     runner.run_sweep(spec, CPU)

@@ -269,7 +269,7 @@ def test_a_pack_abandoned_ends_its_logs(recorded):
 
 
 def test_a_training_stopped_by_ctrl_c_ends_its_log(recorded, monkeypatch):
-    def interrupted(spec, lr, device, row, budget, saved, started, tracker):
+    def interrupted(spec, lr, device, row, budget, saved, watch, tracker):
         tracker.step(0, 2.0, 0.1)
         raise KeyboardInterrupt
 
