@@ -126,6 +126,8 @@ def run_table(rows: pd.DataFrame, per_step: dict | None = None) -> pd.DataFrame:
     """One row per run: its cell, seed, and each count's verdict (``per_step``: seconds per
     step by (protocol, version, task, mechanism), for the modelled CPU seconds)."""
     records = []
+    if "cpu_seconds" not in rows:  # a Parquet file of rows before schema 10
+        rows = rows.assign(cpu_seconds=math.nan)
     keys = ["protocol", "protocol_version", "task", "mechanism", "run_id"]
     for (protocol, version, task, mech, _), part in rows.groupby(keys, sort=True):
         part = part[part["status"].isin(["ok", "diverged"])]
@@ -134,8 +136,6 @@ def run_table(rows: pd.DataFrame, per_step: dict | None = None) -> pd.DataFrame:
             continue
         best = chosen.iloc[0]
         on_cpu = part[part["device"].eq("cpu")]
-        if "cpu_seconds" not in on_cpu:  # a Parquet file of rows before schema 10
-            on_cpu = on_cpu.assign(cpu_seconds=math.nan)
         scores = sorted((validation_score(r) for _, r in part.iterrows()), reverse=True)
         others = scores[1:]  # the best is the selected lr's (or ties with it)
         chance = float(best["chance_token_acc"])

@@ -3,10 +3,10 @@
 A row stores both (docs/RESULTS.md): ``wall_seconds``, the wall clock from building the model
 to the test metrics, and ``cpu_seconds``, the CPU time its process spent meanwhile (every
 thread: torch's intra-op threads, and the few of the process's own, such as a Ray worker's,
-too). On a shared machine the two part: another job, a
-second worker on the same cores or a stopped process stretches the wall clock, not the CPU
-time. So a cost summed from rows (CPU-hours of a panel or a rebuild) reads ``cpu_seconds``,
-and an estimate of how long a command takes reads ``wall_seconds``.
+too). On a shared machine the two part: another job, a second worker on the same cores or a
+stopped process stretches the wall clock, not the CPU time. So a cost summed from rows
+(CPU-hours of a panel or a rebuild) reads ``cpu_seconds``, and an estimate of how long a
+command takes reads ``wall_seconds``.
 """
 
 from __future__ import annotations

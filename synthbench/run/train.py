@@ -265,7 +265,7 @@ def _train_and_evaluate(
     saved: Path | None,
     watch: Stopwatch,
     tracker: tracking.Tracker = tracking.NOT_TRACKED,
-) -> float:
+) -> Seconds:
     """Train and evaluate into ``row``; with ``saved`` (a checkpoint path) resume from the
     checkpoint there and keep one (synthbench/run/checkpoint.py); its curve goes to
     ``tracker`` as it trains (``--log``). Returns the seconds the training had run before it
