@@ -68,8 +68,17 @@ def parse_variant(text: str, base: Protocol) -> tuple[str, Protocol]:
         field, _, value = item.partition("=")
         if field not in VARIANT_FIELDS:
             raise ValueError(f"variant {name!r}: {field!r} is not one of {sorted(VARIANT_FIELDS)}")
-        changes[field] = VARIANT_FIELDS[field](value)
-    variant = dataclasses.replace(base, **changes)
+        try:
+            changes[field] = VARIANT_FIELDS[field](value)
+        except ValueError:
+            kind = "an integer" if VARIANT_FIELDS[field] is int else "a number"
+            raise ValueError(f"variant {name!r}: {field}={value!r} is not {kind}") from None
+    variant = dataclasses.replace(base, **changes)  # the protocol's own checks
+    if 0 < variant.max_seeds < base.seeds:
+        raise ValueError(
+            f"variant {name!r}: max_seeds ({variant.max_seeds}) is below the seed count "
+            f"({base.seeds})"
+        )
     if variant.max_steps > base.max_steps or variant.rise_margin < base.rise_margin:
         raise ValueError(f"variant {name!r} trains longer than the stored recipe: not replayable")
     return name, variant

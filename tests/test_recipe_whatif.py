@@ -130,6 +130,9 @@ def test_a_cell_grows_by_seeds_as_the_variant_would_grow_it(stored):
         ("cheap:steps=500", "not one of"),
         ("long:max_steps=6000", "trains longer"),
         ("loose:rise_margin=0.0", "trains longer"),
+        ("few:max_seeds=2", "below the seed count"),
+        ("typo:lr_refine=one", "lr_refine='one' is not an integer"),
+        ("short:max_steps=500", "must be >= steps"),
     ],
 )
 def test_a_variant_outside_what_can_be_replayed_is_refused(text, error, capsys):
