@@ -20,7 +20,10 @@ and mechanisms at their defaults. Per (protocol, version) it counts, over the pa
   more than their two 95% intervals added, each interval 1.96 standard errors of a mean
   over the seeds whose variance holds both the seeds' spread and the finite test set
   (each run's stored standard error): the rule of synthbench/report/informative.py, which
-  `synthbench audit --informative` applies to every task;
+  `synthbench audit --informative` applies to every task; and of those, the pairs
+  **separated with neither cell decided by the recipe** (``separated_clean``): neither
+  mechanism's cell on that task holds a knife-edge or an undertrained run, so the gap is not
+  one lr's or one budget's;
 - **CPU seconds**: the training seconds of rows trained on a CPU (a GPU's are listed apart);
   **CPU time**, the rows' own ``cpu_seconds`` (the CPU time each training's process spent,
   schema 10), summed over the runs whose CPU rows all have it (``cpu_time_runs`` of them);
@@ -45,12 +48,13 @@ import argparse
 import json
 import math
 import sys
+from itertools import combinations
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from synthbench.report.informative import separated_pairs
+from synthbench.report.informative import cell_intervals, separated, separated_pairs
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SOURCE = ROOT / "synthbench" / "data" / "reference" / "quick.parquet"
@@ -182,6 +186,7 @@ def counts(runs: pd.DataFrame) -> dict:
         "undertrained": int(runs["undertrained"].sum()),
         "bimodal": int((spread > BIMODAL).sum()),
         "separated": separated_pairs(runs, value="score"),
+        "separated_clean": separated_clean(runs),
         "cpu_seconds": round(runs["cpu_seconds"].sum()),
         "cpu_time": round(runs["cpu_time"].sum()),
         "cpu_time_runs": int(runs["cpu_time"].notna().sum()),
@@ -191,6 +196,21 @@ def counts(runs: pd.DataFrame) -> dict:
         if runs["modelled_seconds"].notna().all()
         else None,
     }
+
+
+def separated_clean(runs: pd.DataFrame) -> dict[str, int]:
+    """Per task: the pairs separated (the package's rule) whose two cells hold no knife-edge
+    and no undertrained run."""
+    found = {}
+    for task, part in runs.groupby("task", sort=True):
+        recipe_made = part.groupby("mechanism")[["knife_edge", "undertrained"]].any().any(axis=1)
+        cells = cell_intervals(part, "score")
+        found[task] = sum(
+            separated(cells[a], cells[b])
+            for a, b in combinations(sorted(cells), 2)
+            if not (recipe_made[a] or recipe_made[b])
+        )
+    return found
 
 
 def markdown(results: dict[tuple[str, int], dict]) -> str:
@@ -203,6 +223,9 @@ def markdown(results: dict[tuple[str, int], dict]) -> str:
     for task in PANEL_TASKS:
         values = [str(r["separated"].get(task, "--")) for r in results.values()]
         lines.append(f"| pairs separated: {task} | " + " | ".join(values) + " |")
+    for task in PANEL_TASKS:
+        values = [str(r["separated_clean"].get(task, "--")) for r in results.values()]
+        lines.append(f"| of them, clean: {task} | " + " | ".join(values) + " |")
     return "\n".join(lines)
 
 

@@ -90,6 +90,28 @@ def test_the_panel_separates_pairs_by_the_packages_rule():
     assert not hasattr(panel, "interval") and not hasattr(panel, "Z95")
 
 
+def test_a_pair_is_clean_when_neither_cell_holds_a_knife_edge_or_an_undertrained_run():
+    """softmax (0.95) and linear (0.30) are far apart on every seed: separated. The pair is
+    clean only while neither cell holds a run that one lr (a knife-edge) or the budget (still
+    rising below 0.9) decided."""
+
+    def cells(softmax_vals, linear_curve):
+        rows = []
+        for seed, (high, low) in enumerate([(0.95, 0.30), (0.94, 0.31), (0.96, 0.29)]):
+            rows += run("softmax", seed, [v + high - 0.95 for v in softmax_vals], 1, high)
+            rows += run("linear", seed, [low, low - 0.01], 0, low, curve=linear_curve)
+        return panel.counts(panel.run_table(panel.panel_rows(pd.DataFrame(rows))))
+
+    flat = (0.3, 0.3, 0.3)
+    plain = cells([0.9, 0.95], flat)
+    assert plain["separated"] == {"kv_recall": 1} and plain["separated_clean"] == {"kv_recall": 1}
+    knife = cells([0.4, 0.95], flat)  # softmax beats its other lr by 0.55 on every seed
+    assert knife["knife_edge"] == 3 and knife["separated_clean"] == {"kv_recall": 0}
+    rising = cells([0.9, 0.95], (0.1, 0.2, 0.3))  # linear still rising at its last point
+    assert rising["undertrained"] == 3 and rising["separated_clean"] == {"kv_recall": 0}
+    assert knife["separated"] == rising["separated"] == {"kv_recall": 1}
+
+
 def test_a_cell_of_several_settings_is_refused():
     rows = pd.DataFrame(run("softmax", 0, [0.5], 0, 0.5) + run("softmax", 1, [0.5], 0, 0.5))
     rows.loc[rows["seed"] == 1, "task_params"] = '{"pairs": 8}'
