@@ -206,15 +206,21 @@ COLUMNS = ("runs", "cells", "knife_edge", "learned_nothing", "undertrained", "bi
 
 def markdown(report: list[dict]) -> str:
     lines = [
-        "| variant | unknown runs | recipe | " + " | ".join(COLUMNS) + " | pairs separated |",
-        "|---|---:|---|" + "---:|" * len(COLUMNS) + "---|",
+        "| variant | unknown runs | recipe | "
+        + " | ".join(COLUMNS)
+        + " | pairs separated | of them, clean |",
+        "|---|---:|---|" + "---:|" * len(COLUMNS) + "---|---|",
     ]
     for entry in report:
         for recipe, result in entry["figures"].items():
             values = " | ".join(str(result.get(key, "")) for key in COLUMNS)
-            pairs = ", ".join(f"{t} {n}" for t, n in sorted(result["separated"].items()))
+            pairs, clean = (
+                ", ".join(f"{t} {n}" for t, n in sorted(result[key].items()))
+                for key in ("separated", "separated_clean")
+            )
             lines.append(
-                f"| {entry['variant']} | {entry['unknown_runs']} | {recipe} | {values} | {pairs} |"
+                f"| {entry['variant']} | {entry['unknown_runs']} | {recipe} | {values} "
+                f"| {pairs} | {clean} |"
             )
     return "\n".join(lines)
 
@@ -238,6 +244,7 @@ def compare(
         cost = result["modelled_seconds"]
         result["cost_ratio"] = round(cost / then, 2) if cost and then else None
         result["separated"] = dict(result["separated"])
+        result["separated_clean"] = dict(result["separated_clean"])
     return {"unknown_runs": unknown, "figures": on}
 
 
