@@ -18,6 +18,8 @@ would have stopped it:
 - **exact**: which lrs train, the steps each trains, every validation score, the selection,
   ``lr_gap``, the knife-edge, learned-nothing and undertrained counts, the steps and the
   modelled CPU seconds (steps times the step-cost table's seconds a step);
+- **a diverged training** diverges where it did if the variant trains it that far, and is
+  ok where the variant stops it sooner;
 - **read off the validation set**: a training cut short has no test score where it stops.
   Its run's score is then the validation token accuracy there (256 examples, not the test
   set's 512), used only for bimodal cells and pairs separated; ``proxied`` counts those runs;
@@ -87,8 +89,9 @@ def parse_variant(text: str, base: Protocol) -> tuple[str, Protocol]:
 def replay_training(stored: dict, protocol: Protocol, budget: Budget) -> dict:
     """``stored``'s row as the variant would have ended it (a copy; ``proxied`` where it is
     cut short of the stored training's end)."""
-    if stored["status"] != "ok":
-        return dict(stored, proxied=False)  # diverged or failed: as trained
+    curve = stored.get("curve_steps")
+    if stored["status"] not in ("ok", "diverged") or curve is None or len(curve) == 0:
+        return dict(stored, proxied=False)  # failed (a worker lost, say): as it was
     steps, values = list(stored["curve_steps"]), list(stored["curve_val_token_acc"])
     horizon = Horizon(protocol, budget)
     seen: list[float] = []
@@ -103,13 +106,16 @@ def replay_training(stored: dict, protocol: Protocol, budget: Budget) -> dict:
             return _cut(stored, at, len(seen))
         if at == horizon.last_step and not horizon.extend(at, seen):
             return _cut(stored, at, len(seen))
+    if stored["status"] == "diverged":
+        return dict(stored, proxied=False)  # it trains on to the same step, and diverges there
     raise Unknown("the variant trains past the stored training's end")
 
 
 def _cut(stored: dict, at: int, points: int) -> dict:
-    if at == int(stored["steps_done"]):
+    if stored["status"] == "ok" and at == int(stored["steps_done"]):
         return dict(stored, proxied=False)
-    row = dict(stored, steps_done=at, proxied=True)
+    # a diverged training stopped before its divergence: ok where it stops
+    row = dict(stored, steps_done=at, proxied=True, status="ok", error=None)
     row["curve_steps"] = list(stored["curve_steps"])[:points]
     row["curve_val_token_acc"] = list(stored["curve_val_token_acc"])[:points]
     row["val_token_acc"] = row["curve_val_token_acc"][-1]

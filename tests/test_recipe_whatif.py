@@ -107,6 +107,24 @@ def test_a_variant_that_trains_what_was_not_stored_is_unknown(stored):
         whatif.replay_training(cut, RECIPE, whatif.Budget())
 
 
+def test_a_diverged_training_is_ok_where_a_variant_stops_it_sooner(stored):
+    """Stored: 1e-3 diverged at step 23, in its first extension (its curve up to 22). A cap at
+    20 stops it at 20, before the divergence: ok there. The recipe as stored trains on into
+    the extension, to the same divergence."""
+    slow = _stored(stored[0], 1e-3)
+    points = slow["curve_steps"].index(22) + 1
+    diverged = dict(slow, status="diverged", error="non-finite loss at step 23", steps_done=23)
+    diverged["curve_steps"] = slow["curve_steps"][:points]
+    diverged["curve_val_token_acc"] = slow["curve_val_token_acc"][:points]
+    capped = whatif.replay_training(
+        diverged, dataclasses.replace(RECIPE, max_steps=20), whatif.Budget()
+    )
+    assert (capped["status"], capped["steps_done"], capped["error"]) == ("ok", 20, None)
+    assert capped["val_token_acc"] == slow["curve_val_token_acc"][9] and capped["proxied"]
+    again = whatif.replay_training(diverged, RECIPE, whatif.Budget())
+    assert again["status"] == "diverged" and again["steps_done"] == 23
+
+
 def test_a_cell_grows_by_seeds_as_the_variant_would_grow_it(stored):
     """Seeds 0 to 2 of one cell: with a base of two seeds, the third is replayed only where
     the variant's spread rule adds it (synthbench/run/seeds.py)."""
