@@ -12,7 +12,7 @@ schedule: the same steps), and a training that stops sooner has, up to where it 
 very curve the stored one has (its lr schedule is the same until an extension the variant
 does not take). So the variant's sweeps are replayed with the package's own rules
 (synthbench/run/lr_selection.py ``sweep_state``, synthbench/run/train.py ``Horizon`` and
-``curve_point``, synthbench/run/seeds.py's spread), each training cut where the variant
+``curve_point``, synthbench/run/seeds.py ``seeds_to_add``), each training cut where the variant
 would have stopped it:
 
 - **exact**: which lrs train, the steps each trains, every validation score, the selection,
@@ -49,7 +49,8 @@ import recipe_panel  # noqa: E402
 from synthbench.run.lr_selection import Budget, mark_selected, sweep_state  # noqa: E402
 from synthbench.run.protocols import PROTOCOLS, Protocol  # noqa: E402
 from synthbench.run.schema import lr_key  # noqa: E402
-from synthbench.run.train import Horizon  # noqa: E402
+from synthbench.run.seeds import seeds_to_add, selected_row  # noqa: E402
+from synthbench.run.train import Horizon, curve_point, start_curve  # noqa: E402
 
 # fields a variant may set (each only ever stops a training sooner, or trains less)
 VARIANT_FIELDS = {
@@ -92,20 +93,22 @@ def replay_training(stored: dict, protocol: Protocol, budget: Budget) -> dict:
     curve = stored.get("curve_steps")
     if stored["status"] not in ("ok", "diverged") or curve is None or len(curve) == 0:
         return dict(stored, proxied=False)  # failed (a worker lost, say): as it was
+    if protocol.select_metric != "token_acc":
+        raise Unknown("a stored curve holds token accuracy only: no early stop on another metric")
     steps, values = list(stored["curve_steps"]), list(stored["curve_val_token_acc"])
     horizon = Horizon(protocol, budget)
-    seen: list[float] = []
+    seen: dict = {}
+    start_curve(seen)
     for at, value in zip(steps, values, strict=True):
         if at > horizon.last_step:
             break
         if at not in horizon.measure_at:
             raise Unknown(f"curve point {at} is not one of the variant's")
-        seen.append(value)
-        solved = protocol.stop_at and value >= protocol.stop_at
-        if solved or budget.falls_behind(protocol, at, value):
-            return _cut(stored, at, len(seen))
-        if at == horizon.last_step and not horizon.extend(at, seen):
-            return _cut(stored, at, len(seen))
+        points = len(seen["curve_steps"]) + 1
+        if curve_point(seen, protocol, budget, at, {"token_acc": value}):  # solved, or paced
+            return _cut(stored, at, points)
+        if at == horizon.last_step and not horizon.extend(at, seen["curve_val_token_acc"]):
+            return _cut(stored, at, points)
     if stored["status"] == "diverged":
         return dict(stored, proxied=False)  # it trains on to the same step, and diverges there
     raise Unknown("the variant trains past the stored training's end")
@@ -142,20 +145,16 @@ def replay_run(stored: list[dict], protocol: Protocol) -> list[dict]:
 
 
 def replay(rows: pd.DataFrame, protocol: Protocol, base_seeds: int) -> tuple[pd.DataFrame, int]:
-    """Every cell's runs under the variant: seeds below ``base_seeds``, and the ones its
-    spread rule adds (seeds.py's rule: more than ``seed_spread`` apart -> up to
-    ``max_seeds``). Returns (rows, unknown runs)."""
+    """Every cell's runs under the variant: seeds below ``base_seeds``, and the ones the seed
+    rule adds to them (synthbench/run/seeds.py ``seeds_to_add``). Returns (rows, unknown
+    runs)."""
     out, unknown = [], 0
     for _, cell in rows.groupby(["task", "mechanism"], sort=True):
         runs = {seed: part.to_dict("records") for seed, part in cell.groupby("seed")}
-        replayed: dict[int, list[dict]] = {}
-        for seed in range(base_seeds):
-            replayed[seed] = _or_unknown(runs.get(seed), protocol)
-        scores = [_score(r) for r in replayed.values() if r]
-        scores = [s for s in scores if s is not None]
-        spread = len(scores) >= 2 and max(scores) - min(scores) > protocol.seed_spread
-        if protocol.max_seeds and spread:
-            for seed in range(base_seeds, protocol.max_seeds):
+        replayed = {seed: _or_unknown(runs.get(seed), protocol) for seed in range(base_seeds)}
+        if all(r is not None for r in replayed.values()):
+            selected = {seed: selected_row(protocol, r) for seed, r in replayed.items()}
+            for seed in seeds_to_add(protocol, selected):
                 replayed[seed] = _or_unknown(runs.get(seed), protocol)
         if any(r is None for r in replayed.values()):
             unknown += sum(r is None for r in replayed.values())
@@ -172,15 +171,6 @@ def _or_unknown(stored: list[dict] | None, protocol: Protocol) -> list[dict] | N
         return replay_run(stored, protocol)
     except Unknown:
         return None
-
-
-def _score(rows: list[dict]) -> float | None:
-    chosen = [r for r in rows if r["selected"]]
-    if not chosen:
-        return None
-    metric = chosen[0].get("target_metric") or "token_acc"
-    value = chosen[0].get(metric)
-    return None if value is None or value != value else float(value)
 
 
 def figures(rows: pd.DataFrame, per_step: dict) -> dict:
