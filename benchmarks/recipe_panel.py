@@ -1,7 +1,7 @@
 """Recipe v2's panel: how much of each verdict the training recipe decides, counted on rows.
 
     python benchmarks/recipe_panel.py [SOURCE ...] [--markdown] [--step-costs TABLE ...]
-        [--cells-of PROTOCOL:VERSION]
+        [--cells-of PROTOCOL:VERSION] [--cells PROTOCOL:VERSION]
 
 SOURCE: a results tree or a Parquet file of rows (default: the shipped reference,
 synthbench/data/reference/quick.parquet). Of its rows it keeps the panel, declared before
@@ -34,7 +34,9 @@ and mechanisms at their defaults. Per (protocol, version) it counts, over the pa
   were trained under), the same figure for a step of the same model whatever the recipe.
 
 ``--cells-of quick:7`` counts every recipe on the (task, mechanism) cells that recipe has
-runs in: a panel under way, against the same cells of the recipe before it.
+runs in: a panel under way, against the same cells of the recipe before it. ``--cells
+quick:7`` prints that recipe's cells instead, a Markdown line each: every seed's score at its
+selected lr, with its flags.
 
 These definitions (but the separation rule, the package's) are the panel's own, written
 here once, and applied alike to every recipe: they do not read the rows' own
@@ -153,6 +155,7 @@ def run_table(rows: pd.DataFrame, per_step: dict | None = None) -> pd.DataFrame:
                 "task": task,
                 "mechanism": mech,
                 "seed": int(best["seed"]),
+                "lr": float(best["lr"]),
                 "score": float(value),
                 "se": float(se) if se is not None and se == se else 0.0,
                 "knife_edge": bool(others) and validation_score(best) - max(others) > KNIFE_EDGE,
@@ -213,6 +216,30 @@ def separated_clean(runs: pd.DataFrame) -> dict[str, int]:
     return found
 
 
+def cell_table(runs: pd.DataFrame) -> str:
+    """One Markdown line per cell of ``runs`` (one protocol and version): each seed's score
+    at its selected lr, flagged K (knife-edge), U (undertrained) or N (learned nothing), the
+    cell's mean, and B where the cell is bimodal."""
+    lines = [
+        "| task | mechanism | seeds: score (selected lr) | mean | bimodal |",
+        "|---|---|---|---:|---|",
+    ]
+    for (task, mech), cell in runs.groupby(["task", "mechanism"], sort=True):
+        seeds = []
+        for r in cell.sort_values("seed").itertuples():
+            flags = "".join(
+                mark for mark, on in (("K", r.knife_edge), ("U", r.undertrained),
+                                      ("N", r.learned_nothing)) if on
+            )  # fmt: skip
+            seeds.append(f"{r.score:.3f} ({r.lr:.2g}{' ' + flags if flags else ''})")
+        spread = cell["score"].max() - cell["score"].min()
+        bimodal = "B" if spread > BIMODAL else ""
+        lines.append(
+            f"| {task} | {mech} | {', '.join(seeds)} | {cell['score'].mean():.3f} | {bimodal} |"
+        )
+    return "\n".join(lines)
+
+
 def markdown(results: dict[tuple[str, int], dict]) -> str:
     names = [f"{p} v{v}" for p, v in results]
     lines = ["| | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
@@ -251,6 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         help="step-cost tables (synthbench/data/step_costs.csv, of each version compared)",
     )  # fmt: skip
     parser.add_argument(
+        "--cells", metavar="PROTOCOL:VERSION",
+        help="print one Markdown line per cell of this recipe: each seed's score, selected lr "
+        "and flags, instead of the counts",
+    )  # fmt: skip
+    parser.add_argument(
         "--cells-of", metavar="PROTOCOL:VERSION",
         help="count every recipe on the cells (task, mechanism) this one has runs in: a "
         "panel under way against the same cells of another recipe",
@@ -278,6 +310,14 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             print(f"error: --cells-of: {exc}", file=sys.stderr)
             return 2
+    if args.cells:
+        protocol, _, version = args.cells.partition(":")
+        own = runs[runs["protocol"].eq(protocol) & runs["version"].astype(str).eq(version)]
+        if own.empty:
+            print(f"error: --cells: no run of {args.cells} in the sources", file=sys.stderr)
+            return 2
+        print(cell_table(own))
+        return 0
     results = {}
     if not runs.empty:
         for (protocol, version), part in runs.groupby(["protocol", "version"], sort=True):

@@ -162,3 +162,22 @@ def test_cells_of_counts_every_recipe_on_one_recipes_cells(tmp_path, capsys):
     for wrong, said in (("quick:8", "no run of quick v8"), ("quick", "is not PROTOCOL:VERSION")):
         assert panel.main([str(source), "--cells-of", wrong]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_cells_prints_each_seed_with_its_lr_and_flags(tmp_path, capsys):
+    """softmax: a knife-edge seed (0.95 against 0.4) and a plain one; linear: seeds 0.9 and
+    0.2 apart by more than BIMODAL, the low one still rising below 0.9."""
+    rows = (
+        run("softmax", 0, [0.4, 0.95], 1, 0.95)
+        + run("softmax", 1, [0.9, 0.93], 1, 0.93, curve=(0.9, 0.9, 0.9))
+        + run("linear", 0, [0.9, 0.88], 0, 0.9, curve=(0.9, 0.9, 0.9))
+        + run("linear", 1, [0.2, 0.1], 0, 0.2, curve=(0.1, 0.15, 0.2))
+    )
+    source = tmp_path / "rows.parquet"
+    pd.DataFrame(rows).to_parquet(source)
+    assert panel.main([str(source), "--cells", "quick:6"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == "| kv_recall | linear | 0.900 (0.001), 0.200 (0.001 U) | 0.550 | B |"
+    assert lines[3] == "| kv_recall | softmax | 0.950 (0.002 K), 0.930 (0.002) | 0.940 |  |"
+    assert panel.main([str(source), "--cells", "quick:7"]) == 2
+    assert "no run of quick:7" in capsys.readouterr().err
