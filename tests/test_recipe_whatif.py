@@ -158,3 +158,10 @@ def test_a_variant_outside_what_can_be_replayed_is_refused(text, error, capsys):
         whatif.parse_variant(text, PROTOCOLS.get("quick"))
     assert whatif.main(["nowhere", "--variant", text]) == 2
     assert error in capsys.readouterr().err
+
+
+def test_results_without_a_complete_panel_run_are_said(tmp_path, capsys):
+    assert whatif.main([str(tmp_path)]) == 2
+    assert "no complete quick v" in capsys.readouterr().err
+    assert whatif.main([str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
