@@ -178,7 +178,6 @@ def figures(rows: pd.DataFrame, per_step: dict) -> dict:
     result = recipe_panel.counts(runs)
     proxied = rows[rows["selected"].astype(bool)]["proxied"].fillna(False).astype(bool)
     result["proxied"] = int(proxied.sum())
-    result["cells_kept"] = rows.groupby(["task", "mechanism"]).ngroups
     return result
 
 
