@@ -165,3 +165,21 @@ def test_results_without_a_complete_panel_run_are_said(tmp_path, capsys):
     assert "no complete quick v" in capsys.readouterr().err
     assert whatif.main([str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_todays_code_replays_every_stored_panel_run_as_it_was_trained():
+    """The committed panel's runs (benchmarks/runs/panel-v2) were trained under the quick
+    protocol of their version: today's sweep and horizon rules, replayed on their curves,
+    must train the same lrs for the same steps and select the same one. A change to those
+    rules that fails here changes the recipe, and needs a new protocol version."""
+    quick = PROTOCOLS.get("quick")
+    rows = whatif.recipe_panel.load(whatif.recipe_panel.ROOT / "benchmarks" / "runs" / "panel-v2")
+    rows = rows[rows["protocol"].eq("quick") & rows["protocol_version"].eq(quick.version)]
+    if rows.empty:
+        pytest.skip(f"no panel run of quick v{quick.version} committed")
+    complete = whatif._complete(rows, quick)
+    runs = list(complete.groupby(["task", "mechanism", "seed"]))
+    assert len(runs) >= 10
+    for key, part in runs:
+        stored = part.to_dict("records")
+        assert summary(whatif.replay_run(stored, quick)) == summary(stored), key
