@@ -1,0 +1,43 @@
+"""benchmarks/init_or_data.py: a seed's model and a seed's batches, paired at will."""
+
+import json
+
+import torch
+from clitools import load_script
+
+from synthbench.run.protocols import PROTOCOLS
+from synthbench.run.spec import RunSpec
+from synthbench.run.train import train_eval
+
+split = load_script("init_or_data")
+CPU = torch.device("cpu")
+
+
+def fields(row):
+    return row["status"], row["steps_done"], row["curve_val_token_acc"], row["token_acc"]
+
+
+def test_a_seed_paired_with_itself_is_the_run_and_a_crossed_pair_is_neither(single_thread):
+    smoke = PROTOCOLS.get("smoke")
+    runs = {
+        seed: train_eval(RunSpec.resolve("kv_recall", "linear", smoke, seed), 1e-2, CPU)
+        for seed in (0, 1)
+    }
+    for seed in (0, 1):
+        same = split.crossed("kv_recall", "linear", 1e-2, seed, seed, "smoke")
+        assert fields(same) == fields(runs[seed])
+    mixed = split.crossed("kv_recall", "linear", 1e-2, 0, 1, "smoke")
+    assert mixed["status"] == "ok"
+    assert mixed["curve_val_token_acc"] not in [r["curve_val_token_acc"] for r in runs.values()]
+
+
+def test_the_command_prints_a_line_per_training_and_refuses_an_unknown_name(capsys):
+    args = ["--task", "kv_recall", "--mech", "linear", "--lr", "0.01", "--seeds", "0", "1"]
+    assert split.main([*args, "--protocol", "smoke", "--diagonal"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["init_seed"], r["data_seed"]) for r in lines] == [(0, 1), (1, 0), (0, 0), (1, 1)]
+    assert (
+        split.main(["--task", "kv_recall", "--mech", "lineer", "--lr", "0.01", "--seeds", "0", "1"])
+        == 2
+    )
+    assert "lineer" in capsys.readouterr().err
