@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--protocol", default="quick")
     parser.add_argument("--diagonal", action="store_true")
     args = parser.parse_args(argv)
+    if not 0 < args.lr < float("inf"):
+        print(f"error: --lr must be a positive number, got {args.lr}", file=sys.stderr)
+        return 2
     torch.set_num_threads(1)
     a, b = args.seeds
     pairs = [(a, b), (b, a)] + ([(a, a), (b, b)] if args.diagonal else [])

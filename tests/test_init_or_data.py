@@ -41,3 +41,11 @@ def test_the_command_prints_a_line_per_training_and_refuses_an_unknown_name(caps
         == 2
     )
     assert "lineer" in capsys.readouterr().err
+
+
+def test_a_bad_lr_or_seed_is_refused(capsys):
+    base = ["--task", "kv_recall", "--mech", "linear", "--protocol", "smoke"]
+    assert split.main([*base, "--lr", "-1", "--seeds", "0", "1"]) == 2
+    assert "--lr must be a positive number" in capsys.readouterr().err
+    assert split.main([*base, "--lr", "0.01", "--seeds", "-1", "1"]) == 2
+    assert "seed" in capsys.readouterr().err
