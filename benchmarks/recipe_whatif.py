@@ -226,6 +226,8 @@ def compare(
     """A variant's figures beside the stored recipe's and each earlier version's, all on the
     cells the variant could replay whole; each cost as a ratio to the earliest version's."""
     rows, unknown = replay(stored, protocol, base.seeds)
+    if rows.empty:  # no cell could be replayed whole: nothing to compare
+        return {"unknown_runs": unknown, "figures": {}}
     cells = set(map(tuple, rows[["task", "mechanism"]].drop_duplicates().values))
     on = {
         "replayed": figures(rows, per_step),

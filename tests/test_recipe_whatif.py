@@ -183,3 +183,9 @@ def test_todays_code_replays_every_stored_panel_run_as_it_was_trained():
     for key, part in runs:
         stored = part.to_dict("records")
         assert summary(whatif.replay_run(stored, quick)) == summary(stored), key
+
+
+def test_a_variant_with_no_cell_replayable_has_no_figures(stored):
+    rows = pd.DataFrame([r for r in stored[0] if r["lr"] != 1e-2])  # its grid lacks 1e-2
+    result = whatif.compare(rows, pd.DataFrame(), RECIPE, RECIPE, {})
+    assert result == {"unknown_runs": 1, "figures": {}}
