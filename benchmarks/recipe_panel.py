@@ -256,15 +256,26 @@ def markdown(results: dict[tuple[str, int], dict]) -> str:
     return "\n".join(lines)
 
 
-def on_cells_of(runs: pd.DataFrame, recipe: str) -> pd.DataFrame:
-    """``runs`` of every recipe, kept to the (task, mechanism) cells that ``recipe``
-    (``protocol:version``, e.g. quick:7) has runs in."""
+def runs_of(runs: pd.DataFrame, recipe: str) -> pd.DataFrame:
+    """The runs of ``recipe`` (``protocol:version``, e.g. quick:7); ValueError (one line)
+    for a malformed name or a recipe without runs."""
     protocol, _, version = recipe.partition(":")
     if not version.isdigit():
         raise ValueError(f"{recipe!r} is not PROTOCOL:VERSION (quick:7, say)")
-    own = runs[runs["protocol"].eq(protocol) & runs["version"].eq(int(version))]
+    own = (
+        runs[runs["protocol"].eq(protocol) & runs["version"].eq(int(version))]
+        if len(runs)
+        else runs
+    )
     if own.empty:
         raise ValueError(f"no run of {protocol} v{version} in the sources")
+    return own
+
+
+def on_cells_of(runs: pd.DataFrame, recipe: str) -> pd.DataFrame:
+    """``runs`` of every recipe, kept to the (task, mechanism) cells that ``recipe``
+    (``protocol:version``, e.g. quick:7) has runs in."""
+    own = runs_of(runs, recipe)
     cells = pd.MultiIndex.from_frame(own[["task", "mechanism"]].drop_duplicates())
     return runs[pd.MultiIndex.from_frame(runs[["task", "mechanism"]]).isin(cells)]
 
@@ -311,12 +322,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --cells-of: {exc}", file=sys.stderr)
             return 2
     if args.cells:
-        protocol, _, version = args.cells.partition(":")
-        own = runs[runs["protocol"].eq(protocol) & runs["version"].astype(str).eq(version)]
-        if own.empty:
-            print(f"error: --cells: no run of {args.cells} in the sources", file=sys.stderr)
+        try:
+            print(cell_table(runs_of(runs, args.cells)))
+        except ValueError as exc:
+            print(f"error: --cells: {exc}", file=sys.stderr)
             return 2
-        print(cell_table(own))
         return 0
     results = {}
     if not runs.empty:

@@ -48,6 +48,7 @@ import recipe_panel  # noqa: E402
 
 from synthbench.run.lr_selection import Budget, mark_selected, sweep_state  # noqa: E402
 from synthbench.run.protocols import PROTOCOLS, Protocol  # noqa: E402
+from synthbench.run.runner import stored_done  # noqa: E402
 from synthbench.run.schema import lr_key  # noqa: E402
 from synthbench.run.seeds import seeds_to_add, selected_row  # noqa: E402
 from synthbench.run.train import Horizon, curve_point, start_curve  # noqa: E402
@@ -182,10 +183,11 @@ def figures(rows: pd.DataFrame, per_step: dict) -> dict:
 
 
 def _complete(rows: pd.DataFrame, protocol: Protocol) -> pd.DataFrame:
-    """The rows of complete runs (a sweep still training replays as unknown)."""
+    """The rows of the runs `run` counts as done (a sweep still training replays as
+    unknown)."""
     keep = [
-        part for _, part in rows.groupby(["task", "mechanism", "seed"])
-        if sweep_state(protocol, part.to_dict("records")).complete
+        part for _, part in rows.groupby("run_id")
+        if stored_done(protocol, part.to_dict("records"))
     ]  # fmt: skip
     return pd.concat(keep, ignore_index=True) if keep else rows.iloc[:0]
 

@@ -180,4 +180,6 @@ def test_cells_prints_each_seed_with_its_lr_and_flags(tmp_path, capsys):
     assert lines[2] == "| kv_recall | linear | 0.900 (0.001), 0.200 (0.001 U) | 0.550 | B |"
     assert lines[3] == "| kv_recall | softmax | 0.950 (0.002 K), 0.930 (0.002) | 0.940 |  |"
     assert panel.main([str(source), "--cells", "quick:7"]) == 2
-    assert "no run of quick:7" in capsys.readouterr().err
+    assert "no run of quick v7" in capsys.readouterr().err
+    assert panel.main([str(source), "--cells", "quick"]) == 2
+    assert "is not PROTOCOL:VERSION" in capsys.readouterr().err
