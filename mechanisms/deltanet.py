@@ -174,18 +174,22 @@ def chunked_delta_rule(
         return F.pad(t, (0, 0, 0, pad)).reshape(batch, heads, N, C, t.shape[-1])
 
     q, k, v, b = chunks(q), chunks(k), chunks(v), chunks(b)
-    # every chunk at once: A, then W = T B K and U~ = T B V by one triangular solve of I + A
-    a = ((b * k) @ k.mT).tril(-1)  # A_ij = b_i k^_i . k^_j for j < i
-    eye = torch.eye(C, dtype=a.dtype, device=a.device)
+    # every chunk at once: A, then W = T B K and U~ = T B V by one triangular solve of I + A.
+    # The solve reads only the strictly lower part of its matrix (unitriangular: the unit
+    # diagonal of I + A is implied, and its gradient is that part's), so it is given B K K^T
+    # whole: its strictly lower part is A (A_ij = b_i k^_i . k^_j for j < i)
+    bk = b * k
     wu = torch.linalg.solve_triangular(
-        eye + a, torch.cat([b * k, b * v], dim=-1), upper=False, unitriangular=True
+        bk @ k.mT, torch.cat([bk, b * v], dim=-1), upper=False, unitriangular=True
     )
-    w, u_tilde = wu[..., :dim], wu[..., dim:]
-    # across chunks: the state before each chunk, S <- S + K^T (U~ - W S)
+    w, u_tilde = wu.split([dim, dim_v], dim=-1)
+    # across chunks: the state before each chunk, S <- S + K^T (U~ - W S); the chunks taken
+    # apart by unbind (one stack backwards), not by indexing
     states = [q.new_zeros(batch, heads, dim, dim_v)]
+    ks, ws, us = k.unbind(2), w.unbind(2), u_tilde.unbind(2)
     for n in range(N - 1):
         s = states[-1]
-        states.append(s + k[:, :, n].mT @ (u_tilde[:, :, n] - w[:, :, n] @ s))
+        states.append(s + ks[n].mT @ (us[n] - ws[n] @ s))
     before = torch.stack(states, dim=2)  # (B, H, N, d, d_v)
     u = u_tilde - w @ before
     out = q @ before + (q @ k.mT).tril() @ u  # (B, H, N, C, d_v)

@@ -112,7 +112,7 @@ from synthbench.core.linear_attention import chunking, compute_dtype
 from synthbench.core.mechanism import MECHANISMS, MatrixStateMechanism
 from synthbench.core.params import check_int, check_positive
 from synthbench.mechanisms.deltanet import l2_normalise
-from synthbench.mechanisms.mamba2 import initial_dt_bias, segsum
+from synthbench.mechanisms.mamba2 import initial_dt_bias, segsum_exp, sums_to_end
 
 A_INIT_RANGE = (0.0, 16.0)  # A ~ uniform(0, 16), A_log = log(A) (fla/layers/gated_deltanet.py)
 KEY_WIDTH_RATIO = 0.75  # fla: num_heads * head_dim = 0.75 hidden_size (6 x 256 = 0.75 x 2048)
@@ -189,25 +189,30 @@ def chunked_gated_delta_rule(
 
     q, k, v, b = chunks(q), chunks(k), chunks(v), chunks(b)
     log_alpha = F.pad(log_alpha, (0, pad)).reshape(batch, heads, N, C)
-    decays = segsum(log_alpha).exp()  # D_ij = exp(g_i - g_j) for j <= i, 0 above
+    decays = segsum_exp(log_alpha)  # D_ij = exp(g_i - g_j) for j <= i, 0 above
     from_start = log_alpha.cumsum(-1).unsqueeze(-1)  # g_i (B, H, N, C, 1), <= 0
-    # every chunk at once: A, then W = T B E K and U~ = T B V by one triangular solve
-    a = (((b * k) @ k.mT) * decays).tril(-1)
-    eye = torch.eye(C, dtype=a.dtype, device=a.device)
-    rhs = torch.cat([b * from_start.exp() * k, b * v], dim=-1)
-    wu = torch.linalg.solve_triangular(eye + a, rhs, upper=False, unitriangular=True)
-    w, u_tilde = wu[..., :dim], wu[..., dim:]
-    to_end = decays[..., -1, :].unsqueeze(-1)  # exp(g_C - g_j): D's last row
-    total = from_start[..., -1, :].exp().unsqueeze(-1)  # exp(g_C) (B, H, N, 1, 1)
-    # across chunks: S <- exp(g_C) S + (K exp(g_C - g))^T (U~ - W S)
+    growth = from_start.exp()  # exp(g_i) <= 1: E's diagonal
+    # every chunk at once: A, then W = T B E K and U~ = T B V by one triangular solve of
+    # I + A. The solve reads only the strictly lower part of its matrix (unitriangular: the
+    # unit diagonal is implied, and its gradient is that part's), so it is given
+    # (B K K^T) * D whole: its strictly lower part is A
+    a = ((b * k) @ k.mT) * decays
+    rhs = torch.cat([b * growth * k, b * v], dim=-1)
+    wu = torch.linalg.solve_triangular(a, rhs, upper=False, unitriangular=True)
+    w, u_tilde = wu.split([dim, dim_v], dim=-1)
+    # exp(g_C - g_j) = exp(l_{j+1} + ... + l_C): D's last row, summed back from the end
+    to_end = sums_to_end(log_alpha).exp().unsqueeze(-1)
+    total = growth[..., -1, :].unsqueeze(-1)  # exp(g_C) (B, H, N, 1, 1)
+    # across chunks: S <- exp(g_C) S + (K exp(g_C - g))^T (U~ - W S), the chunks taken apart
+    # by unbind (one stack backwards), not by indexing
     states = [q.new_zeros(batch, heads, dim, dim_v)]
+    ks, ws, us, totals = ((k * to_end).unbind(2), w.unbind(2), u_tilde.unbind(2), total.unbind(2))
     for n in range(N - 1):
         s = states[-1]
-        write = (k[:, :, n] * to_end[:, :, n]).mT @ (u_tilde[:, :, n] - w[:, :, n] @ s)
-        states.append(total[:, :, n] * s + write)
+        states.append(totals[n] * s + ks[n].mT @ (us[n] - ws[n] @ s))
     before = torch.stack(states, dim=2)  # (B, H, N, d, d_v)
     u = u_tilde - w @ before
-    out = (q * from_start.exp()) @ before + ((q @ k.mT) * decays) @ u
+    out = (q * growth) @ before + ((q @ k.mT) * decays) @ u
     return out.reshape(batch, heads, N * C, dim_v)[:, :, :length].to(out_dtype)
 
 

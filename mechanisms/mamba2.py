@@ -94,14 +94,16 @@ Three forms of the same function:
 
 Numerics: Delta is a softplus (finite for any finite dt, from x100 inputs too); each l_t <= 0.
 Every decay exponentiated is a sum of l over a segment j < r <= i, computed as segsum does:
-the l_r masked to the segment BEFORE the cumulative sum, and -inf above the diagonal before
-the exponential (no difference of two long cumulative sums, never exp(-cumsum)), or a
-cumulative sum from the chunk's start, <= 0. Sums run in at least float32 (``compute_dtype``,
-the parameters cast to it); the output comes back in v's dtype.
+the l_r masked to the segment BEFORE the sum (no difference of two long cumulative sums,
+never exp(-cumsum)), and 0 above the diagonal after the exponential (``segsum_exp``: the
+exp(-inf) of segsum's -inf there), or a cumulative sum from the chunk's start or back from
+its end, <= 0. Sums run in at least float32 (``compute_dtype``, the parameters cast to it);
+the output comes back in v's dtype.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -158,16 +160,67 @@ def ssd_reference(
     return torch.stack(outs, dim=-2).to(out_dtype)
 
 
+@functools.lru_cache(maxsize=64)
+def _above_diagonal(T: int, device: torch.device) -> torch.Tensor:
+    """The (T, T) bool mask of j > i, built once per size and device."""
+    return torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
+
+
+def _segment_sums(x: torch.Tensor) -> torch.Tensor:
+    """x (..., T) -> (..., T, T): sum_{j < r <= i} x_r below the diagonal, 0 on and above it
+    (an empty segment). Each x_r is masked to its segments before the cumulative sum."""
+    T = x.shape[-1]
+    segments = x.unsqueeze(-1).expand(*x.shape, T).tril(-1)  # row r, column j: x_r if j < r
+    return segments.cumsum(-2)  # row i, column j: sum of x_r for j < r <= i
+
+
 def segsum(x: torch.Tensor) -> torch.Tensor:
     """x (..., T) -> (..., T, T): out_ij = sum_{j < r <= i} x_r for j <= i (0 on the
     diagonal), -inf for j > i. Each x_r is masked to its segments before the cumulative sum
     (no difference of cumulative sums), as ssd_minimal's stable segsum."""
+    out = _segment_sums(x)  # cumsum's backward needs not its result: filled in place
+    return out.masked_fill_(_above_diagonal(x.shape[-1], x.device), -math.inf)
+
+
+def sums_to_end(x: torch.Tensor) -> torch.Tensor:
+    """x (..., T) -> (..., T): sum_{j < r < T} x_r, segsum's last row (0 for j = T - 1),
+    summed back from the end (a cumulative sum of the reversed x_r, no difference of sums)."""
+    return F.pad(x[..., 1:].flip(-1).cumsum(-1).flip(-1), (0, 1))
+
+
+SEGMENT_PRODUCT_MAX = 64  # up to this T, segsum_exp sums the segments by one matrix product
+
+
+@functools.lru_cache(maxsize=16)
+def _segment_indicator(T: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """(T, T * T), built once per size, dtype and device: row r, column i T + j is 1 where
+    j < r <= i (x_r in the segment of (i, j)), else 0."""
+    r = torch.arange(T, device=device)
+    inside = (r.view(1, 1, T) <= r.view(T, 1, 1)) & (r.view(1, T, 1) < r.view(1, 1, T))
+    return inside.to(dtype).view(T * T, T).T.contiguous()  # inside[i, j, r]
+
+
+def segsum_exp(x: torch.Tensor) -> torch.Tensor:
+    """exp(segsum(x)), (..., T, T): exp(sum_{j < r <= i} x_r) for j <= i, 0 for j > i. The
+    segment sums are segsum's, each x_r masked to its segments before the sum: up to
+    SEGMENT_PRODUCT_MAX positions as one product of x with the 0/1 segment indicator (each
+    x_r times 1 in its segments, 0 elsewhere: no difference of sums; one product each way
+    instead of the cumulative sum's passes), beyond that (or where float32 products may be
+    rounded: torch's float32 matmul precision not "highest") as segsum's cumulative sum.
+    Above the diagonal the sum is empty, 0: its exponential 1, which ``tril`` zeroes (as
+    exp(-inf) = 0, without an exponential of -inf)."""
     T = x.shape[-1]
-    ones = torch.ones(T, T, dtype=torch.bool, device=x.device)
-    segments = x.unsqueeze(-1).expand(*x.shape, T)  # row r, column j: x_r
-    segments = segments.masked_fill(~ones.tril(-1), 0)  # x_r kept where j < r
-    out = segments.cumsum(-2)  # row i, column j: sum of x_r for j < r <= i
-    return out.masked_fill(~ones.tril(), -math.inf)
+    exact = x.dtype != torch.float32 or torch.get_float32_matmul_precision() == "highest"
+    if T <= SEGMENT_PRODUCT_MAX and exact:  # not where float32 products may round (TF32)
+        # an x_r of -inf (an overflowed decay) would give 0 * x_r = nan outside its segments:
+        # the lowest finite value instead, whose sums exponentiate to 0 as -inf's do
+        x = x.clamp(min=torch.finfo(x.dtype).min)
+        # one (rows, T) by (T, T * T) product, whatever x's strides (not T * T-wide bmm's)
+        sums = x.reshape(-1, T) @ _segment_indicator(T, x.dtype, x.device)
+        sums = sums.view(*x.shape, T)
+    else:
+        sums = _segment_sums(x)
+    return sums.exp().tril()
 
 
 def chunked_ssd(
@@ -192,18 +245,19 @@ def chunked_ssd(
     log_a = F.pad(log_a, (0, pad)).reshape(batch, heads, N, C)
 
     # 1. inside each chunk: the masked quadratic form with the decay mask exp(segsum)
-    decays = segsum(log_a)  # (B, H, N, C, C)
-    out = ((q @ k.mT) * decays.exp()) @ x  # (B, H, N, C, d_v)
+    decays = segsum_exp(log_a)  # (B, H, N, C, C): exp(segsum), 0 above the diagonal
+    out = ((q @ k.mT) * decays) @ x  # (B, H, N, C, d_v)
     if N > 1:
         cumulative = log_a.cumsum(-1)  # (B, H, N, C): log decay from the chunk's start, <= 0
-        # 2. each chunk's writes, decayed to its end: exp(l_{j+1} + ... + l_end) <= 1
-        to_end = decays[..., -1, :]  # (B, H, N, C): the segsum's last row
+        # 2. each chunk's writes, decayed to its end: exp(l_{j+1} + ... + l_end) <= 1 (the
+        # segsum's last row), the l after j summed back from the chunk's end
+        to_end = sums_to_end(log_a)  # (B, H, N, C)
         writes = (k * to_end.exp().unsqueeze(-1)).mT @ x  # (B, H, N, d, d_v)
         # 3. state passing: S_n = sum_{m < n} exp(totals of chunks m+1 .. n-1) W_m, with
         # totals[m'] the whole log decay of chunk m' - 1 (totals[0] = 0 for no chunk)
         totals = F.pad(cumulative[:, :, :-1, -1], (1, 0))  # (B, H, N)
         starts = F.pad(writes[:, :, :-1], (0, 0, 0, 0, 1, 0))  # W_{n-1} (0 for n = 0)
-        passing = segsum(totals).exp()  # (B, H, N, N)
+        passing = segsum_exp(totals)  # (B, H, N, N)
         before = (passing @ starts.flatten(-2)).view(batch, heads, N, dim, dim_v)
         # 4. the state before the chunk, read by each query decayed from the chunk's start
         out = out + (q * cumulative.exp().unsqueeze(-1)) @ before
