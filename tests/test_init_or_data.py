@@ -49,3 +49,26 @@ def test_a_bad_lr_or_seed_is_refused(capsys):
     assert "--lr must be a positive number" in capsys.readouterr().err
     assert split.main([*base, "--lr", "0.01", "--seeds", "-1", "1"]) == 2
     assert "seed" in capsys.readouterr().err
+
+
+def test_a_schedule_spans_its_steps_from_the_first(single_thread):
+    smoke = PROTOCOLS.get("smoke")  # no extension, no early stop: a training is its schedule
+    plain = train_eval(RunSpec.resolve("kv_recall", "linear", smoke, 0), 1e-2, CPU)
+    same = split.crossed("kv_recall", "linear", 1e-2, 0, 0, "smoke", schedule=smoke.steps)
+    assert fields(same) == fields(plain)
+    longer = split.crossed("kv_recall", "linear", 1e-2, 0, 0, "smoke", schedule=3 * smoke.steps)
+    assert longer["steps_done"] == 3 * smoke.steps
+    assert longer["curve_steps"][-1] == 3 * smoke.steps
+
+
+def test_self_trains_each_seed_as_itself_and_a_bad_schedule_is_refused(capsys):
+    base = ["--task", "kv_recall", "--mech", "linear", "--lr", "0.01", "--protocol", "smoke"]
+    assert split.main([*base, "--self", "2", "0", "--schedule", "30"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["init_seed"], r["data_seed"], r["steps_done"]) for r in lines] == [
+        (2, 2, 30),
+        (0, 0, 30),
+    ]
+    assert all(len(r["curve"]) > 1 for r in lines)
+    assert split.main([*base, "--self", "0", "--schedule", "0"]) == 2
+    assert "--schedule must be a positive number of steps" in capsys.readouterr().err
