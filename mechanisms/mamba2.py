@@ -160,12 +160,6 @@ def ssd_reference(
     return torch.stack(outs, dim=-2).to(out_dtype)
 
 
-@functools.lru_cache(maxsize=64)
-def _above_diagonal(T: int, device: torch.device) -> torch.Tensor:
-    """The (T, T) bool mask of j > i, built once per size and device."""
-    return torch.ones(T, T, dtype=torch.bool, device=device).triu(1)
-
-
 def _segment_sums(x: torch.Tensor) -> torch.Tensor:
     """x (..., T) -> (..., T, T): sum_{j < r <= i} x_r below the diagonal, 0 on and above it
     (an empty segment). Each x_r is masked to its segments before the cumulative sum."""
@@ -177,9 +171,11 @@ def _segment_sums(x: torch.Tensor) -> torch.Tensor:
 def segsum(x: torch.Tensor) -> torch.Tensor:
     """x (..., T) -> (..., T, T): out_ij = sum_{j < r <= i} x_r for j <= i (0 on the
     diagonal), -inf for j > i. Each x_r is masked to its segments before the cumulative sum
-    (no difference of cumulative sums), as ssd_minimal's stable segsum."""
-    out = _segment_sums(x)  # cumsum's backward needs not its result: filled in place
-    return out.masked_fill_(_above_diagonal(x.shape[-1], x.device), -math.inf)
+    (no difference of cumulative sums), as ssd_minimal's stable segsum. The readable form
+    of ``segsum_exp``'s sums, which the chunked forms take."""
+    T = x.shape[-1]
+    above = torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1)
+    return _segment_sums(x).masked_fill(above, -math.inf)
 
 
 def sums_to_end(x: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,14 @@ from mechtools import CLOSE, LargestTensor, assert_same_function, lengths_around
 
 from synthbench.core.mechanism import MECHANISMS, mechanism_params, recurrent_forward
 from synthbench.core.model import MultiHeadAttention
-from synthbench.mechanisms.mamba2 import chunked_ssd, segsum, ssd_reference
+from synthbench.mechanisms.mamba2 import (
+    SEGMENT_PRODUCT_MAX,
+    chunked_ssd,
+    segsum,
+    segsum_exp,
+    ssd_reference,
+    sums_to_end,
+)
 
 B, H, D = 2, 3, 8
 
@@ -164,6 +171,37 @@ def test_segsum():
     decays = segsum(far).exp()
     assert decays[3, 2] == math.exp(-1.0) and decays[1, 0] == 0
     (grad,) = torch.autograd.grad(decays.sum(), far)
+    assert bool(grad.isfinite().all())
+
+
+@pytest.mark.parametrize("length", [1, 5, SEGMENT_PRODUCT_MAX, SEGMENT_PRODUCT_MAX + 1])
+def test_segsum_exp_and_sums_to_end_are_segsums(length):
+    """The chunked forms' decays, on both of segsum_exp's paths (one product up to
+    SEGMENT_PRODUCT_MAX positions, the cumulative sum past it): exp(segsum), 0 above the
+    diagonal, and segsum's last row; forward and gradients, float64."""
+    x = -torch.rand(3, length, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    x.requires_grad_(True)
+    weights = torch.randn(3, length, length, dtype=torch.float64)
+    fast = segsum_exp(x)
+    plain = segsum(x).exp()
+    torch.testing.assert_close(fast, plain, rtol=1e-13, atol=1e-15)
+    assert bool((fast.triu(1) == 0).all())
+    grads = [torch.autograd.grad((d * weights).sum(), x)[0] for d in (fast, segsum(x).exp())]
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-14)
+    torch.testing.assert_close(sums_to_end(x), segsum(x)[:, -1, :], rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("length", [4, SEGMENT_PRODUCT_MAX + 1])
+@pytest.mark.parametrize("far", [-1e30, -math.inf])
+def test_segsum_exp_keeps_a_far_decay_to_its_segments(length, far):
+    """An overflowed decay (-inf) or a huge one in a segment reaches no other segment, on
+    both paths, and leaves every gradient finite, as segsum does."""
+    x = torch.full((length,), -1.0, dtype=torch.float64)
+    x[1] = far
+    x.requires_grad_(True)
+    decays = segsum_exp(x)
+    assert decays[3, 2] == math.exp(-1.0) and decays[1, 0] == 0 and decays[2, 1] == math.exp(-1.0)
+    (grad,) = torch.autograd.grad(decays.sum(), x)
     assert bool(grad.isfinite().all())
 
 
