@@ -24,15 +24,16 @@ from synthbench.cli.common import (
     split,
     warn,
 )
-from synthbench.cli.execution import (
+from synthbench.cli.run import (
     ExecutorOption,
     ForceOption,
     JobsOption,
     PackOption,
     RayAddressOption,
     ThreadsOption,
+    check_execution,
+    train_specs,
 )
-from synthbench.cli.run import check_execution, train_specs
 from synthbench.core.text import plural
 from synthbench.facts import report
 from synthbench.facts import shipped as facts_shipped

@@ -139,23 +139,6 @@ def seeded_model(spec: RunSpec, task: Task, long_task: Task | None, device: torc
     return build_model(spec, task, *([long_task] if long_task else [])).to(device)
 
 
-# graphs torch.compile keeps per compiled function before it falls back to eager: one per
-# mechanism, shape (training and evaluation batches, lengths) and grad mode; its default of
-# 8 would leave a worker's third or fourth mechanism eager without a word
-COMPILED_GRAPHS = 1024
-
-
-def compile_in_place(model: torch.nn.Module) -> None:
-    """``run --compile``: ``model`` compiled in place (its parameters and state_dict stay the
-    module's: optimizer, checkpoints and counts as eager), each graph at its first call and
-    reused by every later training of the same shapes in this process."""
-    for limit in ("recompile_limit", "accumulated_recompile_limit"):
-        setattr(
-            torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), COMPILED_GRAPHS)
-        )
-    model.compile()
-
-
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(t.numel() for t in model.parameters())
 
@@ -292,8 +275,6 @@ def _train_and_evaluate(
     task, long_task = run_tasks(spec)
     with phase("model build"):
         model = seeded_model(spec, task, long_task, device)
-        if spec.compiled:
-            compile_in_place(model)
         row["n_params"] = parameter_count(model)
         optimizer = torch.optim.AdamW(
             parameter_groups(model, p.weight_decay),
