@@ -24,16 +24,15 @@ from synthbench.cli.common import (
     split,
     warn,
 )
-from synthbench.cli.run import (
+from synthbench.cli.execution import (
     ExecutorOption,
     ForceOption,
     JobsOption,
     PackOption,
     RayAddressOption,
     ThreadsOption,
-    check_execution,
-    train_specs,
 )
+from synthbench.cli.run import check_execution, train_specs
 from synthbench.core.text import plural
 from synthbench.facts import report
 from synthbench.facts import shipped as facts_shipped

@@ -31,6 +31,20 @@ from synthbench.cli.common import (
     select_tasks,
     warn,
 )
+from synthbench.cli.execution import (
+    CompileOption,
+    CpusPerRunOption,
+    DryRunOption,
+    ExecutorOption,
+    ForceOption,
+    GpusPerRunOption,
+    JobsOption,
+    MaxSecondsOption,
+    PackOption,
+    RayAddressOption,
+    ThreadsOption,
+    YesOption,
+)
 from synthbench.cli.progress import RunView
 from synthbench.core.params import parse_assignments
 from synthbench.core.text import did_you_mean, plural
@@ -49,66 +63,10 @@ from synthbench.run.runner import Unit
 from synthbench.run.schema import LEAKY
 from synthbench.run.spec import MAX_THREADS, RunSpec
 from synthbench.run.store import ResultStore
+from synthbench.run.train import check_compiler
 from synthbench.run.work import MAX_PACK, default_pack
 
 LARGE_PLAN = 500  # runs: above this, the count is printed before planning them
-# the options of how runs execute, shared by `run` and `sweep`
-JobsOption = Annotated[
-    int | None,
-    typer.Option(
-        help="Trainings at once. Local: worker processes (default: one per core on the CPU, "
-        "up to 4 per GPU); 1 trains in this process. Ray: at most this many tasks."
-    ),
-]
-ThreadsOption = Annotated[
-    int,
-    typer.Option(
-        help="Torch threads per training (part of the run's config: it changes "
-        "the floating-point sums)."
-    ),
-]
-ExecutorOption = Annotated[str, typer.Option(help="local (this machine) or ray (a Ray cluster).")]
-RayAddressOption = Annotated[
-    str | None,
-    typer.Option(
-        help="Join this Ray cluster (e.g. ray://head:10001, auto); default: a local Ray instance."
-    ),
-]
-CpusPerRunOption = Annotated[
-    float | None, typer.Option(help="Ray: CPUs a training asks for (default: --threads).")
-]
-GpusPerRunOption = Annotated[
-    float, typer.Option(help="Ray: GPUs a training asks for (a fraction shares one).")
-]
-PackOption = Annotated[
-    int | None,
-    typer.Option(
-        help="Train up to N trainings of one task and mechanism (its seeds and lrs) as one "
-        "batched model; 1: never. Default: 16 on a GPU, 1 on the CPU (measured slower "
-        "there: docs/BENCHMARKS.md)."
-    ),
-]
-ForceOption = Annotated[bool, typer.Option("--force", help="Run again even if already stored.")]
-YesOption = Annotated[
-    bool,
-    typer.Option("--yes", help=f"Plan a grid of more than {MAX_RUNS:,} runs (refused without)."),
-]
-MaxSecondsOption = Annotated[
-    float | None,
-    typer.Option(
-        help="Stop a training still running after this many seconds and store it as an "
-        "error naming where it was (it reruns next time); trains in a worker process even "
-        "with --jobs 1. Default: no limit.",
-        show_default=False,
-    ),
-]
-DryRunOption = Annotated[
-    bool,
-    typer.Option(
-        "--dry-run",
-        help="Print the plan and its estimated cost, then stop: nothing is trained or written.",
-    ),
-]
 
 
 def run_command(
@@ -142,6 +100,7 @@ def run_command(
     jobs: JobsOption = None,
     pack: PackOption = None,
     threads: ThreadsOption = 1,
+    compile: CompileOption = False,
     executor: ExecutorOption = "local",
     ray_address: RayAddressOption = None,
     cpus_per_run: CpusPerRunOption = None,
@@ -212,6 +171,7 @@ def run_command(
         jobs=jobs,
         pack=pack,
         threads=threads,
+        compile=compile,
         executor=executor,
         ray_address=ray_address,
         cpus_per_run=cpus_per_run,
@@ -246,6 +206,7 @@ def sweep_command(
     jobs: JobsOption = None,
     pack: PackOption = None,
     threads: ThreadsOption = 1,
+    compile: CompileOption = False,
     executor: ExecutorOption = "local",
     ray_address: RayAddressOption = None,
     cpus_per_run: CpusPerRunOption = None,
@@ -270,6 +231,7 @@ def sweep_command(
         jobs=jobs,
         pack=pack,
         threads=threads,
+        compile=compile,
         executor=executor,
         ray_address=ray_address,
         cpus_per_run=cpus_per_run,
@@ -303,6 +265,7 @@ def run_grid(
     jobs: int | None,
     pack: int | None,
     threads: int,
+    compile: bool = False,
     executor: str,
     ray_address: str | None,
     cpus_per_run: float | None,
@@ -330,6 +293,11 @@ def run_grid(
     except ValueError as exc:
         raise UsageError(str(exc)) from exc
     check_execution(threads, jobs, pack, executor, device, cpus_per_run, gpus_per_run, max_seconds)
+    if compile and pack is not None and pack > 1:
+        raise UsageError(
+            f"--compile trains one training at a time: it cannot be combined with --pack {pack} "
+            "(give --pack 1, or leave --pack out)"
+        )
     n_seeds = proto.seeds if seeds is None else seeds
     if not 1 <= n_seeds <= MAX_SEEDS:
         raise UsageError(f"--seeds must be in [1, {MAX_SEEDS}], got {n_seeds}")
@@ -362,6 +330,7 @@ def run_grid(
             pos=pos,
             pos_params=pos_params,
             threads=threads,
+            compiled=compile,
             difficulties=difficulties,
             protocol_params=protocol_params,
         )
@@ -466,6 +435,13 @@ def train_specs(
     dev = resolve_device(device) if executor == "local" else None
     if pack is None:  # where it is measured to help (synthbench/run/packed.py)
         pack = default_pack(dev or torch.device("cuda" if gpus_per_run else "cpu"))
+        if any(spec.compiled for spec in specs):
+            pack = 1  # a compiled model trains alone (packing batches with vmap instead)
+    if any(spec.compiled for spec in specs):  # said before anything trains, in one line
+        try:
+            check_compiler(dev or torch.device("cpu"))
+        except ValueError as exc:
+            raise UsageError(f"--compile: {exc}") from None
     guarded = Guarded()
     # trainings at once: the local executor's; Ray's --jobs (else unknown here: 1)
     at_once = jobs or (default_jobs(dev, threads) if executor == "local" else 1)

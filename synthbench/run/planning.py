@@ -29,6 +29,7 @@ def plan(
     pos: str | None = None,
     pos_params: dict[str, Any] | None = None,
     threads: int = 1,
+    compiled: bool = False,
     difficulties: Sequence[str] | None = None,
     protocol_params: dict[str, Any] | None = None,
 ) -> list[RunSpec]:
@@ -61,7 +62,7 @@ def plan(
             ):
                 first = RunSpec.resolve(
                     task, mechanism, proto, task_seeds[0], task_point, mech_point,
-                    eval_length_mult, pos, pos_params, threads,
+                    eval_length_mult, pos, pos_params, threads, compiled,
                 )  # fmt: skip
                 specs.setdefault(first.run_id, first)
                 for spec in first.with_seeds(task_seeds[1:]):

@@ -13,7 +13,7 @@ from typing import Any
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 # Columns each schema version added; a file of an older version is read with them null.
 ADDED_IN = {
     2: ("eval_length_mult", "long_token_acc", "long_exact_match"),
@@ -33,6 +33,7 @@ ADDED_IN = {
     8: ("lr_robustness", "lr_gap"),
     9: ("state_size",),
     10: ("cpu_seconds",),
+    11: ("compiled",),
 }
 # The levels of a results path, outermost first: <root>/protocol=.../task=.../mechanism=...
 PARTITIONS = ("protocol", "task", "mechanism")
@@ -107,6 +108,9 @@ SCHEMA = pa.schema(
         # what the training cost, which a loaded machine does not inflate; null where unknown
         ("cpu_seconds", pa.float64()),
         ("threads", pa.int64()),  # torch's intra-op threads of the training (in the run id)
+        # trained with torch.compile (`run --compile`; not in the run id: the same function,
+        # rounded differently); null in files before schema 11, which were all eager
+        ("compiled", pa.bool_()),
         # provenance (synthbench/provenance.py)
         ("device", pa.string()),
         # torch's CPU capability (DEFAULT, AVX2, AVX512, ...): the vector instruction set its

@@ -59,6 +59,9 @@ class RunSpec:
     # torch's intra-op threads: they change the floating-point sums, so they are in the run id
     threads: int = 1
     category: str = ""  # the task's, from its registry entry
+    # train with torch.compile (``run --compile``): the same function as eager, rounded
+    # differently, as on another device; so not in the run id, and each row says which
+    compiled: bool = False
     # {"task"/"mechanism": Entry.code_hash} for those that come from a plugin, hashed here in
     # the driver (workers load the plugin again, Ray's from a copy): edited code, new run id
     plugin_code: dict[str, str] = field(default_factory=dict)
@@ -76,6 +79,7 @@ class RunSpec:
         pos: str | None = None,
         pos_overrides: dict[str, Any] | None = None,
         threads: int = 1,
+        compiled: bool = False,
     ) -> RunSpec:
         """Canonical names and complete parameter sets (defaults filled in, validated).
 
@@ -135,6 +139,7 @@ class RunSpec:
             eval_length_mult=float(eval_length_mult) if eval_length_mult is not None else None,
             pos_params=pos_params,
             threads=threads,
+            compiled=bool(compiled),
             category=task_entry.metadata["category"],
             plugin_code={
                 kind: entry.code_hash
@@ -217,6 +222,7 @@ class RunSpec:
             "target_metric": self._target_metric(),
             "eval_length_mult": self.eval_length_mult,
             "threads": self.threads,
+            "compiled": self.compiled,
             "state_size": self.state_size(),
         }
 

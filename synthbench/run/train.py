@@ -139,6 +139,38 @@ def seeded_model(spec: RunSpec, task: Task, long_task: Task | None, device: torc
     return build_model(spec, task, *([long_task] if long_task else [])).to(device)
 
 
+# graphs torch.compile keeps per compiled function before it falls back to eager: one per
+# mechanism, shape (training and evaluation batches, lengths) and grad mode; its default of
+# 8 would leave a worker's third or fourth mechanism eager without a word
+COMPILED_GRAPHS = 1024
+
+
+def compile_in_place(model: torch.nn.Module) -> None:
+    """``run --compile``: ``model`` compiled in place (its parameters and state_dict stay the
+    module's: optimizer, checkpoints and counts as eager), each graph at its first call and
+    reused by every later training of the same shapes in this process."""
+    for limit in ("recompile_limit", "accumulated_recompile_limit"):
+        setattr(
+            torch._dynamo.config, limit, max(getattr(torch._dynamo.config, limit), COMPILED_GRAPHS)
+        )
+    model.compile()
+
+
+def check_compiler(device: torch.device) -> None:
+    """Raise a one-line ValueError where torch.compile cannot build on ``device`` in this
+    process (no C++ compiler; setuptools unloadable, as after an ``import pip``): a tiny
+    function compiled and called once, so that ``run --compile`` says so before it trains."""
+    try:  # built anew, not read from inductor's cache (which skips the compiler)
+        with torch._inductor.config.patch(force_disable_caches=True):
+            torch.compile(lambda x: x * 2 + 1)(torch.ones(2, device=device))
+    except Exception as exc:  # the backend's failure wraps the cause: name that
+        cause = getattr(exc, "inner_exception", None) or exc
+        first = next((line for line in str(cause).splitlines() if line.strip()), "")
+        raise ValueError(
+            f"torch.compile cannot build on {device} here ({type(cause).__name__}: {first})"
+        ) from exc
+
+
 def parameter_count(model: torch.nn.Module) -> int:
     return sum(t.numel() for t in model.parameters())
 
@@ -275,6 +307,8 @@ def _train_and_evaluate(
     task, long_task = run_tasks(spec)
     with phase("model build"):
         model = seeded_model(spec, task, long_task, device)
+        if spec.compiled:
+            compile_in_place(model)
         row["n_params"] = parameter_count(model)
         optimizer = torch.optim.AdamW(
             parameter_groups(model, p.weight_decay),
