@@ -288,6 +288,15 @@ def test_a_run_of_one_training_is_one_plain_line(tmp_path, monkeypatch):
     assert lines[3].startswith("ok sort") and "(2.0 s wall); 2/2 trainings" in lines[3]
 
 
+def test_a_failed_runs_line_is_one_line_however_many_its_error_has():
+    spec = RunSpec.resolve("copy", "linear", SMOKE, 0)
+    error = "BackendCompilerFailed: backend raised:\nOSError: no compiler\n\nSet X=1"
+    row = {"status": "error", "wall_seconds": 2.0, "lr": 1e-3, "selected": False, "error": error}
+    line = run_line(spec, [row])
+    assert "\n" not in line
+    assert "error: BackendCompilerFailed: backend raised: OSError: no compiler Set X=1" in line
+
+
 def test_a_runs_time_is_its_trainings_wall_seconds():
     spec = RunSpec.resolve("copy", "linear", SMOKE, 0)
     row = {"status": "ok", "wall_seconds": 2.0, "lr": 1e-3, "token_acc": 0.5,

@@ -496,7 +496,8 @@ def run_line(spec: RunSpec, rows: list[dict[str, Any]], varying: tuple[str, ...]
     if varying:  # a grid: which point
         head += f"  {grid.point_label(spec, varying)}"
     if best["status"] != "ok":
-        reason = escape(str(best.get("error")))
+        # one line however many the error has (a compiler's, a plugin's); the row keeps them all
+        reason = escape(" ".join(str(best.get("error")).split()))
         return f"[red]x[/] {head}  {best['status']}: {reason}  ({seconds})"
     long = ""
     if best.get("long_token_acc") is not None:
